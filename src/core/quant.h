@@ -59,4 +59,23 @@ DType vec_dot_type(DType t);
 // float summation order.
 float vec_dot(DType t, int64_t n, const void* w_row, const void* x_row);
 
+// ---- additions: weight quantization as llama-quantize does it, and the portable paths ----------
+
+// Quantizes model weights the way llama-quantize does without an importance matrix (ggml_quantize_chunk),
+// so the bytes equal those of the files it writes. Differs from quantize_row only where ggml's
+// model-file quantizer differs from its activation converter: Q8_0/Q8_1 use the reference rounding
+// (scale 1/d, ties away from zero) and IQ4_NL runs the full ±7 scale search. Rows are independent
+// blocks, so callers may split a tensor into row ranges and quantize them on several threads.
+// Throws pg::Error for NaN/Inf input, for n not a multiple of the block size, and for types
+// can_quantize() rejects.
+void quantize_weights(DType t, const float* src, void* dst, int64_t n);
+
+// Portable scalar versions of quantize_row and vec_dot. The SIMD paths must agree with them (bytes for
+// quantize_row except NaN payloads, float-summation-order precision for vec_dot); exposed for tests
+// and benchmarks.
+void quantize_row_scalar(DType t, const float* src, void* dst, int64_t n);
+float vec_dot_scalar(DType t, int64_t n, const void* w_row, const void* x_row);
+// True when this build has a SIMD (AVX2/FMA/F16C) vec_dot for weight type t.
+bool vec_dot_has_simd(DType t);
+
 }  // namespace pg

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -16,8 +17,11 @@
 namespace pg::gguf {
 namespace {
 
-constexpr int kMaxNesting = 4;          // arrays of arrays of ... (real files use at most 2)
-constexpr uint64_t kMaxKeyLength = 65536;
+// Each array element becomes a Value (~48 bytes) however few bytes it takes in the file, so a file of
+// u8 arrays could ask for ~50x its size in memory. Real vocabularies hold ~1.5M elements in total
+// (tokens + scores + types + merges of a 262k vocabulary), so 8M leaves ample room while bounding
+// the worst case at about 400 MB.
+constexpr uint64_t kMaxArrayElements = uint64_t{1} << 23;
 
 size_t scalar_size(ValueType t) {
   switch (t) {
@@ -82,7 +86,7 @@ class Cursor {
   size_t pos_ = 0;
 };
 
-Value read_value(Cursor& c, ValueType type, int depth) {
+Value read_value(Cursor& c, ValueType type, int depth, uint64_t& element_budget) {
   Value v;
   v.type = type;
   switch (type) {
@@ -104,7 +108,7 @@ Value read_value(Cursor& c, ValueType type, int depth) {
     }
     case ValueType::STRING: v.v = c.read_string("string value"); break;
     case ValueType::ARRAY: {
-      if (depth >= kMaxNesting) c.fail("arrays nested deeper than " + std::to_string(kMaxNesting));
+      if (depth >= kMaxArrayNesting) c.fail("arrays nested deeper than " + std::to_string(kMaxArrayNesting));
       const uint32_t et = c.read<uint32_t>("array element type");
       if (!valid_value_type(et)) c.fail("unknown array element type " + std::to_string(et));
       const uint64_t n = c.read<uint64_t>("array length");
@@ -112,10 +116,13 @@ Value read_value(Cursor& c, ValueType type, int depth) {
       // Each element takes at least scalar_size bytes, so a count the file cannot hold is rejected
       // before anything is allocated.
       if (n > c.remaining() / scalar_size(elem)) c.fail("array length " + std::to_string(n) + " exceeds the file");
+      if (n > element_budget)
+        c.fail("metadata arrays hold more than " + std::to_string(kMaxArrayElements) + " elements in total");
+      element_budget -= n;
       auto arr = std::make_shared<Array>();
       arr->elem_type = elem;
       arr->items.reserve(static_cast<size_t>(n));
-      for (uint64_t i = 0; i < n; ++i) arr->items.push_back(read_value(c, elem, depth + 1));
+      for (uint64_t i = 0; i < n; ++i) arr->items.push_back(read_value(c, elem, depth + 1, element_budget));
       v.v = std::move(arr);
       break;
     }
@@ -123,7 +130,80 @@ Value read_value(Cursor& c, ValueType type, int depth) {
   return v;
 }
 
+// Length of the valid UTF-8 sequence starting at s[i], or 0 when the bytes there are not one.
+size_t utf8_sequence_length(std::string_view s, size_t i) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  size_t n;
+  uint32_t cp;
+  if (b0 < 0x80) return 1;
+  if (b0 >= 0xc2 && b0 <= 0xdf) {
+    n = 2;
+    cp = b0 & 0x1f;
+  } else if (b0 >= 0xe0 && b0 <= 0xef) {
+    n = 3;
+    cp = b0 & 0x0f;
+  } else if (b0 >= 0xf0 && b0 <= 0xf4) {
+    n = 4;
+    cp = b0 & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if ((b & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (b & 0x3f);
+  }
+  // Reject overlong forms, surrogates and code points past U+10FFFF.
+  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return n;
+}
+
 }  // namespace
+
+std::string escape_text(std::string_view s, size_t max_bytes, bool* cut, bool quoted) {
+  std::string out;
+  out.reserve(std::min(s.size(), max_bytes) + 8);
+  size_t i = 0;
+  while (i < s.size() && i < max_bytes) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const size_t n = utf8_sequence_length(s, i);
+    if (n > 1) {
+      out.append(s.substr(i, n));
+      i += n;
+      continue;
+    }
+    if (quoted && (b == '"' || b == '\\')) {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(b));
+    } else if (n == 1 && b >= 0x20 && b != 0x7f) {
+      out.push_back(static_cast<char>(b));
+    } else if (b == '\n') {
+      out += "\\n";
+    } else if (b == '\t') {
+      out += "\\t";
+    } else if (b == '\r') {
+      out += "\\r";
+    } else {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(hex[b >> 4]);
+      out.push_back(hex[b & 15]);
+    }
+    ++i;
+  }
+  const bool was_cut = i < s.size();
+  if (was_cut) out += "...";
+  if (cut) *cut = was_cut;
+  return out;
+}
+
+std::string printable(std::string_view s, size_t max_bytes) {
+  std::string out(1, '\'');
+  out += escape_text(s, max_bytes);
+  out.push_back('\'');
+  return out;
+}
 
 const char* value_type_name(ValueType t) {
   static const char* names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64"};
@@ -192,11 +272,9 @@ std::string Value::to_display(size_t max_items) const {
   switch (type) {
     case ValueType::STRING: {
       const auto& s = as_string();
-      std::string shown = s.size() > 60 ? s.substr(0, 60) + "..." : s;
-      for (char& ch : shown)
-        if (ch == '\n') ch = ' ';
-      os << '"' << shown << '"';
-      if (s.size() > 60) os << " (" << s.size() << " bytes)";
+      bool cut = false;
+      os << '"' << escape_text(s, 60, &cut) << '"';
+      if (cut) os << " (" << s.size() << " bytes)";
       break;
     }
     case ValueType::ARRAY: {
@@ -263,39 +341,45 @@ File::~File() {
 
 void File::parse() {
   Cursor c(bytes_, path_);
+  if (bytes_.size() < 4) c.fail("file too short to be GGUF (" + std::to_string(bytes_.size()) + " bytes)");
   const uint32_t magic = c.read<uint32_t>("magic");
-  if (magic != 0x46554747u) {  // "GGUF" little-endian
-    if (bytes_.size() < 4) c.fail("file too short to be GGUF");
-    c.fail("bad magic (not a GGUF file)");
-  }
+  if (magic != 0x46554747u) c.fail("bad magic (not a GGUF file)");  // "GGUF" little-endian
   version_ = c.read<uint32_t>("version");
   if (version_ == 1) c.fail("GGUF version 1 is not supported (convert the file with a newer llama.cpp)");
   if (version_ != 2 && version_ != 3) {
+    // A big-endian writer stores small versions byte-swapped: 3 reads as 0x03000000 here.
     if ((version_ & 0xffff) == 0 && version_ != 0) c.fail("big-endian GGUF files are not supported");
     c.fail("unsupported GGUF version " + std::to_string(version_));
   }
   const uint64_t n_tensors = c.read<uint64_t>("tensor count");
   const uint64_t n_kv = c.read<uint64_t>("metadata count");
-  // A tensor record is at least 8 (name len) + 4 (n_dims) + 4 (type) + 8 (offset) bytes; a kv at least 8 + 4 + 1.
-  if (n_tensors > c.remaining() / 24) c.fail("tensor count " + std::to_string(n_tensors) + " exceeds the file");
-  if (n_kv > c.remaining() / 13) c.fail("metadata count " + std::to_string(n_kv) + " exceeds the file");
+  // A tensor record is at least 8 (name len) + 4 (n_dims) + 8 (one dim) + 4 (type) + 8 (offset) bytes;
+  // a kv at least 8 (key len) + 1 (key) + 4 (type) + 1 (value). Counts the file cannot hold are
+  // rejected before anything is reserved.
+  if (n_tensors > c.remaining() / 32) c.fail("tensor count " + std::to_string(n_tensors) + " exceeds the file");
+  if (n_kv > c.remaining() / 14) c.fail("metadata count " + std::to_string(n_kv) + " exceeds the file");
 
+  uint64_t element_budget = kMaxArrayElements;
   kv_.reserve(static_cast<size_t>(n_kv));
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key = c.read_string("metadata key", kMaxKeyLength);
     if (key.empty()) c.fail("empty metadata key");
     const uint32_t t = c.read<uint32_t>("metadata value type");
-    if (!valid_value_type(t)) c.fail("unknown metadata value type " + std::to_string(t) + " for key '" + key + "'");
-    Value v = read_value(c, static_cast<ValueType>(t), 0);
-    if (kv_index_.count(key)) c.fail("duplicate metadata key '" + key + "'");
+    if (!valid_value_type(t)) c.fail("unknown metadata value type " + std::to_string(t) + " for key " + printable(key));
+    Value v = read_value(c, static_cast<ValueType>(t), 0, element_budget);
+    if (kv_index_.count(key)) c.fail("duplicate metadata key " + printable(key));
     kv_index_[key] = kv_.size();
     kv_.emplace_back(std::move(key), std::move(v));
   }
 
   if (const Value* a = find("general.alignment")) {
-    if (!a->is_integer()) c.fail("general.alignment must be an integer");
+    // The spec (and ggml) require a u32; a power of two keeps offsets cheap to check. 1 MiB is far
+    // beyond any real alignment (32 is the default, 64 or 4096 are seen).
+    if (a->type != ValueType::UINT32)
+      c.fail(std::string("general.alignment must be a u32, found ") + value_type_name(a->type));
     const uint64_t al = a->as_uint();
-    if (al == 0 || (al & (al - 1)) != 0 || al > (1u << 20)) c.fail("general.alignment " + std::to_string(al) + " is not a power of two");
+    if (al == 0 || (al & (al - 1)) != 0 || al > (1u << 20))
+      c.fail("general.alignment " + std::to_string(al) + " is not a power of two between 1 and 1048576");
     alignment_ = al;
   }
 
@@ -303,45 +387,63 @@ void File::parse() {
   for (uint64_t i = 0; i < n_tensors; ++i) {
     TensorInfo t;
     t.name = c.read_string("tensor name", kMaxKeyLength);
+    if (t.name.empty()) c.fail("tensor " + std::to_string(i) + " has an empty name");
+    if (t.name.size() > kMaxTensorNameLength)
+      c.fail("tensor name " + printable(t.name) + " is longer than " + std::to_string(kMaxTensorNameLength) + " bytes");
+    const std::string shown = printable(t.name);
     const uint32_t n_dims = c.read<uint32_t>("tensor dimension count");
     if (n_dims == 0 || n_dims > kMaxDims)
-      c.fail("tensor '" + t.name + "' has " + std::to_string(n_dims) + " dimensions (1.." + std::to_string(kMaxDims) + " allowed)");
+      c.fail("tensor " + shown + " has " + std::to_string(n_dims) + " dimensions (1.." + std::to_string(kMaxDims) + " allowed)");
     t.n_dims = static_cast<int>(n_dims);
     int64_t total = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const int64_t ne = c.read<int64_t>("tensor dimension");
-      if (ne <= 0) c.fail("tensor '" + t.name + "' has dimension " + std::to_string(ne));
-      if (__builtin_mul_overflow(total, ne, &total)) c.fail("tensor '" + t.name + "' shape overflows");
+      if (ne <= 0) c.fail("tensor " + shown + " has dimension " + std::to_string(d) + " of size " + std::to_string(ne));
+      if (__builtin_mul_overflow(total, ne, &total)) c.fail("tensor " + shown + " element count overflows");
       t.ne[d] = ne;
     }
     const uint32_t type = c.read<uint32_t>("tensor type");
     const auto tr = dtype_traits(type);
-    if (!tr) c.fail("tensor '" + t.name + "' has unknown type " + std::to_string(type));
+    if (!tr) c.fail("tensor " + shown + " has unknown type " + std::to_string(type));
     t.type = tr->type;
     if (t.ne[0] % tr->block_size != 0)
-      c.fail("tensor '" + t.name + "' row of " + std::to_string(t.ne[0]) + " is not a multiple of the " + std::string(tr->name) +
+      c.fail("tensor " + shown + " row of " + std::to_string(t.ne[0]) + " is not a multiple of the " + std::string(tr->name) +
              " block size " + std::to_string(tr->block_size));
     const uint64_t blocks = static_cast<uint64_t>(total) / tr->block_size;
-    if (blocks > std::numeric_limits<uint64_t>::max() / tr->type_size) c.fail("tensor '" + t.name + "' byte size overflows");
+    if (blocks > std::numeric_limits<uint64_t>::max() / tr->type_size) c.fail("tensor " + shown + " byte size overflows");
     t.nbytes = blocks * tr->type_size;
     t.offset = c.read<uint64_t>("tensor offset");
     if (t.offset % alignment_ != 0)
-      c.fail("tensor '" + t.name + "' offset " + std::to_string(t.offset) + " is not aligned to " + std::to_string(alignment_));
-    if (tensor_index_.count(t.name)) c.fail("duplicate tensor name '" + t.name + "'");
+      c.fail("tensor " + shown + " offset " + std::to_string(t.offset) + " is not aligned to " + std::to_string(alignment_));
+    if (tensor_index_.count(t.name)) c.fail("duplicate tensor name " + shown);
     tensor_index_[t.name] = tensors_.size();
     tensors_.push_back(std::move(t));
   }
 
   // The data section starts at the next multiple of the alignment.
-  uint64_t pos = c.pos();
+  const uint64_t pos = c.pos();
   data_offset_ = (pos + alignment_ - 1) / alignment_ * alignment_;
-  if (!tensors_.empty() && data_offset_ > bytes_.size()) c.fail("data section starts past the end of the file");
+  if (!tensors_.empty() && data_offset_ > bytes_.size())
+    c.fail("data section (at byte " + std::to_string(data_offset_) + ") starts past the end of the file");
   const uint64_t data_size = bytes_.size() > data_offset_ ? bytes_.size() - data_offset_ : 0;
+  auto fail_tensor = [&](const TensorInfo& t, const std::string& what) {
+    throw Error(path_ + ": invalid GGUF: tensor " + printable(t.name) + " data (offset " + std::to_string(t.offset) + ", " +
+                std::to_string(t.nbytes) + " bytes) " + what);
+  };
   for (auto& t : tensors_) {
     if (t.offset > data_size || t.nbytes > data_size - t.offset)
-      throw Error(path_ + ": invalid GGUF: tensor '" + t.name + "' data (offset " + std::to_string(t.offset) + ", " +
-                  std::to_string(t.nbytes) + " bytes) extends past the end of the file");
+      fail_tensor(t, "extends past the end of the file (data section holds " + std::to_string(data_size) + " bytes)");
     t.data = bytes_.data() + data_offset_ + t.offset;
+  }
+  // Overlapping tensors would alias each other's weights; no writer produces them (ggml even requires
+  // the tensors to be packed in order), so they are a sign of a damaged or crafted file.
+  std::vector<const TensorInfo*> by_offset;
+  by_offset.reserve(tensors_.size());
+  for (const auto& t : tensors_) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const TensorInfo* a, const TensorInfo* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const TensorInfo& prev = *by_offset[i - 1];
+    if (by_offset[i]->offset < prev.offset + prev.nbytes) fail_tensor(*by_offset[i], "overlaps tensor " + printable(prev.name));
   }
 }
 

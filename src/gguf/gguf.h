@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -32,6 +33,14 @@ enum class ValueType : uint32_t {
 };
 const char* value_type_name(ValueType t);
 
+// Text from a file made safe for one-line messages and terminals: control characters and bytes that
+// are not valid UTF-8 become escapes (\n, \t, \xNN), and the result is cut after about max_bytes of
+// input with "..." appended. Sets *cut when it was shortened. With quoted, '"' and '\' are escaped too
+// (for text shown between double quotes).
+std::string escape_text(std::string_view s, size_t max_bytes = 80, bool* cut = nullptr, bool quoted = false);
+// escape_text(s) in single quotes, for error messages that name a key or tensor.
+std::string printable(std::string_view s, size_t max_bytes = 80);
+
 struct Value;
 struct Array {
   ValueType elem_type;
@@ -55,6 +64,10 @@ struct Value {
 };
 
 constexpr int kMaxDims = 4;
+// Limits shared by the reader and the writer.
+constexpr int kMaxArrayNesting = 4;           // arrays of arrays of ... (real files use 1)
+constexpr size_t kMaxTensorNameLength = 63;   // ggml keeps names in char[64] with a NUL
+constexpr size_t kMaxKeyLength = 65536;
 
 struct TensorInfo {
   std::string name;

@@ -1,0 +1,70 @@
+// The CPU backend: the reference every other backend is checked against, and the fallback.
+//
+// Matmuls run the way llama.cpp's CPU backend does (activations converted to the weight type's
+// vec_dot_type, integer/half dot products), which reproduces llama.cpp's "native" logits. With
+// `exact_f32` every weight row is dequantized to F32 and multiplied in F32 instead — the model's
+// math on exactly the weights the file decodes to (golden "f32ref").
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/threadpool.h"
+
+namespace pg {
+
+struct CpuOptions {
+  int n_threads = 0;       // 0 = all cores
+  bool exact_f32 = false;  // F32 matmuls on dequantized weights
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuOptions& opt = {});
+  ~CpuBackend() override;
+
+  std::string name() const override { return "cpu"; }
+  bool is_host() const override { return true; }
+  int n_threads() const { return pool_.size(); }
+  ThreadPool& pool() { return pool_; }
+
+  Tensor alloc(DType t, int64_t cols, int64_t rows = 1, int64_t ne2 = 1) override;
+  void free(Tensor& t) override;
+  Tensor load_weight(DType t, const int64_t ne[4], const void* host_data) override;
+  void upload(Tensor& dst, const void* src, size_t bytes, size_t dst_offset = 0) override;
+  void download(const Tensor& src, void* dst, size_t bytes, size_t src_offset = 0) override;
+
+  void get_rows(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void matmul(const Tensor& w, const Tensor& x, Tensor& y) override;
+  void add_bias(Tensor& y, const Tensor& bias) override;
+  void rms_norm(const Tensor& x, const Tensor& w, Tensor& y, float eps) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& y) override;
+  void scale(Tensor& x, float s) override;
+  void glu(const Tensor& gate, const Tensor& up, Tensor& y, Activation act) override;
+  void rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, int n_rot, float base, RopeStyle style) override;
+  void kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const AttentionBatch& batch) override;
+  void attention(const Tensor& q, const KvLayer& kv, const AttentionBatch& batch, const AttentionParams& p,
+                 Tensor& out) override;
+  void mul_sigmoid(Tensor& x, const Tensor& gate) override;
+  void softcap(Tensor& x, float cap) override;
+  void gather_cols(const Tensor& src, int group, int col0, Tensor& dst) override;
+  void moe_route(const Tensor& logits, int k, ExpertGating gating, bool norm, float scale, Tensor& ids,
+                 Tensor& weights) override;
+  void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_exps, const Tensor& up_exps,
+               const Tensor& down_exps, Activation act, Tensor& out) override;
+
+  // GELU (tanh form) as ggml-cpu computes it: fp16(gelu(fp16(x))) for |x| < 10 — reproduced so that
+  // Gemma matches llama.cpp, whose CPU backend reads GELU from an FP16 table.
+  static float gelu_ggml(float x);
+
+ private:
+  // y = x·Wᵀ on raw pointers; used by matmul and by the MoE expert loop.
+  void matmul_rows(const Tensor& w, const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride);
+  std::vector<uint8_t>& scratch(size_t bytes, int slot);
+
+  CpuOptions opt_;
+  ThreadPool pool_;
+  std::vector<std::vector<uint8_t>> scratch_;
+};
+
+}  // namespace pg

@@ -1,0 +1,360 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/arch.h"
+
+namespace pg {
+
+// Activation buffers for one micro-batch of up to `cap` rows, allocated once on the backend.
+struct Model::Workspace {
+  int cap = 0;
+  static constexpr int kLogitRows = 64;  // logits are produced in chunks so the buffer stays small
+  Tensor ids, pos, seq, cells, out_ids;  // I32 (cap)
+  Tensor block_table;                    // I32 (n_seq, max_blocks)
+  Tensor x, h, o;                        // (cap, n_embd)
+  Tensor qfull;                          // (cap, q rows incl. gate)
+  Tensor q, gate;                        // (cap, n_head*head_dim)
+  Tensor k, v;                           // (cap, n_head_kv*head_dim)
+  Tensor attn;                           // (cap, n_head*head_dim_v)
+  Tensor ff_g, ff_u;                     // (cap, max ffn width)
+  Tensor o2;                             // (cap, n_embd) shared expert output
+  Tensor r_logits, r_ids, r_w;           // (cap, n_expert), (cap, k) I32, (cap, k)
+  Tensor xo;                             // (cap, n_embd) rows that want logits
+  Tensor logits;                         // (kLogitRows, n_vocab)
+  const KvCache* cache = nullptr;
+  std::vector<Tensor*> all;
+  AttentionBatch ab;
+};
+
+Model::Model(std::unique_ptr<gguf::File> file, Backend& backend, const ModelOptions& opt)
+    : file_(std::move(file)), backend_(backend), opt_(opt) {}
+
+Model::~Model() {
+  if (ws_)
+    for (Tensor* t : ws_->all)
+      if (t->valid()) backend_.free(*t);
+  if (!backend_.is_host()) {
+    // Device backends own uploaded weight copies.
+    auto free_slot = [&](Tensor& t) {
+      if (t.valid()) backend_.free(t);
+    };
+    free_slot(w_.tok_embd);
+    free_slot(w_.output_norm);
+    if (w_.output.data != w_.tok_embd.data) free_slot(w_.output);
+    for (auto& l : w_.layers) {
+      Tensor* slots[] = {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm,
+                         &l.attn_post_norm, &l.ffn_norm, &l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.ffn_post_norm,
+                         &l.router, &l.gate_exps, &l.up_exps, &l.down_exps, &l.gate_shexp, &l.up_shexp, &l.down_shexp,
+                         &l.router_shexp, &l.ssm_qkv, &l.ssm_z, &l.ssm_conv1d, &l.ssm_dt_bias, &l.ssm_a, &l.ssm_beta,
+                         &l.ssm_alpha, &l.ssm_norm, &l.ssm_out};
+      for (Tensor* t : slots) free_slot(*t);
+    }
+  }
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path, Backend& backend, const ModelOptions& opt) {
+  auto file = gguf::File::open(path);
+  const std::string arch = file->architecture();
+  PG_CHECK(!arch.empty(), path + ": no general.architecture key (is this a model file?)");
+  const ArchDef* def = find_arch(arch);
+  if (!def) {
+    std::string list;
+    for (const auto& a : supported_archs()) list += (list.empty() ? "" : ", ") + a;
+    throw Error(path + ": architecture '" + arch + "' is not supported (supported: " + list + ")");
+  }
+  std::unique_ptr<Model> m(new Model(std::move(file), backend, opt));
+  ModelConfig& c = m->cfg_;
+  c.arch = arch;
+  c.name = m->file_->get_string_opt("general.name").value_or(arch);
+  ArchMeta meta(*m->file_, arch);
+  try {
+    def->read_config(meta, c);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+  const gguf::TensorInfo* te = m->file_->find_tensor("token_embd.weight");
+  PG_CHECK(te && te->n_dims == 2, path + ": missing or malformed tensor 'token_embd.weight'");
+  c.n_vocab = static_cast<int>(te->ne[1]);
+
+  m->w_.layers.resize(static_cast<size_t>(c.n_layer));
+  Binder binder(*m->file_);
+  def->bind(binder, c, m->w_);
+  c.tied_embeddings = m->file_->find_tensor("output.weight") == nullptr;
+
+  // Every tensor of the file should have a slot: an unknown one means a variant we would compute wrongly.
+  for (const auto& t : m->file_->tensors()) {
+    if (binder.used().count(t.name) || t.name == "rope_freqs.weight") continue;
+    PG_LOG(LogLevel::Warn, "%s: tensor '%s' is not used by the %s forward", path.c_str(), t.name.c_str(), arch.c_str());
+  }
+
+  size_t done = 0, total = 0;
+  for (const auto& p : binder.pending()) total += p.info->nbytes;
+  for (const auto& p : binder.pending()) {
+    *p.slot = backend.load_weight(p.info->type, p.info->ne, p.info->data);
+    done += p.info->nbytes;
+    if (opt.progress && total > (64u << 20)) {
+      const int pct = static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total));
+      std::fprintf(stderr, "\rloading %s [%-40s] %3d%%", path.c_str(), std::string(static_cast<size_t>(pct * 40 / 100), '#').c_str(), pct);
+    }
+  }
+  if (opt.progress && total > (64u << 20)) std::fprintf(stderr, "\n");
+  if (c.tied_embeddings) m->w_.output = m->w_.tok_embd;
+
+  // Bytes read per decoded token: every weight once, but only one embedding row and the active experts.
+  ModelBytes& b = m->bytes_;
+  for (const auto& t : m->file_->tensors()) b.file += t.nbytes;
+  b.embedding_row = m->w_.tok_embd.row_bytes();
+  for (const auto& p : binder.pending()) {
+    const std::string& n = p.info->name;
+    if (n == "token_embd.weight") continue;
+    size_t bytes = p.info->nbytes;
+    if (n.find("_exps.") != std::string::npos && c.n_expert > 0)
+      bytes = bytes / static_cast<size_t>(c.n_expert) * static_cast<size_t>(c.n_expert_used);
+    b.per_token += bytes;
+  }
+  if (c.tied_embeddings) b.per_token += m->w_.tok_embd.nbytes();
+  return m;
+}
+
+std::unique_ptr<KvCache> Model::make_cache(const KvCacheOptions& opt) {
+  std::vector<KvLayerShape> shapes(static_cast<size_t>(cfg_.n_layer));
+  for (int il = 0; il < cfg_.n_layer; ++il)
+    if (cfg_.layer_kind[static_cast<size_t>(il)] == LayerKind::Attention)
+      shapes[static_cast<size_t>(il)] = {static_cast<int64_t>(cfg_.n_head_kv) * cfg_.head_dim,
+                                         static_cast<int64_t>(cfg_.n_head_kv) * cfg_.head_dim_v};
+  return std::make_unique<KvCache>(backend_, shapes, opt);
+}
+
+void Model::ensure_workspace(KvCache& cache) {
+  if (ws_ && ws_->cache == &cache) return;
+  if (ws_)
+    for (Tensor* t : ws_->all)
+      if (t->valid()) backend_.free(*t);
+  ws_ = std::make_unique<Workspace>();
+  Workspace& w = *ws_;
+  const ModelConfig& c = cfg_;
+  const int cap = w.cap = opt_.max_batch;
+  auto mk = [&](Tensor& t, DType type, int64_t cols, int64_t rows) {
+    t = backend_.alloc(type, std::max<int64_t>(cols, 1), std::max<int64_t>(rows, 1));
+    w.all.push_back(&t);
+  };
+  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const int64_t ff = std::max({c.n_ff, c.n_ff_exp, c.n_ff_shexp, 1});
+  mk(w.ids, DType::I32, cap, 1);
+  mk(w.pos, DType::I32, cap, 1);
+  mk(w.seq, DType::I32, cap, 1);
+  mk(w.cells, DType::I32, cap, 1);
+  mk(w.out_ids, DType::I32, cap, 1);
+  mk(w.block_table, DType::I32, cache.max_blocks(), cache.n_seq());
+  mk(w.x, DType::F32, c.n_embd, cap);
+  mk(w.h, DType::F32, c.n_embd, cap);
+  mk(w.o, DType::F32, c.n_embd, cap);
+  mk(w.o2, DType::F32, c.n_embd, cap);
+  mk(w.qfull, DType::F32, q_dim * (c.attn_output_gate ? 2 : 1), cap);
+  mk(w.q, DType::F32, q_dim, cap);
+  mk(w.gate, DType::F32, static_cast<int64_t>(c.n_head) * c.head_dim_v, cap);
+  mk(w.k, DType::F32, static_cast<int64_t>(c.n_head_kv) * c.head_dim, cap);
+  mk(w.v, DType::F32, static_cast<int64_t>(c.n_head_kv) * c.head_dim_v, cap);
+  mk(w.attn, DType::F32, static_cast<int64_t>(c.n_head) * c.head_dim_v, cap);
+  mk(w.ff_g, DType::F32, ff, cap);
+  mk(w.ff_u, DType::F32, ff, cap);
+  mk(w.r_logits, DType::F32, c.n_expert, cap);
+  mk(w.r_ids, DType::I32, c.n_expert_used, cap);
+  mk(w.r_w, DType::F32, c.n_expert_used, cap);
+  mk(w.xo, DType::F32, c.n_embd, cap);
+  mk(w.logits, DType::F32, c.n_vocab, Workspace::kLogitRows);
+  w.cache = &cache;
+  w.ab.block_table = w.block_table;
+  w.ab.block_size = cache.options().block_size;
+  w.ab.max_blocks = cache.max_blocks();
+}
+
+void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logits) {
+  const int n = batch.size();
+  PG_CHECK(n > 0, "empty batch");
+  PG_CHECK(batch.positions.size() == static_cast<size_t>(n) && batch.seq.size() == static_cast<size_t>(n) &&
+               batch.logits.size() == static_cast<size_t>(n),
+           "malformed batch");
+  for (int i = 0; i < n; ++i) {
+    PG_CHECK(batch.tokens[static_cast<size_t>(i)] >= 0 && batch.tokens[static_cast<size_t>(i)] < cfg_.n_vocab,
+             "token id " + std::to_string(batch.tokens[static_cast<size_t>(i)]) + " is outside the vocabulary (" + std::to_string(cfg_.n_vocab) + ")");
+    PG_CHECK(batch.seq[static_cast<size_t>(i)] >= 0 && batch.seq[static_cast<size_t>(i)] < cache.n_seq(), "sequence slot out of range");
+    PG_CHECK(batch.positions[static_cast<size_t>(i)] >= 0 && batch.positions[static_cast<size_t>(i)] < cache.n_ctx(),
+             "position " + std::to_string(batch.positions[static_cast<size_t>(i)]) + " is beyond the context size " + std::to_string(cache.n_ctx()));
+  }
+  ensure_workspace(cache);
+  logits.resize(static_cast<size_t>(batch.n_outputs()) * static_cast<size_t>(cfg_.n_vocab));
+  size_t out_pos = 0;
+  std::vector<float> chunk;
+  for (int b0 = 0; b0 < n; b0 += ws_->cap) {
+    const int b1 = std::min(n, b0 + ws_->cap);
+    chunk.clear();
+    forward_ubatch(batch, b0, b1, cache, chunk);
+    std::memcpy(logits.data() + out_pos, chunk.data(), chunk.size() * sizeof(float));
+    out_pos += chunk.size();
+  }
+}
+
+void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, std::vector<float>& logits) {
+  Workspace& w = *ws_;
+  const ModelConfig& c = cfg_;
+  const int n = b1 - b0;
+  Backend& be = backend_;
+
+  // Host-side indices for this micro-batch.
+  std::vector<int32_t> cells(static_cast<size_t>(n)), out_rows;
+  int max_kv = 0;
+  for (int i = 0; i < n; ++i) {
+    const int r = b0 + i;
+    const int s = batch.seq[static_cast<size_t>(r)], p = batch.positions[static_cast<size_t>(r)];
+    if (!cache.reserve(s, std::max(cache.seq_len(s), p + 1))) throw Error("KV cache is full");
+    cells[static_cast<size_t>(i)] = cache.cell(s, p);
+    max_kv = std::max(max_kv, p + 1);
+    if (batch.logits[static_cast<size_t>(r)]) out_rows.push_back(i);
+  }
+  be.upload(w.ids, batch.tokens.data() + b0, static_cast<size_t>(n) * 4);
+  be.upload(w.pos, batch.positions.data() + b0, static_cast<size_t>(n) * 4);
+  be.upload(w.seq, batch.seq.data() + b0, static_cast<size_t>(n) * 4);
+  be.upload(w.cells, cells.data(), static_cast<size_t>(n) * 4);
+  if (cache.table_dirty()) {
+    be.upload(w.block_table, cache.block_table().data(), cache.block_table().size() * 4);
+    cache.clear_dirty();
+  }
+  w.ab.n_tokens = n;
+  w.ab.positions = w.pos.rows_view(0, 1).reshape_2d(n, 1);
+  w.ab.seq = w.seq.reshape_2d(n, 1);
+  w.ab.cells = w.cells.reshape_2d(n, 1);
+  w.ab.max_kv_len = max_kv;
+
+  Tensor ids = w.ids.reshape_2d(n, 1);
+  Tensor x = w.x.rows_view(0, n), h = w.h.rows_view(0, n), o = w.o.rows_view(0, n);
+  be.get_rows(w_.tok_embd, ids, x);
+  if (c.embd_scale != 0.0f) be.scale(x, c.embd_scale);
+
+  for (int il = 0; il < c.n_layer; ++il) {
+    const LayerWeights& l = w_.layers[static_cast<size_t>(il)];
+    be.rms_norm(x, l.attn_norm, h, c.rms_eps);
+    if (c.layer_kind[static_cast<size_t>(il)] == LayerKind::Attention) {
+      attention_block(il, n, cache);
+    } else {
+      throw Error("linear-attention (Gated DeltaNet) layers are not implemented yet");
+    }
+    if (l.attn_post_norm.valid()) be.rms_norm(o, l.attn_post_norm, o, c.rms_eps);
+    be.add(x, o, x);
+    be.rms_norm(x, l.ffn_norm, h, c.rms_eps);
+    ffn_block(il, n);
+    if (l.ffn_post_norm.valid()) be.rms_norm(o, l.ffn_post_norm, o, c.rms_eps);
+    be.add(x, o, x);
+  }
+
+  // Sequence lengths advance past the rows just written.
+  for (int i = 0; i < n; ++i) {
+    const int r = b0 + i;
+    const int s = batch.seq[static_cast<size_t>(r)];
+    cache.set_len(s, std::max(cache.seq_len(s), batch.positions[static_cast<size_t>(r)] + 1));
+  }
+
+  const int m = static_cast<int>(out_rows.size());
+  if (m == 0) return;
+  be.upload(w.out_ids, out_rows.data(), static_cast<size_t>(m) * 4);
+  Tensor xo = w.xo.rows_view(0, m);
+  be.get_rows(x, w.out_ids.reshape_2d(m, 1), xo);
+  be.rms_norm(xo, w_.output_norm, xo, c.rms_eps);
+  logits.resize(static_cast<size_t>(m) * static_cast<size_t>(c.n_vocab));
+  for (int r0 = 0; r0 < m; r0 += Workspace::kLogitRows) {
+    const int rn = std::min(m - r0, Workspace::kLogitRows);
+    Tensor lg = w.logits.rows_view(0, rn);
+    be.matmul(w_.output, xo.rows_view(r0, rn), lg);
+    if (c.final_logit_softcap > 0) be.softcap(lg, c.final_logit_softcap);
+    be.download(lg, logits.data() + static_cast<size_t>(r0) * static_cast<size_t>(c.n_vocab), lg.nbytes());
+  }
+  be.synchronize();
+}
+
+void Model::attention_block(int il, int n, KvCache& cache) {
+  Workspace& w = *ws_;
+  const ModelConfig& c = cfg_;
+  const LayerWeights& l = w_.layers[static_cast<size_t>(il)];
+  Backend& be = backend_;
+  Tensor h = w.h.rows_view(0, n), o = w.o.rows_view(0, n);
+  Tensor q = w.q.rows_view(0, n), k = w.k.rows_view(0, n), v = w.v.rows_view(0, n), attn = w.attn.rows_view(0, n);
+  Tensor gate = w.gate.rows_view(0, n);
+
+  if (c.attn_output_gate) {
+    // The q projection holds, per head, [query (head_dim) | gate (head_dim)].
+    Tensor qfull = w.qfull.rows_view(0, n);
+    be.matmul(l.wq, h, qfull);
+    be.gather_cols(qfull, 2 * c.head_dim, 0, q);
+    be.gather_cols(qfull, 2 * c.head_dim, c.head_dim, gate);
+  } else {
+    be.matmul(l.wq, h, q);
+    if (l.bq.valid()) be.add_bias(q, l.bq);
+  }
+  be.matmul(l.wk, h, k);
+  if (l.bk.valid()) be.add_bias(k, l.bk);
+  be.matmul(l.wv, h, v);
+  if (l.bv.valid()) be.add_bias(v, l.bv);
+
+  if (l.q_norm.valid()) {
+    Tensor qh = q.reshape_2d(c.head_dim, static_cast<int64_t>(n) * c.n_head);
+    be.rms_norm(qh, l.q_norm, qh, c.rms_eps);
+  }
+  if (l.k_norm.valid()) {
+    Tensor kh = k.reshape_2d(c.head_dim, static_cast<int64_t>(n) * c.n_head_kv);
+    be.rms_norm(kh, l.k_norm, kh, c.rms_eps);
+  }
+  const bool swa = c.layer_swa[static_cast<size_t>(il)];
+  const float base = swa ? c.rope_base_swa : c.rope_base;
+  be.rope(q, w.ab.positions, c.n_head, c.head_dim, c.n_rot, base, c.rope_style);
+  be.rope(k, w.ab.positions, c.n_head_kv, c.head_dim, c.n_rot, base, c.rope_style);
+
+  KvLayer& kv = cache.layer(il);
+  be.kv_store(kv, k, v, w.ab);
+  AttentionParams p;
+  p.n_head = c.n_head;
+  p.n_head_kv = c.n_head_kv;
+  p.head_dim = c.head_dim;
+  p.scale = c.kq_scale();
+  p.sliding_window = swa ? c.sliding_window : 0;
+  p.logit_softcap = c.attn_logit_softcap;
+  be.attention(q, kv, w.ab, p, attn);
+  if (c.attn_output_gate) be.mul_sigmoid(attn, gate);
+  be.matmul(l.wo, attn, o);
+}
+
+void Model::ffn_block(int il, int n) {
+  Workspace& w = *ws_;
+  const ModelConfig& c = cfg_;
+  const LayerWeights& l = w_.layers[static_cast<size_t>(il)];
+  Backend& be = backend_;
+  Tensor h = w.h.rows_view(0, n), o = w.o.rows_view(0, n);
+  if (!c.is_moe()) {
+    Tensor g = w.ff_g.reshape_2d(c.n_ff, w.cap).rows_view(0, n), u = w.ff_u.reshape_2d(c.n_ff, w.cap).rows_view(0, n);
+    be.matmul(l.ffn_gate, h, g);
+    be.matmul(l.ffn_up, h, u);
+    be.glu(g, u, g, c.ffn_act);
+    be.matmul(l.ffn_down, g, o);
+    return;
+  }
+  Tensor rl = w.r_logits.rows_view(0, n), ids = w.r_ids.rows_view(0, n), rw = w.r_w.rows_view(0, n);
+  be.matmul(l.router, h, rl);
+  be.moe_route(rl, c.n_expert_used, c.expert_gating, c.expert_norm_topk, c.expert_weights_scale, ids, rw);
+  be.moe_ffn(h, ids, rw, l.gate_exps, l.up_exps, l.down_exps, c.ffn_act, o);
+  if (c.n_ff_shexp > 0) {
+    Tensor g = w.ff_g.reshape_2d(c.n_ff_shexp, w.cap).rows_view(0, n), u = w.ff_u.reshape_2d(c.n_ff_shexp, w.cap).rows_view(0, n);
+    Tensor o2 = w.o2.rows_view(0, n);
+    be.matmul(l.gate_shexp, h, g);
+    be.matmul(l.up_shexp, h, u);
+    be.glu(g, u, g, c.ffn_act);
+    be.matmul(l.down_shexp, g, o2);
+    PG_CHECK(!l.router_shexp.valid(), "shared-expert gating is not implemented yet");
+    be.add(o, o2, o);
+  }
+}
+
+}  // namespace pg
