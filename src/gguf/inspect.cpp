@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -33,8 +34,12 @@ std::string pad_cols(const std::string& s, size_t w) {
 
 }  // namespace
 
+// Whole numbers print in full ("10000", "1000000" for rope bases) rather than as "1e+04".
+bool print_whole(double x) { return std::isfinite(x) && x == std::trunc(x) && std::fabs(x) < 1e16; }
+
 std::string format_f32(float x) {
   char buf[64];
+  if (print_whole(x)) return fmt("%.0f", x);
   for (int prec = 1; prec <= 9; ++prec) {
     std::snprintf(buf, sizeof buf, "%.*g", prec, static_cast<double>(x));
     if (std::strtof(buf, nullptr) == x) return buf;
@@ -44,6 +49,7 @@ std::string format_f32(float x) {
 
 std::string format_f64(double x) {
   char buf[64];
+  if (print_whole(x)) return fmt("%.0f", x);
   for (int prec = 1; prec <= 17; ++prec) {
     std::snprintf(buf, sizeof buf, "%.*g", prec, x);
     if (std::strtod(buf, nullptr) == x) return buf;

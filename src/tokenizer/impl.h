@@ -118,11 +118,11 @@ int gpt2_char_to_byte(uint32_t cp);  // -1 if cp is not one of the 256 character
 
 // ---- WordPiece normalisation tables (generated from UnicodeData.txt) -------------------------------
 namespace uni {
-enum : uint8_t { kLetter = 1, kNumber = 2, kMark = 4, kPunct = 8, kSymbol = 16, kSeparator = 32, kControl = 64, kOther = 128 };
-uint8_t category(uint32_t cp);  // one of the above (general category major class); 0 unassigned
+enum : uint8_t { kLetter = 1, kNumber = 2, kMark = 4, kPunct = 8, kSymbol = 16, kSeparator = 32, kControl = 64, kNonspacing = 128 };
+uint8_t category(uint32_t cp);  // major class bit (+ kNonspacing for Mn); 0 unassigned
 bool is_whitespace(uint32_t cp);
 uint32_t to_lower(uint32_t cp);   // simple lowercase mapping
-uint32_t nfd_first(uint32_t cp);  // first code point of the canonical decomposition (cp itself if none)
+void decompose(uint32_t cp, std::u32string& out);  // appends the full canonical decomposition (NFD, unordered)
 }  // namespace uni
 
 struct TokenData {

@@ -387,12 +387,13 @@ struct RoundTripBound {
   DType t;
   double rel_rmse;  // bound on RMSE(x - deq(q(x))) / RMS(x) for N(0,1) data
 };
-// Bounds are ~1.3x what the ggml algorithms reach on Gaussian data (measured values are printed).
+// Bounds are ~1.15x what ggml's algorithms reach on this N(0,1) data (the measured values are printed;
+// quantize_row and quantize_weights only differ for Q8_0/Q8_1 ties and IQ4_NL's scale search).
 const RoundTripBound kRoundTrip[] = {
-    {DType::F16, 3.0e-4},  {DType::BF16, 2.6e-3}, {DType::Q8_0, 5.0e-3}, {DType::Q8_1, 5.0e-3}, {DType::Q8_K, 5.0e-3},
-    {DType::Q6_K, 1.2e-2}, {DType::Q5_0, 4.0e-2}, {DType::Q5_1, 3.5e-2}, {DType::Q5_K, 3.0e-2}, {DType::Q4_0, 8.5e-2},
-    {DType::Q4_1, 7.5e-2}, {DType::Q4_K, 6.0e-2}, {DType::IQ4_NL, 6.5e-2}, {DType::IQ4_XS, 6.5e-2}, {DType::Q3_K, 1.3e-1},
-    {DType::Q2_K, 3.2e-1},
+    {DType::F16, 2.4e-4},   {DType::BF16, 1.9e-3},  {DType::Q8_0, 6.2e-3},   {DType::Q8_1, 6.2e-3},
+    {DType::Q8_K, 8.0e-3},  {DType::Q6_K, 2.05e-2}, {DType::Q5_0, 4.9e-2},   {DType::Q5_1, 4.4e-2},
+    {DType::Q5_K, 4.2e-2},  {DType::Q4_0, 9.9e-2},  {DType::Q4_1, 9.0e-2},   {DType::Q4_K, 8.2e-2},
+    {DType::IQ4_NL, 9.1e-2}, {DType::IQ4_XS, 8.9e-2}, {DType::Q3_K, 1.74e-1}, {DType::Q2_K, 3.45e-1},
 };
 
 class RoundTrip : public testing::TestWithParam<RoundTripBound> {};
@@ -416,7 +417,8 @@ TEST_P(RoundTrip, ErrorWithinBound) {
     }
     const double rel = std::sqrt(e2 / x2);
     EXPECT_LE(rel, bound) << dtype_name(t) << (weights ? " quantize_weights" : " quantize_row");
-    if (weights) std::printf("[ roundtrip] %-6s rel RMSE %.3e (bound %.1e)\n", std::string(dtype_name(t)).c_str(), rel, bound);
+    std::printf("[ roundtrip] %-6s %-16s rel RMSE %.3e (bound %.1e)\n", std::string(dtype_name(t)).c_str(),
+                weights ? "quantize_weights" : "quantize_row", rel, bound);
   }
 }
 
@@ -478,8 +480,12 @@ TEST(RoundTrip, DegenerateBlocks) {
         dequantize_row(t, q.data(), back.data(), n);
         for (int64_t i = 0; i < n; ++i) {
           ASSERT_TRUE(std::isfinite(back[i])) << dtype_name(t) << " case " << c;
-          if (c == 0) ASSERT_EQ(back[i], 0.f) << dtype_name(t);
-          if (c == 1 || c == 2) ASSERT_NEAR(back[i], inputs[c][i], 0.2 * std::fabs(inputs[c][i])) << dtype_name(t) << " case " << c;
+          if (c == 0) {
+            ASSERT_EQ(back[i], 0.f) << dtype_name(t);
+          }
+          if (c == 1 || c == 2) {
+            ASSERT_NEAR(back[i], inputs[c][i], 0.2 * std::fabs(inputs[c][i])) << dtype_name(t) << " case " << c;
+          }
         }
       }
     }

@@ -84,17 +84,6 @@ Writer rich_writer(uint32_t alignment = 32) {
   return w;
 }
 
-void expect_one_line_error(const std::function<void()>& fn, const std::string& what) {
-  try {
-    fn();
-    ADD_FAILURE() << what << ": no error";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << what << ": " << msg;
-    EXPECT_FALSE(msg.empty());
-  }
-}
-
 // ---- writer round trips --------------------------------------------------------------------------
 
 TEST(GgufWriter, RoundTripsEveryValueTypeAndTensor) {

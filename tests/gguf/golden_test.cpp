@@ -87,7 +87,9 @@ TEST(GgufGolden, ModelsMatchTheManifest) {
   }
   // Every model file on disk is in the manifest.
   for (const auto& e : std::filesystem::directory_iterator(root / "models"))
-    if (e.path().extension() == ".gguf") EXPECT_TRUE(listed.count(e.path().filename().string())) << e.path();
+    if (e.path().extension() == ".gguf") {
+      EXPECT_TRUE(listed.count(e.path().filename().string())) << e.path();
+    }
   EXPECT_GE(listed.size(), 29u);
 }
 
@@ -129,19 +131,27 @@ TEST(GgufGolden, TestdataFilesMatchSources) {
     EXPECT_EQ(f->tensors().size(), k.n_tensors);
     EXPECT_EQ(f->get_string("tokenizer.ggml.model"), k.tokenizer_model);
     EXPECT_EQ(f->get("tokenizer.ggml.tokens").as_array().items.size(), k.n_tokens);
-    if (k.n_merges) EXPECT_EQ(f->get("tokenizer.ggml.merges").as_array().items.size(), k.n_merges);
-    if (f->has("tokenizer.ggml.scores")) EXPECT_EQ(f->get_float_array("tokenizer.ggml.scores").size(), k.n_tokens);
-    if (f->has("tokenizer.ggml.token_type")) EXPECT_EQ(f->get_int_array("tokenizer.ggml.token_type").size(), k.n_tokens);
+    if (k.n_merges) {
+      EXPECT_EQ(f->get("tokenizer.ggml.merges").as_array().items.size(), k.n_merges);
+    } else {
+      EXPECT_FALSE(f->has("tokenizer.ggml.merges"));
+    }
+    if (f->has("tokenizer.ggml.scores")) {
+      EXPECT_EQ(f->get_float_array("tokenizer.ggml.scores").size(), k.n_tokens);
+    }
+    EXPECT_EQ(f->get_int_array("tokenizer.ggml.token_type").size(), k.n_tokens);
   }
   const auto stories = File::open(test::shared_path("testdata/models/stories260K.gguf").string());
   for (const auto& t : stories->tensors()) EXPECT_EQ(t.type, DType::F32) << t.name;
   const auto tiny = File::open(test::shared_path("testdata/models/llama-2-tiny-random.gguf").string());
-  const auto totals = tensor_totals(*tiny);
+  auto totals = tensor_totals(*tiny);
   EXPECT_EQ(totals.by_type[DType::F16].tensors, 9u);
   EXPECT_EQ(totals.by_type[DType::F32].tensors, 3u);
   // Every vocabulary file on disk is covered.
   for (const auto& e : std::filesystem::directory_iterator(test::shared_path("testdata/tokenizer")))
-    if (e.path().extension() == ".gguf") EXPECT_TRUE(known.count(e.path().filename().string())) << e.path();
+    if (e.path().extension() == ".gguf") {
+      EXPECT_TRUE(known.count(e.path().filename().string())) << e.path();
+    }
 }
 
 // Truncating a real model anywhere must give one clean error: every byte of the header region of two

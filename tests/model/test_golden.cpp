@@ -2,7 +2,8 @@
 //
 // Two references per model (golden/README.md §3):
 //  - f32ref: the file's weights dequantized to F32 and evaluated in F32. Our --exact mode computes the
-//    same math, so the bound is tight: max |Δ| ≤ 1e-3 (gemma3 3e-3, its GELU goes through an FP16 table).
+//    same math, so the bound is tight: max |Δ| ≤ 1e-4 (gemma3 1e-3: ggml's GELU goes through an FP16 table,
+//    which we emulate, but its rounding flips amplify). Measured: ≤ 8.4e-6, gemma3 4.2e-4.
 //  - native: llama.cpp's normal kernels (activations rounded to the weight type's dot-product format).
 //    Our default kernels do the same rounding; end-to-end, one flipped rounding decision propagates, so
 //    the bound is the README's: max ≤ 0.5 and RMS ≤ 0.1 for quantized files, 2e-2 max for F16 files.
@@ -81,7 +82,7 @@ TEST_P(Golden, PromptAndTeacherForcedSteps) {
 
   double tol_max, tol_rms;
   if (c.f32ref) {
-    tol_max = gemma ? 3e-3 : 1e-3;
+    tol_max = gemma ? 1e-3 : 1e-4;
     tol_rms = tol_max;
   } else if (f16) {
     tol_max = 2e-2;
