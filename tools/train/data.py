@@ -17,6 +17,10 @@ WORDS = ("cat dog sun tree river apple house green lemon piano rocket silver gar
          "cactus dolphin engine feather glacier harbor igloo jacket kettle lantern meadow nugget oyster").split()
 NAMES = "Alice Bob Carol Dave Erin Frank Grace Heidi Ivan Judy Mallory Oscar Peggy Rupert Sybil Trent Victor Wendy".split()
 CITIES = "Paris London Tokyo Berlin Madrid Rome Cairo Lima Oslo Seoul Sydney Toronto Dublin Vienna Prague Lisbon".split()
+# Words, names and cities reserved for the held-out set, so its string, counting and tool questions
+# are ones the training data never asked.
+HELDOUT_WORDS, HELDOUT_NAMES, HELDOUT_CITIES = WORDS[-12:], NAMES[-4:], CITIES[-4:]
+WORDS, NAMES, CITIES = WORDS[:-12], NAMES[:-4], CITIES[:-4]
 
 
 @dataclass
@@ -312,8 +316,19 @@ def make_samples(seed: int, n: int) -> List[Sample]:
 
 
 def heldout(seed: int, per_family: int) -> dict:
-    """per_family samples of each evaluated family, from a seed the training set never uses."""
+    """per_family samples of each evaluated family, from a seed the training set never uses and with
+    the reserved words, names and cities."""
+    global WORDS, NAMES, CITIES
     rng = random.Random(seed)
+    saved = WORDS, NAMES, CITIES
+    WORDS, NAMES, CITIES = HELDOUT_WORDS, HELDOUT_NAMES, HELDOUT_CITIES
+    try:
+        return _heldout(rng, per_family)
+    finally:
+        WORDS, NAMES, CITIES = saved
+
+
+def _heldout(rng, per_family):
     fams = {"arith_add_3digit": gen_add3, "convert": gen_convert, "string": gen_string, "count": gen_count,
             "python": gen_python, "tool_call": gen_tool, "arith": gen_arith}
     return {name: [g(rng) for _ in range(per_family)] for name, g in fams.items()}

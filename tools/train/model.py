@@ -51,6 +51,21 @@ def apply_rope(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
+def attention(q, k, v, mask):
+    """softmax(q·kᵀ/sqrt(d) + mask)·v; mask None = causal, else boolean (B, 1, Tq, Tk) of allowed keys."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    # PyTorch < 2 (only used for local smoke tests on the CPU).
+    s = (q.float() @ k.float().transpose(-1, -2)) / (q.shape[-1] ** 0.5)
+    if mask is None:
+        tq, tk = s.shape[-2], s.shape[-1]
+        mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+    s = s.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: Config):
         super().__init__()
@@ -84,10 +99,7 @@ class Block(nn.Module):
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        if mask is None:
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        a = attention(q, k, v, mask)
         x = x + self.wo(a.transpose(1, 2).reshape(B, T, c.heads * c.head_dim))
         h = self.ffn_norm(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))

@@ -39,7 +39,7 @@ def log(*a):
 def jinja_env():
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
     return env
 
@@ -48,7 +48,83 @@ def render(tmpl, messages, tools=None, gen_prompt=False):
     return tmpl.render(messages=messages, tools=tools, add_generation_prompt=gen_prompt, bos_token="", eos_token="<|im_end|>")
 
 
-def train_tokenizer(texts, vocab_size):
+class _Enc:
+    def __init__(self, ids, offsets):
+        self.ids, self.offsets = ids, offsets
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer with no merges, standing in for `tokenizers` in local --smoke runs where
+    that package is missing. Same interface subset; exports as a valid gpt2 vocabulary."""
+
+    def __init__(self):
+        bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+        cs, n = bs[:], 0
+        for b in range(256):
+            if b not in bs:
+                bs.append(b)
+                cs.append(256 + n)
+                n += 1
+        self.byte_char = {b: chr(c) for b, c in zip(bs, cs)}
+        self.char_byte = {v: k for k, v in self.byte_char.items()}
+        self.vocab = {t: i for i, t in enumerate(SPECIALS)}
+        for b in range(256):
+            self.vocab[self.byte_char[b]] = len(self.vocab)
+        self.inv = {i: t for t, i in self.vocab.items()}
+        self.split = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
+
+    def encode(self, text):
+        ids, offs, pos = [], [], 0
+        for part in self.split.split(text):
+            if part in self.vocab and part in SPECIALS:
+                ids.append(self.vocab[part])
+                offs.append((pos, pos + len(part)))
+            else:
+                for i, ch in enumerate(part):
+                    for b in ch.encode("utf-8"):
+                        ids.append(self.vocab[self.byte_char[b]])
+                        offs.append((pos + i, pos + i + 1))
+            pos += len(part)
+        return _Enc(ids, offs)
+
+    def encode_batch(self, texts):
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids, skip_special_tokens=False):
+        out, buf = [], bytearray()
+        for i in ids:
+            t = self.inv[i]
+            if t in SPECIALS:
+                out.append(buf.decode("utf-8", "replace"))
+                buf = bytearray()
+                if not skip_special_tokens:
+                    out.append(t)
+            else:
+                buf.append(self.char_byte[t])
+        out.append(buf.decode("utf-8", "replace"))
+        return "".join(out)
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def get_vocab_size(self):
+        return len(self.vocab)
+
+    def to_str(self):
+        return json.dumps({"model": {"merges": []}})
+
+    def save(self, path):
+        open(path, "w").write(self.to_str())
+
+
+def train_tokenizer(texts, vocab_size, smoke=False):
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        if not smoke:
+            raise
+        log("tokenizers is not installed: smoke run with a byte-level tokenizer")
+        return ByteTokenizer()
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -108,7 +184,8 @@ def lr_at(step, total, peak, warm=200):
 
 def train_model(model, it, steps, peak_lr, cap_s, teacher=None, name="model"):
     dev = next(model.parameters()).device
-    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1, fused=dev.type == "cuda")
+    extra = {"fused": True} if dev.type == "cuda" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1, **extra)
     step_fn = torch.compile(model) if dev.type == "cuda" else model
     t0 = time.time()
     compiled_ok = None
@@ -292,7 +369,7 @@ def main():
     log(f"{len(chats)} conversations, {len(code)} code files")
 
     log("training tokenizer")
-    tok = train_tokenizer(chats[:60000] + code[:3000], 1024 if smoke else 4096)
+    tok = train_tokenizer(chats[:60000] + code[:3000], 1024 if smoke else 4096, smoke)
     tok.save(os.path.join(args.out, "tokenizer.json"))
     vocab = tok.get_vocab()
     eot, im_end = vocab["<|endoftext|>"], vocab["<|im_end|>"]
