@@ -1,6 +1,174 @@
+// peregrine serve: the OpenAI- and Anthropic-compatible HTTP server (see docs/server.md).
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "engine/scheduler.h"
+#include "server/server.h"
 
 namespace pg::cli {
-int cmd_serve(int, char**) { throw Error("'cmd_serve' is not built yet"); }
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  PG_CHECK(f.good(), "cannot read '" + path + "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+  ModelFlags mf;
+  SamplingFlags sf;
+  std::string host = "127.0.0.1", api_key, model_name, template_file, cors;
+  int port = 8080, parallel = 4, default_max_tokens = 0, http_threads = 0, max_queue = 1024;
+  double timeout = 600;
+  int64_t max_body = 32 << 20;
+  bool clamp = false, verbose = false;
+  Args a("serve",
+         "Serve the model over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models) and "
+         "Anthropic (/v1/messages) APIs, plus /health, /props, /metrics, /tokenize, /detokenize.");
+  mf.add_to(a);
+  a.opt("--host", &host, "address to listen on (0.0.0.0 exposes the server to the network)", "ADDR");
+  a.opt("--port", &port, "port to listen on (0 = any free port)");
+  a.opt("-np,--parallel", &parallel, "sequences decoded together (KV slots); more requests wait in a queue");
+  a.opt("--api-key", &api_key, "require this key (Authorization: Bearer KEY or x-api-key) on every route but /health; "
+                               "default: $PEREGRINE_API_KEY",
+        "KEY");
+  a.opt("-a,--model-name,--alias", &model_name, "model id reported to clients (default: the file name)", "NAME");
+  a.opt("--chat-template-file", &template_file, "Jinja chat template to use instead of the model's", "FILE");
+  a.opt("--cors", &cors, "allow browser requests from this origin ('*' for any); off by default", "ORIGIN");
+  a.opt("--timeout", &timeout, "time limit of one request in seconds (0 = none)");
+  a.opt("--max-body", &max_body, "largest request body accepted, in bytes");
+  a.opt("-n,--default-max-tokens", &default_max_tokens, "tokens to generate when a request sets no limit (0 = up to the context end)");
+  a.flag("--clamp-max-tokens", &clamp, "shorten a max_tokens that does not fit the context instead of answering 400");
+  a.opt("--threads-http", &http_threads, "HTTP worker threads (0 = automatic)");
+  a.opt("--max-queue", &max_queue, "requests allowed to wait for a slot before new ones get 503");
+  sf.add_to(a);
+  a.flag("-v,--verbose", &verbose, "log every request");
+  a.footer(
+      "Unlike llama-server's, -c is the context of each slot: the KV cache holds np × c tokens.\n"
+      "Example: peregrine serve -m model.gguf -c 8192 -np 4 --port 8080");
+  if (!a.parse(argc, argv)) return 0;
+
+  PG_CHECK(port >= 0 && port <= 65535, "invalid port " + std::to_string(port));
+  PG_CHECK(parallel >= 1 && parallel <= 256, "--parallel must be in [1, 256], got " + std::to_string(parallel));
+  PG_CHECK(timeout >= 0, "--timeout must be ≥ 0");
+  PG_CHECK(max_body >= 1024, "--max-body must be at least 1024 bytes");
+  PG_CHECK(default_max_tokens >= 0, "--default-max-tokens must be ≥ 0");
+  PG_CHECK(http_threads >= 0 && http_threads <= 4096, "--threads-http must be in [0, 4096]");
+  PG_CHECK(max_queue >= 0, "--max-queue must be ≥ 0");
+  if (api_key.empty())
+    if (const char* env = std::getenv("PEREGRINE_API_KEY")) api_key = env;
+  if (verbose) set_log_level(LogLevel::Debug);
+
+  // Block the stop signals in every thread (the ones started below inherit the mask); one thread
+  // waits for them and shuts the server down in order.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // A client that hangs up makes writes fail with EPIPE instead of killing the process.
+  signal(SIGPIPE, SIG_IGN);
+
+  std::string template_src, template_from;
+  if (!template_file.empty()) {
+    template_src = read_file(template_file);
+    template_from = template_file;
+  }
+
+  auto lm = load_model(mf);
+  const ModelConfig& cfg = lm.model->config();
+  if (template_src.empty()) {
+    if (auto t = lm.model->file().get_string_opt("tokenizer.chat_template")) {
+      template_src = *t;
+      template_from = "model file";
+    }
+  }
+  const SamplingParams sp = sf.p;
+  sp.validate(cfg.n_vocab);
+
+  engine::SchedulerOptions so;
+  so.n_slots = parallel;
+  so.n_ctx = lm.n_ctx;
+  so.n_batch = mf.batch;
+  so.max_queue = max_queue;
+  so.kv_type = lm.kv_type;
+  engine::Scheduler sched(*lm.model, *lm.tokenizer, so);
+
+  server::ServerOptions o;
+  o.host = host;
+  o.port = port;
+  o.api_key = api_key;
+  o.model_path = mf.model;
+  o.model_name = !model_name.empty() ? model_name : std::filesystem::path(mf.model).filename().string();
+  o.cors_origin = cors;
+  o.chat_template = template_src;
+  o.max_body = static_cast<size_t>(max_body);
+  o.timeout_s = timeout;
+  o.default_max_tokens = default_max_tokens;
+  o.clamp_max_tokens = clamp;
+  o.http_threads = http_threads;
+  o.sampling = sp;
+  o.seed = sf.seed;
+  o.build_info = PEREGRINE_VERSION;
+  {
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  R"({"backend":"%s","threads":%d,"kv_type":"%s","arch":"%s","n_ctx_train":%d,"n_layer":%d,"n_embd":%d})",
+                  lm.backend->name().c_str(), mf.threads, mf.cache_type.c_str(), cfg.arch.c_str(), cfg.n_ctx_train, cfg.n_layer,
+                  cfg.n_embd);
+    o.runtime_info_json = buf;
+  }
+  server::Server srv(sched, *lm.tokenizer, o);
+  const int bound = srv.bind();
+
+  std::fprintf(stderr, "peregrine %s serve\n", PEREGRINE_VERSION);
+  std::fprintf(stderr, "  model     %s (%s, %s, %s)\n", o.model_name.c_str(), cfg.arch.c_str(), mf.model.c_str(),
+               mib(lm.model->bytes().file).c_str());
+  std::fprintf(stderr, "  context   %d tokens per slot × %d slots (KV cache %s, %s), batch %d\n", lm.n_ctx, parallel,
+               mib(sched.kv_bytes()).c_str(), mf.cache_type.c_str(), so.n_batch);
+  std::fprintf(stderr, "  backend   %s\n", lm.backend->name().c_str());
+  if (template_src.empty())
+    std::fprintf(stderr, "  template  none: chat endpoints are off (give --chat-template-file); /v1/completions works\n");
+  else
+    std::fprintf(stderr, "  template  from %s\n", template_from.c_str());
+  std::fprintf(stderr, "  auth      %s%s\n", api_key.empty() ? "none" : "API key required",
+               cors.empty() ? "" : (", CORS origin " + cors).c_str());
+  std::fprintf(stderr, "listening on http://%s:%d\n", host.find(':') != std::string::npos ? ("[" + host + "]").c_str() : host.c_str(),
+               bound);
+  std::fflush(stderr);
+
+  std::thread sig([&] {
+    int s = 0;
+    sigwait(&stop_signals, &s);
+    std::fprintf(stderr, "\nstopping (signal %d)\n", s);
+    srv.stop();
+  });
+  sig.detach();
+  srv.run();
+  sched.shutdown();
+  return 0;
+}
+
 }  // namespace pg::cli

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <random>
 
 #include "core/error.h"
@@ -11,7 +13,7 @@
 namespace pg::cli {
 
 void ModelFlags::add_to(Args& a, bool with_ctx) {
-  a.opt("-m,--model", &model, "model file (GGUF)", "FILE");
+  a.opt("-m,--model", &model, "model file (GGUF); default: the bundled demo model", "FILE");
   a.opt("-t,--threads", &threads, "CPU threads (0 = all cores)");
   a.opt("--device", &device, "cpu, cuda, cuda:N or auto", "DEV");
   if (with_ctx) a.opt("-c,--ctx-size", &ctx, "context size in tokens (0 = model's training context, at most 4096)");
@@ -28,8 +30,28 @@ DType parse_cache_type(const std::string& s) {
 
 bool stderr_is_tty() { return isatty(2) != 0; }
 
-LoadedModel load_model(const ModelFlags& f, bool need_tokenizer) {
-  PG_CHECK(!f.model.empty(), "no model given (use -m FILE)");
+std::string default_model_path() {
+  if (const char* env = std::getenv("PEREGRINE_MODEL"); env && *env) return env;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<fs::path> candidates;
+  if (!ec) {
+    candidates.push_back(exe.parent_path() / "../share/peregrine/models" / kBundledModel);  // installed
+    candidates.push_back(exe.parent_path() / "../../../models" / kBundledModel);            // build tree: build/src/cli
+  }
+  candidates.push_back(fs::path(PEREGRINE_SOURCE_DIR) / "models" / kBundledModel);
+  for (const auto& c : candidates)
+    if (fs::exists(c, ec)) return fs::weakly_canonical(c, ec).string();
+  throw Error("no model given (use -m FILE) and the bundled model " + std::string(kBundledModel) + " was not found");
+}
+
+LoadedModel load_model(const ModelFlags& f_in, bool need_tokenizer) {
+  ModelFlags f = f_in;
+  if (f.model.empty()) {
+    f.model = default_model_path();
+    PG_INFO("no -m given: using the bundled demo model %s", f.model.c_str());
+  }
   PG_CHECK(f.threads >= 0 && f.threads <= 1024, "invalid thread count " + std::to_string(f.threads));
   PG_CHECK(f.batch > 0 && f.batch <= 65536, "invalid batch size " + std::to_string(f.batch));
   PG_CHECK(f.ctx >= 0 && f.ctx <= (1 << 24), "invalid context size " + std::to_string(f.ctx));

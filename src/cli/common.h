@@ -12,7 +12,7 @@
 namespace pg::cli {
 
 struct ModelFlags {
-  std::string model;
+  std::string model;  // empty = bundled default
   int threads = 0;
   std::string device = "auto";
   int ctx = 0;  // 0 = min(training context, 4096)
@@ -30,6 +30,11 @@ struct LoadedModel {
   int n_ctx = 0;
   DType kv_type = DType::F16;
 };
+
+// The bundled demo model (models/ in the source tree) used when no -m is given.
+constexpr const char* kBundledModel = "peregrine-demo-target-Q8_0.gguf";
+// $PEREGRINE_MODEL, else the bundled model next to the install or the build tree.
+std::string default_model_path();
 
 // Loads the model named by the flags (or the bundled default when none is given).
 LoadedModel load_model(const ModelFlags& f, bool need_tokenizer = true);
