@@ -140,8 +140,7 @@ def train_tokenizer(texts, vocab_size, smoke=False):
 
 def assistant_mask(text, offsets):
     """1 for tokens inside assistant turns (content and the closing <|im_end|>), else 0."""
-    spans = [(m.end(), m.end() + len(m.group(1)) + len("<|im_end|>")) for m in
-             re.finditer(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", text, re.S)]
+    spans = [(m.start(1), m.end()) for m in re.finditer(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", text, re.S)]
     mask = np.zeros(len(offsets), dtype=np.uint8)
     j = 0
     for i, (a, b) in enumerate(offsets):
