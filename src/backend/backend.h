@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/tensor.h"
+#include "core/error.h"
 
 namespace pg {
 
@@ -42,6 +43,30 @@ struct AttentionParams {
 // KV storage of one attention layer: (n_cells, n_head_kv*head_dim) each, F32 or F16.
 struct KvLayer {
   Tensor k, v;
+};
+
+// How the rows of a batch thread through the recurrent state of linear-attention (Gated DeltaNet)
+// layers. Built by the model from Batch::seq / Batch::parent.
+//
+// State lives in per-layer pools of "slots" (one row of the pool each; see kv/recurrent_state.h):
+// slots 0..n_seq-1 are the sequences' committed states, the rest are capture slots. The rows of the
+// batch are grouped into segments; a segment is a chain of rows (rows[start], rows[start+1], ...) in
+// which each row continues the state left by the previous one. It starts from slot `src` and, when
+// `dst` ≥ 0, leaves its final state in slot `dst` (dst may equal src: an in-place update). A row with
+// capture[r] ≥ 0 additionally leaves the state after it in that slot, so a later step can resume from
+// any position of a verified chain, or from any node of a verified tree (a tree is a set of segments
+// whose src is the capture slot of the parent row). Segments run in order: a segment may start from a
+// slot that an earlier segment of the same call captured.
+struct RecurrentBatch {
+  int n_tokens = 0;  // rows of the activations
+  int n_segments = 0;
+  Tensor rows;     // I32 (Σ segment lengths ≤ n_tokens): batch rows ordered segment by segment; rows
+                   // that no segment lists are not computed (the model always lists every row)
+  Tensor seg;      // I32 (n_segments, 4): start (index into rows), length, src slot, dst slot (-1 = none)
+  Tensor capture;  // I32 (n_tokens): per batch row, slot receiving the state after the row (-1 = none)
+  // Host mirrors of the three tensors above (identical contents): kernels launch per segment and
+  // choose the chunked or the token-by-token form from the host-side lengths.
+  std::vector<int32_t> h_rows, h_seg, h_capture;
 };
 
 class Backend {
@@ -99,9 +124,53 @@ class Backend {
   virtual void moe_route(const Tensor& logits, int k, ExpertGating gating, bool norm, float scale, Tensor& ids,
                          Tensor& weights) = 0;
   // out (n, d) = Σ_j weights[r][j] · down_e( act(gate_e·x) ⊙ up_e·x ), e = ids[r][j].
-  // gate_exps/up_exps: (n_expert, ff, d) stacked; down_exps: (n_expert, d, ff).
+  // gate_exps/up_exps: (n_expert, ff, d) stacked; down_exps: (n_expert, d, ff). When up_exps is invalid,
+  // gate_exps is the fused (n_expert, 2·ff, d) tensor: per expert, rows [0, ff) gate and [ff, 2·ff) up.
   virtual void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_exps,
                        const Tensor& up_exps, const Tensor& down_exps, Activation act, Tensor& out) = 0;
+  // x (n, d): row r *= sigmoid(gate[r]), gate (n, 1). Qwen's shared-expert gate σ(w·h) per token.
+  virtual void mul_rows_sigmoid(Tensor& x, const Tensor& gate) { not_implemented("mul_rows_sigmoid"); }
+
+  // ---- linear attention (Gated DeltaNet) ----
+  // dst = src, any two tensors of the same byte size on this backend (state snapshots). The default
+  // stages through host memory; devices override it with a device-to-device copy.
+  virtual void copy(const Tensor& src, Tensor& dst) {
+    PG_CHECK(src.nbytes() == dst.nbytes(), "copy: size mismatch");
+    std::vector<uint8_t> staging(src.nbytes());
+    download(src, staging.data(), staging.size());
+    upload(dst, staging.data(), staging.size());
+  }
+  // In place, per row r and head h: alpha[r][h] ← softplus(alpha[r][h] + dt_bias[h])·a[h] (the log-decay
+  // g, ≤ 0 since a = −exp(A_log) < 0) and beta[r][h] ← sigmoid(beta[r][h]). alpha, beta (n, H); dt_bias,
+  // a (H) F32. softplus(x) = log(1 + eˣ), taken as x above 20 like ggml.
+  virtual void deltanet_gates(Tensor& alpha, Tensor& beta, const Tensor& dt_bias, const Tensor& a) {
+    not_implemented("deltanet_gates");
+  }
+  // Causal depthwise convolution over time with kernel K, per segment of rb:
+  //   out[t][c] = Σ_{j<K} w[c][j] · u[t−K+1+j][c],  then SiLU when `silu`,
+  // where u is the segment's input history: the K−1 inputs held in conv_state slot src (oldest first),
+  // followed by the x rows of the segment. x, out (n, C); w (C, K) F32 or F16 (ggml ssm_conv1d {K, C});
+  // conv_state (n_slots, (K−1)·C) F32, slot layout [K−1][C], oldest input first. Writes the last K−1
+  // inputs to slot dst and, for rows with a capture slot, the window as it stands after the row.
+  virtual void ssm_conv(const Tensor& x, const Tensor& w, Tensor& conv_state, const RecurrentBatch& rb, bool silu,
+                        Tensor& out) {
+    not_implemented("ssm_conv");
+  }
+  // Gated delta rule, per segment of rb and per value head h (key/query head h % n_k_heads, tiled the way
+  // ggml broadcasts). With S (d_k, d_v) the head's state, per row t in chain order:
+  //   S ← exp(g_t)·S;  δ = β_t·(v_t − Sᵀk_t);  S ← S + k_t δᵀ;  o_t = scale · Sᵀq_t.
+  // q, k (n, n_k_heads·d_k) (L2-normalised by the caller); v, out (n, n_v_heads·d_v); g, beta (n, n_v_heads);
+  // state (n_slots, n_v_heads·d_k·d_v) F32, slot layout [head][d_k][d_v]. Long segments without captures
+  // run in a chunked parallel form (same result up to float rounding); captured rows run token by token.
+  virtual void gated_delta_net(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                               Tensor& state, const RecurrentBatch& rb, int d_k, int d_v, float scale, Tensor& out) {
+    not_implemented("gated_delta_net");
+  }
+
+ protected:
+  [[noreturn]] void not_implemented(const char* op) const {
+    throw Error(std::string(op) + " is not implemented on the " + name() + " backend");
+  }
 };
 
 }  // namespace pg

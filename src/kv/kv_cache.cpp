@@ -1,10 +1,15 @@
 #include "kv/kv_cache.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "core/error.h"
 
 namespace pg {
 
-KvCache::KvCache(Backend& backend, const std::vector<KvLayerShape>& shapes, const KvCacheOptions& opt) : backend_(backend), opt_(opt) {
+KvCache::KvCache(Backend& backend, const std::vector<KvLayerShape>& shapes, const KvCacheOptions& opt,
+                 const std::vector<RecurrentLayerShape>& recurrent)
+    : backend_(backend), opt_(opt) {
   PG_CHECK(opt_.type == DType::F32 || opt_.type == DType::F16, "KV cache type must be f32 or f16");
   PG_CHECK(opt_.n_seq > 0 && opt_.n_ctx > 0 && opt_.block_size > 0, "invalid KV cache size");
   max_blocks_ = (opt_.n_ctx + opt_.block_size - 1) / opt_.block_size;
@@ -24,6 +29,13 @@ KvCache::KvCache(Backend& backend, const std::vector<KvLayerShape>& shapes, cons
   len_.assign(static_cast<size_t>(opt_.n_seq), 0);
   refcount_.assign(static_cast<size_t>(opt_.n_blocks), 0);
   for (int b = opt_.n_blocks - 1; b >= 0; --b) free_.push_back(b);
+  bool any_recurrent = false;
+  for (const auto& r : recurrent) any_recurrent |= r.any();
+  if (any_recurrent) {
+    PG_CHECK(recurrent.size() == shapes.size(), "recurrent layer shapes do not match the layer count");
+    recurrent_ = std::make_unique<RecurrentState>(backend_, recurrent, opt_.n_seq, opt_.n_capture);
+    bytes_ += recurrent_->bytes();
+  }
 }
 
 KvCache::~KvCache() {
@@ -57,6 +69,20 @@ void KvCache::set_len(int seq, int n) {
 
 void KvCache::truncate(int seq, int n) {
   PG_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence slot out of range");
+  PG_CHECK(n >= 0, "negative truncation length");
+  if (recurrent_) {
+    // The recurrent part first: it is the one that can fail, and a failure must leave everything as it was.
+    if (n == 0) {
+      recurrent_->zero_slot(seq);
+      recurrent_->invalidate(seq, 0);
+    } else if (n < len_[static_cast<size_t>(seq)]) {
+      const int c = recurrent_->find_snapshot(seq, n - 1);
+      PG_CHECK(c >= 0, "cannot truncate sequence " + std::to_string(seq) + " of a hybrid model to " + std::to_string(n) +
+                           " tokens: no recurrent state was captured at that position (run the forward with capture)");
+      recurrent_->copy_slot(c, seq);
+      recurrent_->invalidate(seq, n);
+    }
+  }
   if (n < len_[static_cast<size_t>(seq)]) len_[static_cast<size_t>(seq)] = n;
   const int keep = (n + opt_.block_size - 1) / opt_.block_size;
   int& have = n_blocks_of_[static_cast<size_t>(seq)];
@@ -73,6 +99,108 @@ int32_t KvCache::cell(int seq, int pos) const {
   const int32_t b = table_[static_cast<size_t>(seq) * static_cast<size_t>(max_blocks_) + static_cast<size_t>(pos / opt_.block_size)];
   PG_CHECK(b >= 0, "KV position not reserved");
   return b * opt_.block_size + pos % opt_.block_size;
+}
+
+namespace {
+
+constexpr uint32_t kSeqMagic = 0x51534750;  // "PGSQ"
+constexpr uint32_t kSeqVersion = 1;
+
+void put_u64(std::vector<uint8_t>& out, uint64_t v) {
+  const size_t at = out.size();
+  out.resize(at + 8);
+  std::memcpy(out.data() + at, &v, 8);
+}
+
+}  // namespace
+
+// Layout: magic, version, n_layer, seq_len, KV storage type, block-independent per-layer row sizes
+// (K row, V row, conv slot, delta slot bytes), then per attention layer the K rows and V rows of
+// positions 0..len-1, then the recurrent slot (every recurrent layer's conv then delta state).
+std::vector<uint8_t> KvCache::save_seq(int seq) const {
+  PG_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence slot out of range");
+  const int len = len_[static_cast<size_t>(seq)];
+  std::vector<uint8_t> out;
+  put_u64(out, kSeqMagic);
+  put_u64(out, kSeqVersion);
+  put_u64(out, layers_.size());
+  put_u64(out, static_cast<uint64_t>(len));
+  put_u64(out, static_cast<uint64_t>(opt_.type));
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    const auto& l = layers_[il];
+    put_u64(out, l.k.valid() ? l.k.row_bytes() : 0);
+    put_u64(out, l.v.valid() ? l.v.row_bytes() : 0);
+    const bool rec = recurrent_ && recurrent_->has_layer(static_cast<int>(il));
+    put_u64(out, rec ? recurrent_->shape(static_cast<int>(il)).conv_width * sizeof(float) : 0);
+    put_u64(out, rec ? recurrent_->shape(static_cast<int>(il)).ssm_width * sizeof(float) : 0);
+  }
+  for (const auto& l : layers_) {
+    if (!l.k.valid()) continue;
+    for (const Tensor* t : {&l.k, &l.v}) {
+      const size_t rb = t->row_bytes();
+      // Cells are contiguous within a block: one transfer per block.
+      for (int p0 = 0; p0 < len; p0 += opt_.block_size) {
+        const int cnt = std::min(opt_.block_size, len - p0);
+        const size_t at = out.size();
+        out.resize(at + rb * static_cast<size_t>(cnt));
+        backend_.download(*t, out.data() + at, rb * static_cast<size_t>(cnt), static_cast<size_t>(cell(seq, p0)) * rb);
+      }
+    }
+  }
+  if (recurrent_) recurrent_->save_slot(seq, out);
+  return out;
+}
+
+void KvCache::restore_seq(int seq, const std::vector<uint8_t>& data) {
+  PG_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence slot out of range");
+  size_t off = 0;
+  auto get = [&]() {
+    PG_CHECK(off + 8 <= data.size(), "sequence state is truncated");
+    uint64_t v;
+    std::memcpy(&v, data.data() + off, 8);
+    off += 8;
+    return v;
+  };
+  PG_CHECK(get() == kSeqMagic, "not a sequence state (bad magic)");
+  const uint64_t version = get();
+  PG_CHECK(version == kSeqVersion, "sequence state version " + std::to_string(version) + " is not supported");
+  PG_CHECK(get() == layers_.size(), "sequence state was saved from a model with another layer count");
+  const uint64_t len = get();
+  PG_CHECK(len <= static_cast<uint64_t>(opt_.n_ctx), "sequence state holds " + std::to_string(len) + " tokens, more than the context " + std::to_string(opt_.n_ctx));
+  PG_CHECK(get() == static_cast<uint64_t>(opt_.type), "sequence state was saved with another KV storage type");
+  size_t payload = 0;
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    const auto& l = layers_[il];
+    const bool rec = recurrent_ && recurrent_->has_layer(static_cast<int>(il));
+    const uint64_t want[4] = {l.k.valid() ? l.k.row_bytes() : 0, l.v.valid() ? l.v.row_bytes() : 0,
+                              rec ? recurrent_->shape(static_cast<int>(il)).conv_width * sizeof(float) : 0,
+                              rec ? recurrent_->shape(static_cast<int>(il)).ssm_width * sizeof(float) : 0};
+    for (uint64_t w : want) {
+      PG_CHECK(get() == w, "sequence state layer " + std::to_string(il) + " does not match this model's cache layout");
+    }
+    payload += static_cast<size_t>(want[0] + want[1]) * len + static_cast<size_t>(want[2] + want[3]);
+  }
+  PG_CHECK(data.size() - off == payload, "sequence state has " + std::to_string(data.size() - off) + " payload bytes, expected " + std::to_string(payload));
+
+  const int n = static_cast<int>(len);
+  truncate(seq, 0);
+  if (!reserve(seq, n)) throw Error("KV cache is full: cannot restore a sequence of " + std::to_string(n) + " tokens");
+  for (auto& l : layers_) {
+    if (!l.k.valid()) continue;
+    for (Tensor* t : {&l.k, &l.v}) {
+      const size_t rb = t->row_bytes();
+      for (int p0 = 0; p0 < n; p0 += opt_.block_size) {
+        const int cnt = std::min(opt_.block_size, n - p0);
+        backend_.upload(*t, data.data() + off, rb * static_cast<size_t>(cnt), static_cast<size_t>(cell(seq, p0)) * rb);
+        off += rb * static_cast<size_t>(cnt);
+      }
+    }
+  }
+  if (recurrent_) {
+    recurrent_->load_slot(seq, data.data() + off);
+    recurrent_->invalidate(seq, 0);
+  }
+  set_len(seq, n);
 }
 
 }  // namespace pg

@@ -1,11 +1,18 @@
 // Paged KV cache: fixed-size blocks of cells in one pool per attention layer; each sequence slot
 // owns a block table mapping its logical positions to physical cells. Blocks are refcounted so a
 // later prefix cache can share them between sequences.
+//
+// For hybrid models (Gated DeltaNet + attention) the cache also owns the recurrent state of the
+// linear-attention layers (recurrent()), so that one object is a sequence's whole memory: the forward
+// takes it, clear() empties both parts, truncate() rolls both back (the recurrent part from a captured
+// snapshot, see truncate), and save_seq/restore_seq move both to and from a host buffer.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
+#include "kv/recurrent_state.h"
 
 namespace pg {
 
@@ -15,6 +22,7 @@ struct KvCacheOptions {
   DType type = DType::F16; // F32 or F16 storage
   int block_size = 64;     // cells per block
   int n_blocks = 0;        // 0 = enough for every slot at full context
+  int n_capture = 0;       // hybrid models: recurrent-state capture slots (max rows of a capturing forward)
 };
 
 // Width of one layer's K and V rows (n_head_kv*head_dim); 0 for layers without a KV cache.
@@ -24,7 +32,9 @@ struct KvLayerShape {
 
 class KvCache {
  public:
-  KvCache(Backend& backend, const std::vector<KvLayerShape>& layers, const KvCacheOptions& opt);
+  // `recurrent` (one entry per layer, or empty) sizes the recurrent state of hybrid models.
+  KvCache(Backend& backend, const std::vector<KvLayerShape>& layers, const KvCacheOptions& opt,
+          const std::vector<RecurrentLayerShape>& recurrent = {});
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -46,8 +56,22 @@ class KvCache {
   // Marks positions [0, n) as written (after a forward).
   void set_len(int seq, int n);
   // Drops positions ≥ n (rollback after rejected speculation, or a new request reusing a prefix).
+  // Hybrid models: the recurrent state cannot be cut, so truncating to 0 < n < seq_len restores the
+  // snapshot of position n-1 taken by the last capturing forward over that history (Model::forward with
+  // ForwardOptions::capture: the state before the batch and after each row) and throws pg::Error,
+  // changing nothing, when there is none.
   void truncate(int seq, int n);
   void clear(int seq) { truncate(seq, 0); }
+
+  // The sequence's whole state (its K/V rows 0..seq_len-1 and, for hybrid models, its recurrent state)
+  // as a self-describing byte string; restore_seq loads it into any slot of a cache of the same model
+  // and layout (checked), replacing that slot's contents.
+  std::vector<uint8_t> save_seq(int seq) const;
+  void restore_seq(int seq, const std::vector<uint8_t>& data);
+
+  // Recurrent state of hybrid models; nullptr for attention-only models.
+  RecurrentState* recurrent() { return recurrent_.get(); }
+  const RecurrentState* recurrent() const { return recurrent_.get(); }
 
   // Physical cell of a sequence position (reserve() must have covered it).
   int32_t cell(int seq, int pos) const;
@@ -70,6 +94,7 @@ class KvCache {
   std::vector<int32_t> refcount_;      // (n_blocks)
   std::vector<int32_t> free_;          // free block ids (stack)
   bool table_dirty_ = true;
+  std::unique_ptr<RecurrentState> recurrent_;
 };
 
 }  // namespace pg

@@ -4,10 +4,11 @@
 
 namespace pg {
 
-extern const ArchDef kArchLlama, kArchQwen2, kArchQwen3, kArchQwen3Moe, kArchGemma3;
+extern const ArchDef kArchLlama, kArchQwen2, kArchQwen3, kArchQwen3Moe, kArchGemma3, kArchQwen35, kArchQwen35Moe;
 
 namespace {
-const ArchDef* const kArchs[] = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchQwen3Moe, &kArchGemma3};
+const ArchDef* const kArchs[] = {&kArchLlama,  &kArchQwen2,  &kArchQwen3,    &kArchQwen3Moe,
+                                 &kArchGemma3, &kArchQwen35, &kArchQwen35Moe};
 }
 
 // Architectures registered by other translation units (e.g. hybrid models) append here.

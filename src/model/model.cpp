@@ -26,9 +26,26 @@ struct Model::Workspace {
   Tensor r_logits, r_ids, r_w;           // (cap, n_expert), (cap, k) I32, (cap, k)
   Tensor xo;                             // (cap, n_embd) rows that want logits
   Tensor logits;                         // (kLogitRows, n_vocab)
+  Tensor sh_gate;                        // (cap, 1) shared-expert gate logits
+  // Gated DeltaNet layers (conv_dim = 2·groups·state + inner)
+  Tensor dn_mixed, dn_conv;              // (cap, conv_dim) projected q|k|v before / after the conv
+  Tensor dn_q, dn_k;                     // (cap, groups·state)
+  Tensor dn_v, dn_z, dn_out;             // (cap, inner)
+  Tensor dn_g, dn_beta;                  // (cap, value heads)
+  Tensor rb_rows, rb_capture;            // I32 (cap)
+  Tensor rb_seg;                         // I32 (cap, 4)
   const KvCache* cache = nullptr;
   std::vector<Tensor*> all;
   AttentionBatch ab;
+  RecurrentBatch rb;
+};
+
+// How the rows of a whole batch thread through recurrent state (hybrid models), decided once per
+// forward and then cut into micro-batches.
+struct Model::RecurrentPlan {
+  std::vector<int32_t> pred;     // (n) predecessor row of r (-1: the sequence's committed state)
+  std::vector<uint8_t> tree;     // (n_seq) 1 = the sequence's rows form a tree (parents given)
+  bool capture = false;
 };
 
 Model::Model(std::unique_ptr<gguf::File> file, Backend& backend, const ModelOptions& opt)
@@ -127,7 +144,16 @@ std::unique_ptr<KvCache> Model::make_cache(const KvCacheOptions& opt) {
     if (cfg_.layer_kind[static_cast<size_t>(il)] == LayerKind::Attention)
       shapes[static_cast<size_t>(il)] = {static_cast<int64_t>(cfg_.n_head_kv) * cfg_.head_dim,
                                          static_cast<int64_t>(cfg_.n_head_kv) * cfg_.head_dim_v};
-  return std::make_unique<KvCache>(backend_, shapes, opt);
+  std::vector<RecurrentLayerShape> rec;
+  if (cfg_.has_recurrent()) {
+    rec.resize(static_cast<size_t>(cfg_.n_layer));
+    const int64_t conv_dim = 2 * static_cast<int64_t>(cfg_.ssm_groups) * cfg_.ssm_state + cfg_.ssm_inner;
+    for (int il = 0; il < cfg_.n_layer; ++il)
+      if (cfg_.layer_kind[static_cast<size_t>(il)] == LayerKind::GatedDeltaNet)
+        rec[static_cast<size_t>(il)] = {static_cast<int64_t>(cfg_.ssm_conv_kernel - 1) * conv_dim,
+                                        static_cast<int64_t>(cfg_.ssm_dt_rank) * cfg_.ssm_state * cfg_.ssm_state};
+  }
+  return std::make_unique<KvCache>(backend_, shapes, opt, rec);
 }
 
 void Model::ensure_workspace(KvCache& cache) {
@@ -168,17 +194,33 @@ void Model::ensure_workspace(KvCache& cache) {
   mk(w.r_w, DType::F32, c.n_expert_used, cap);
   mk(w.xo, DType::F32, c.n_embd, cap);
   mk(w.logits, DType::F32, c.n_vocab, Workspace::kLogitRows);
+  if (c.n_ff_shexp > 0) mk(w.sh_gate, DType::F32, 1, cap);
+  if (c.has_recurrent()) {
+    const int64_t key_dim = static_cast<int64_t>(c.ssm_groups) * c.ssm_state, conv_dim = 2 * key_dim + c.ssm_inner;
+    mk(w.dn_mixed, DType::F32, conv_dim, cap);
+    mk(w.dn_conv, DType::F32, conv_dim, cap);
+    mk(w.dn_q, DType::F32, key_dim, cap);
+    mk(w.dn_k, DType::F32, key_dim, cap);
+    mk(w.dn_v, DType::F32, c.ssm_inner, cap);
+    mk(w.dn_z, DType::F32, c.ssm_inner, cap);
+    mk(w.dn_out, DType::F32, c.ssm_inner, cap);
+    mk(w.dn_g, DType::F32, c.ssm_dt_rank, cap);
+    mk(w.dn_beta, DType::F32, c.ssm_dt_rank, cap);
+    mk(w.rb_rows, DType::I32, cap, 1);
+    mk(w.rb_capture, DType::I32, cap, 1);
+    mk(w.rb_seg, DType::I32, 4, cap);
+  }
   w.cache = &cache;
   w.ab.block_table = w.block_table;
   w.ab.block_size = cache.options().block_size;
   w.ab.max_blocks = cache.max_blocks();
 }
 
-void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logits) {
+void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logits, const ForwardOptions& fopt) {
   const int n = batch.size();
   PG_CHECK(n > 0, "empty batch");
   PG_CHECK(batch.positions.size() == static_cast<size_t>(n) && batch.seq.size() == static_cast<size_t>(n) &&
-               batch.logits.size() == static_cast<size_t>(n),
+               batch.logits.size() == static_cast<size_t>(n) && (batch.parent.empty() || batch.parent.size() == static_cast<size_t>(n)),
            "malformed batch");
   for (int i = 0; i < n; ++i) {
     PG_CHECK(batch.tokens[static_cast<size_t>(i)] >= 0 && batch.tokens[static_cast<size_t>(i)] < cfg_.n_vocab,
@@ -187,20 +229,131 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
     PG_CHECK(batch.positions[static_cast<size_t>(i)] >= 0 && batch.positions[static_cast<size_t>(i)] < cache.n_ctx(),
              "position " + std::to_string(batch.positions[static_cast<size_t>(i)]) + " is beyond the context size " + std::to_string(cache.n_ctx()));
   }
+  bool tree = false;
+  for (int32_t p : batch.parent) tree |= p >= 0;
+  // Rows at the same position in different branches would overwrite each other's K/V.
+  PG_CHECK(!tree || cfg_.n_attention_layers() == 0,
+           "tree-shaped batches (Batch::parent) need tree attention, which is not implemented yet");
+  std::unique_ptr<RecurrentPlan> plan;
+  if (cfg_.has_recurrent()) {
+    plan = std::make_unique<RecurrentPlan>(plan_recurrent(batch, cache, fopt));
+  } else {
+    PG_CHECK(!fopt.capture, "state capture is only meaningful for models with recurrent (linear-attention) layers");
+  }
   ensure_workspace(cache);
+  if (plan && plan->capture) {
+    // The state before the batch, so that rejecting every row is a rollback like the others.
+    std::vector<uint8_t> seen(static_cast<size_t>(cache.n_seq()), 0);
+    for (int r = 0; r < n; ++r) {
+      const int s = batch.seq[static_cast<size_t>(r)];
+      if (seen[static_cast<size_t>(s)] || plan->tree[static_cast<size_t>(s)]) continue;
+      seen[static_cast<size_t>(s)] = 1;
+      cache.recurrent()->backup(s, cache.seq_len(s) - 1);
+    }
+  }
   logits.resize(static_cast<size_t>(batch.n_outputs()) * static_cast<size_t>(cfg_.n_vocab));
   size_t out_pos = 0;
   std::vector<float> chunk;
   for (int b0 = 0; b0 < n; b0 += ws_->cap) {
     const int b1 = std::min(n, b0 + ws_->cap);
     chunk.clear();
-    forward_ubatch(batch, b0, b1, cache, chunk);
+    forward_ubatch(batch, b0, b1, cache, plan.get(), chunk);
     std::memcpy(logits.data() + out_pos, chunk.data(), chunk.size() * sizeof(float));
     out_pos += chunk.size();
   }
 }
 
-void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, std::vector<float>& logits) {
+Model::RecurrentPlan Model::plan_recurrent(const Batch& batch, const KvCache& cache, const ForwardOptions& fopt) const {
+  const int n = batch.size();
+  const RecurrentState* rs = cache.recurrent();
+  PG_CHECK(rs != nullptr && rs->n_layer() == cfg_.n_layer, "this cache has no recurrent state for this hybrid model (make it with Model::make_cache)");
+  for (int il = 0; il < cfg_.n_layer; ++il)
+    PG_CHECK(rs->has_layer(il) == (cfg_.layer_kind[static_cast<size_t>(il)] == LayerKind::GatedDeltaNet),
+             "this cache's recurrent layers do not match the model (make it with Model::make_cache)");
+  RecurrentPlan plan;
+  plan.capture = fopt.capture;
+  if (fopt.capture)
+    PG_CHECK(n <= rs->n_capture(), "a capturing forward of " + std::to_string(n) + " rows needs as many capture slots; the cache has " +
+                                       std::to_string(rs->n_capture()) + " (KvCacheOptions::n_capture)");
+  plan.tree.assign(static_cast<size_t>(cache.n_seq()), 0);
+  auto parent = [&](int r) { return batch.parent.empty() ? -1 : batch.parent[static_cast<size_t>(r)]; };
+  for (int r = 0; r < n; ++r)
+    if (parent(r) >= 0) plan.tree[static_cast<size_t>(batch.seq[static_cast<size_t>(r)])] = 1;
+  plan.pred.assign(static_cast<size_t>(n), -1);
+  std::vector<int32_t> last(static_cast<size_t>(cache.n_seq()), -1);  // chain: previous row of the sequence
+  for (int r = 0; r < n; ++r) {
+    const int s = batch.seq[static_cast<size_t>(r)], pos = batch.positions[static_cast<size_t>(r)];
+    const std::string where = "row " + std::to_string(r) + " (sequence " + std::to_string(s) + ", position " + std::to_string(pos) + ")";
+    int pred;
+    if (plan.tree[static_cast<size_t>(s)]) {
+      PG_CHECK(fopt.capture, "tree batches need ForwardOptions::capture: each node's state is kept for its children");
+      pred = parent(r);
+      if (pred >= 0) {
+        PG_CHECK(pred < r && batch.seq[static_cast<size_t>(pred)] == s, where + ": parent must be an earlier row of the same sequence");
+        PG_CHECK(pos == batch.positions[static_cast<size_t>(pred)] + 1, where + ": a tree row must be at its parent's position + 1");
+      }
+    } else {
+      pred = last[static_cast<size_t>(s)];
+      last[static_cast<size_t>(s)] = r;
+      if (pred >= 0)
+        PG_CHECK(pos == batch.positions[static_cast<size_t>(pred)] + 1,
+                 where + ": rows of a sequence must take consecutive positions (recurrent layers cannot skip or rewrite history)");
+    }
+    if (pred < 0)
+      PG_CHECK(pos == cache.seq_len(s), where + ": the sequence holds " + std::to_string(cache.seq_len(s)) +
+                                            " tokens; a model with recurrent layers can only continue at that position (truncate first)");
+    plan.pred[static_cast<size_t>(r)] = pred;
+  }
+  return plan;
+}
+
+void Model::build_recurrent_batch(const Batch& batch, int b0, int b1, const KvCache& cache, const RecurrentPlan& plan) {
+  Workspace& w = *ws_;
+  const RecurrentState& rs = *cache.recurrent();
+  const int n = b1 - b0;
+  struct Seg {
+    std::vector<int32_t> rows;  // micro-batch rows
+    int src, dst;
+  };
+  std::vector<Seg> segs;
+  std::vector<int> seg_of_last(static_cast<size_t>(n), -1);  // micro-batch row → segment it ends (or -1)
+  RecurrentBatch& rb = w.rb;
+  rb.h_capture.assign(static_cast<size_t>(n), -1);
+  for (int i = 0; i < n; ++i) {
+    const int r = b0 + i, s = batch.seq[static_cast<size_t>(r)];
+    const bool tree = plan.tree[static_cast<size_t>(s)];
+    const int pred = plan.pred[static_cast<size_t>(r)];
+    if (plan.capture) rb.h_capture[static_cast<size_t>(i)] = rs.capture_slot(r);
+    int sg = pred >= b0 ? seg_of_last[static_cast<size_t>(pred - b0)] : -1;
+    if (sg < 0) {
+      // A new chain: from the committed state (first row, or a chain continuing an earlier micro-batch,
+      // which left its state there), or from the captured state of a tree row's parent.
+      const int src = pred < 0 || !tree ? s : rs.capture_slot(pred);
+      segs.push_back({{}, src, tree ? -1 : s});
+      sg = static_cast<int>(segs.size()) - 1;
+    } else {
+      seg_of_last[static_cast<size_t>(pred - b0)] = -1;
+    }
+    segs[static_cast<size_t>(sg)].rows.push_back(i);
+    seg_of_last[static_cast<size_t>(i)] = sg;
+  }
+  rb.n_tokens = n;
+  rb.n_segments = static_cast<int>(segs.size());
+  rb.h_rows.clear();
+  rb.h_seg.clear();
+  for (const Seg& g : segs) {
+    rb.h_seg.insert(rb.h_seg.end(), {static_cast<int32_t>(rb.h_rows.size()), static_cast<int32_t>(g.rows.size()), g.src, g.dst});
+    rb.h_rows.insert(rb.h_rows.end(), g.rows.begin(), g.rows.end());
+  }
+  backend_.upload(w.rb_rows, rb.h_rows.data(), rb.h_rows.size() * 4);
+  backend_.upload(w.rb_capture, rb.h_capture.data(), rb.h_capture.size() * 4);
+  backend_.upload(w.rb_seg, rb.h_seg.data(), rb.h_seg.size() * 4);
+  rb.rows = w.rb_rows.reshape_2d(n, 1);
+  rb.capture = w.rb_capture.reshape_2d(n, 1);
+  rb.seg = w.rb_seg.rows_view(0, rb.n_segments);
+}
+
+void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const RecurrentPlan* plan, std::vector<float>& logits) {
   Workspace& w = *ws_;
   const ModelConfig& c = cfg_;
   const int n = b1 - b0;
@@ -230,6 +383,7 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, s
   w.ab.seq = w.seq.reshape_2d(n, 1);
   w.ab.cells = w.cells.reshape_2d(n, 1);
   w.ab.max_kv_len = max_kv;
+  if (plan) build_recurrent_batch(batch, b0, b1, cache, *plan);
 
   Tensor ids = w.ids.reshape_2d(n, 1);
   Tensor x = w.x.rows_view(0, n), h = w.h.rows_view(0, n), o = w.o.rows_view(0, n);
@@ -242,7 +396,7 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, s
     if (c.layer_kind[static_cast<size_t>(il)] == LayerKind::Attention) {
       attention_block(il, n, cache);
     } else {
-      throw Error("linear-attention (Gated DeltaNet) layers are not implemented yet");
+      deltanet_block(il, n, cache);
     }
     if (l.attn_post_norm.valid()) be.rms_norm(o, l.attn_post_norm, o, c.rms_eps);
     be.add(x, o, x);
@@ -252,11 +406,19 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, s
     be.add(x, o, x);
   }
 
-  // Sequence lengths advance past the rows just written.
+  // Sequence lengths advance past the rows just written; tree rows are drafts, not history.
   for (int i = 0; i < n; ++i) {
     const int r = b0 + i;
     const int s = batch.seq[static_cast<size_t>(r)];
+    if (plan && plan->tree[static_cast<size_t>(s)]) continue;
     cache.set_len(s, std::max(cache.seq_len(s), batch.positions[static_cast<size_t>(r)] + 1));
+  }
+  if (plan && plan->capture) {
+    RecurrentState& rs = *cache.recurrent();
+    for (int i = 0; i < n; ++i) {
+      const int r = b0 + i, s = batch.seq[static_cast<size_t>(r)];
+      rs.set_tag(r, {s, batch.positions[static_cast<size_t>(r)], !plan->tree[static_cast<size_t>(s)]});
+    }
   }
 
   const int m = static_cast<int>(out_rows.size());
@@ -327,6 +489,45 @@ void Model::attention_block(int il, int n, KvCache& cache) {
   be.matmul(l.wo, attn, o);
 }
 
+// Gated DeltaNet mixer (golden/README §4.5): projections, causal conv + SiLU, L2-normalised q/k, the
+// gated delta rule over the recurrent state, per-head RMSNorm gated by silu(z), output projection.
+void Model::deltanet_block(int il, int n, KvCache& cache) {
+  Workspace& w = *ws_;
+  const ModelConfig& c = cfg_;
+  const LayerWeights& l = w_.layers[static_cast<size_t>(il)];
+  Backend& be = backend_;
+  RecurrentState::Layer& st = cache.recurrent()->layer(il);
+  const int ds = c.ssm_state;  // head_k_dim = head_v_dim
+  const int64_t key_dim = static_cast<int64_t>(c.ssm_groups) * ds, conv_dim = 2 * key_dim + c.ssm_inner;
+  Tensor h = w.h.rows_view(0, n), o = w.o.rows_view(0, n);
+  Tensor mixed = w.dn_mixed.rows_view(0, n), conv = w.dn_conv.rows_view(0, n);
+  Tensor q = w.dn_q.rows_view(0, n), k = w.dn_k.rows_view(0, n), v = w.dn_v.rows_view(0, n);
+  Tensor z = w.dn_z.rows_view(0, n), out = w.dn_out.rows_view(0, n);
+  Tensor g = w.dn_g.rows_view(0, n), beta = w.dn_beta.rows_view(0, n);
+
+  be.matmul(l.ssm_qkv, h, mixed);
+  be.matmul(l.ssm_z, h, z);
+  be.matmul(l.ssm_beta, h, beta);
+  be.matmul(l.ssm_alpha, h, g);
+  be.deltanet_gates(g, beta, l.ssm_dt_bias, l.ssm_a);
+  be.ssm_conv(mixed, l.ssm_conv1d, st.conv, w.rb, /*silu=*/true, conv);
+  be.gather_cols(conv, static_cast<int>(conv_dim), 0, q);
+  be.gather_cols(conv, static_cast<int>(conv_dim), static_cast<int>(key_dim), k);
+  be.gather_cols(conv, static_cast<int>(conv_dim), static_cast<int>(2 * key_dim), v);
+  // L2 norm per head as llama.cpp computes it: x/sqrt(Σx² + eps) = RMSNorm(x, eps/d)/sqrt(d).
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(ds));
+  for (Tensor* t : {&q, &k}) {
+    Tensor th = t->reshape_2d(ds, static_cast<int64_t>(n) * c.ssm_groups);
+    be.rms_norm(th, Tensor{}, th, c.rms_eps / static_cast<float>(ds));
+    be.scale(*t, inv_sqrt_d);
+  }
+  be.gated_delta_net(q, k, v, g, beta, st.ssm, w.rb, ds, ds, inv_sqrt_d, out);
+  Tensor oh = out.reshape_2d(ds, static_cast<int64_t>(n) * c.ssm_dt_rank);
+  be.rms_norm(oh, l.ssm_norm, oh, c.rms_eps);
+  be.glu(z, out, out, Activation::Silu);
+  be.matmul(l.ssm_out, out, o);
+}
+
 void Model::ffn_block(int il, int n) {
   Workspace& w = *ws_;
   const ModelConfig& c = cfg_;
@@ -352,7 +553,11 @@ void Model::ffn_block(int il, int n) {
     be.matmul(l.up_shexp, h, u);
     be.glu(g, u, g, c.ffn_act);
     be.matmul(l.down_shexp, g, o2);
-    PG_CHECK(!l.router_shexp.valid(), "shared-expert gating is not implemented yet");
+    if (l.router_shexp.valid()) {
+      Tensor sg = w.sh_gate.rows_view(0, n);
+      be.matmul(l.router_shexp, h, sg);
+      be.mul_rows_sigmoid(o2, sg);
+    }
     be.add(o, o2, o);
   }
 }

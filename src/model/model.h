@@ -19,6 +19,18 @@ struct ModelOptions {
   bool progress = false;  // show a loading progress bar on stderr
 };
 
+// Per-call options of Model::forward.
+struct ForwardOptions {
+  // Hybrid models: also keep the recurrent state (conv window + delta state of every linear-attention
+  // layer) after each row r in capture slot r of the cache (needs KvCacheOptions::n_capture ≥ batch
+  // size), and each extended sequence's state before the batch in its backup slot. Afterwards
+  // KvCache::truncate(seq, n) can cut a verified chain back to any length from before the batch to
+  // after its last row, and
+  // RecurrentState::commit(seq, r) selects the state of any verified tree node. Tree batches
+  // (Batch::parent ≥ 0) require it: their rows never update the sequence's committed state.
+  bool capture = false;
+};
+
 // Bytes a forward step reads, for roofline accounting.
 struct ModelBytes {
   size_t file = 0;            // all tensor data
@@ -37,19 +49,32 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   ModelBytes bytes() const { return bytes_; }
 
+  // Makes the cache for this model: K/V for attention layers and, for hybrid models, the recurrent state
+  // of the linear-attention layers (with opt.n_capture capture slots).
   std::unique_ptr<KvCache> make_cache(const KvCacheOptions& opt);
 
   // Evaluates the batch: writes every row's K/V into the cache (reserving blocks as needed), and
   // returns the logits of rows with logits=1, in row order, as (n_outputs, n_vocab) row-major.
   // Sequence lengths in the cache advance to max(position)+1 of their rows.
-  void forward(const Batch& batch, KvCache& cache, std::vector<float>& logits);
+  //
+  // Hybrid models keep one recurrent state per sequence, so their rows must extend the history exactly:
+  // in a chain batch (all parents -1) the rows of a sequence, in batch order, take positions
+  // seq_len, seq_len+1, ...; in a tree batch a row with parent -1 is at seq_len and any other row is at
+  // its parent's position + 1, its state deriving from the parent's (the sequence's committed state is
+  // left unchanged; see ForwardOptions::capture). Tree batches need tree attention, which is not
+  // implemented yet, so they are accepted only by models without attention layers.
+  void forward(const Batch& batch, KvCache& cache, std::vector<float>& logits, const ForwardOptions& fopt = {});
 
  private:
   Model(std::unique_ptr<gguf::File> file, Backend& backend, const ModelOptions& opt);
   struct Workspace;
   void ensure_workspace(KvCache& cache);
-  void forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, std::vector<float>& logits);
+  struct RecurrentPlan;
+  RecurrentPlan plan_recurrent(const Batch& batch, const KvCache& cache, const ForwardOptions& fopt) const;
+  void forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const RecurrentPlan* plan, std::vector<float>& logits);
+  void build_recurrent_batch(const Batch& batch, int b0, int b1, const KvCache& cache, const RecurrentPlan& plan);
   void attention_block(int il, int n, KvCache& cache);
+  void deltanet_block(int il, int n, KvCache& cache);
   void ffn_block(int il, int n);
 
   std::unique_ptr<gguf::File> file_;

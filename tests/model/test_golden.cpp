@@ -59,7 +59,7 @@ std::vector<Case> all_cases() {
                          "tiny-llama-Q3_K_M", "tiny-llama-IQ4_XS", "tiny-qwen3-f16",    "tiny-qwen3-Q8_0",   "tiny-qwen3-Q4_0",
                          "tiny-qwen3-Q4_1",  "tiny-qwen3-Q5_0",   "tiny-qwen3-Q5_1",   "tiny-qwen3-Q4_K_M", "tiny-qwen3-Q5_K_M",
                          "tiny-qwen3-Q6_K",  "tiny-qwen3-Q2_K",   "tiny-qwen3-Q3_K_M", "tiny-qwen3-IQ4_XS", "tiny-qwen2-f16",
-                         "tiny-qwen3moe-f16", "tiny-gemma3-f16"};
+                         "tiny-qwen3moe-f16", "tiny-gemma3-f16", "tiny-qwen35-f16", "tiny-qwen35moe-f16"};
   std::vector<Case> v;
   for (const char* s : stems) {
     v.push_back({s, true});

@@ -362,7 +362,8 @@ void CpuBackend::moe_route(const Tensor& logits, int k, ExpertGating gating, boo
 
 void CpuBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_exps,
                          const Tensor& up_exps, const Tensor& down_exps, Activation act, Tensor& out) {
-  const int64_t n = x.rows(), d = x.cols(), k = ids.cols(), ff = gate_exps.ne[1], n_exp = gate_exps.ne[2];
+  const bool fused = !up_exps.valid();  // gate_exps holds [gate | up] rows per expert
+  const int64_t n = x.rows(), d = x.cols(), k = ids.cols(), ff = gate_exps.ne[1] / (fused ? 2 : 1), n_exp = gate_exps.ne[2];
   std::fill(out.as<float>(), out.as<float>() + n * d, 0.0f);
   // Group rows by expert so each expert's weights stream once per batch rather than once per token.
   std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(n_exp));
@@ -384,8 +385,16 @@ void CpuBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weigh
     float* h = u + m * ff;                             // (m, ff)
     float* o = h + m * ff;                             // (m, d)
     for (int64_t i = 0; i < m; ++i) std::memcpy(xs + i * d, x.as<float>() + rows[static_cast<size_t>(i)].first * d, static_cast<size_t>(d) * 4);
-    matmul_rows(gate_exps.slice3(e), xs, m, d, g, ff);
-    matmul_rows(up_exps.slice3(e), xs, m, d, u, ff);
+    Tensor ge = gate_exps.slice3(e), ue;
+    if (fused) {
+      ue = ge;
+      ue.data = static_cast<uint8_t*>(ge.data) + static_cast<size_t>(ff) * ge.row_bytes();
+      ue.ne[1] = ge.ne[1] = ff;
+    } else {
+      ue = up_exps.slice3(e);
+    }
+    matmul_rows(ge, xs, m, d, g, ff);
+    matmul_rows(ue, xs, m, d, u, ff);
     for (int64_t i = 0; i < m * ff; ++i) h[i] = (act == Activation::Silu ? g[i] / (1.0f + std::exp(-g[i])) : gelu_ggml(g[i])) * u[i];
     matmul_rows(down_exps.slice3(e), h, m, ff, o, d);
     for (int64_t i = 0; i < m; ++i) {

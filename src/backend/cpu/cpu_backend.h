@@ -16,6 +16,7 @@ namespace pg {
 struct CpuOptions {
   int n_threads = 0;       // 0 = all cores
   bool exact_f32 = false;  // F32 matmuls on dequantized weights
+  int deltanet_chunk = 64;  // Gated DeltaNet prefill chunk length; 1 = always token by token
 };
 
 class CpuBackend final : public Backend {
@@ -52,6 +53,15 @@ class CpuBackend final : public Backend {
                  Tensor& weights) override;
   void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_exps, const Tensor& up_exps,
                const Tensor& down_exps, Activation act, Tensor& out) override;
+
+  void mul_rows_sigmoid(Tensor& x, const Tensor& gate) override;
+  // Gated DeltaNet ops: cpu_deltanet.cpp.
+  void copy(const Tensor& src, Tensor& dst) override;
+  void deltanet_gates(Tensor& alpha, Tensor& beta, const Tensor& dt_bias, const Tensor& a) override;
+  void ssm_conv(const Tensor& x, const Tensor& w, Tensor& conv_state, const RecurrentBatch& rb, bool silu,
+                Tensor& out) override;
+  void gated_delta_net(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, Tensor& state,
+                       const RecurrentBatch& rb, int d_k, int d_v, float scale, Tensor& out) override;
 
   // GELU (tanh form) as ggml-cpu computes it: fp16(gelu(fp16(x))) for |x| < 10 — reproduced so that
   // Gemma matches llama.cpp, whose CPU backend reads GELU from an FP16 table.
