@@ -97,9 +97,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
       int32_t result;
     };
     struct Later {
-      bool operator()(const Bigram& x, const Bigram& y) const {
-        return x.rank > y.rank || (x.rank == y.rank && x.left > y.left);
-      }
+      bool operator()(const Bigram& x, const Bigram& y) const { return x.rank > y.rank || (x.rank == y.rank && x.left > y.left); }
     };
     const int32_t n = static_cast<int32_t>(word.size());
     std::vector<Sym> syms(n);

@@ -1,6 +1,7 @@
 // Streaming detokenization in two stages: (1) the vocabulary's space clean-up, which only looks a few
-// bytes around a space or apostrophe, so only a short tail after one has to wait; (2) UTF-8 sanitising, which holds back an unfinished character. Both stages give, over
-// any split of the input, the same bytes as on the whole text, so the stream equals detokenize().
+// bytes around a space or apostrophe, so only a short tail after one has to wait; (2) UTF-8 sanitising, which holds back an
+// unfinished character. Both stages give, over any split of the input, the same bytes as on the whole text, so the stream equals
+// detokenize().
 #include "tokenizer/impl.h"
 
 namespace pg::tok {
@@ -13,7 +14,7 @@ Detokenizer::Detokenizer(const Tokenizer& tok, bool special, bool clean_spaces)
     : tok_(tok), special_(special), clean_(clean_spaces && tok.clean_spaces()) {}
 
 void Detokenizer::reset() {
-  first_ = true;
+  first_ = !continuation_;
   clean_pending_.clear();
   utf8_pending_.clear();
 }
@@ -30,7 +31,7 @@ std::string Detokenizer::finish() {
   std::string out;
   if (clean_) out = utf8_feed(clean_feed({}, true), false);
   out += utf8_feed({}, true);
-  first_ = true;
+  first_ = !continuation_;
   return out;
 }
 
@@ -40,15 +41,15 @@ std::string Detokenizer::clean_feed(std::string_view bytes, bool final) {
   if (final) {
     cut = clean_pending_.size();
   } else {
-    // Every clean-up rule needs a space right before the byte it looks at, and looks at most two
-    // bytes ahead, so text can be passed on up to any point p whose last byte is neither space nor
-    // apostrophe, unless the text before p ends in "'r" or "'v" (" 're" and " 've" are still open).
-    for (size_t p = clean_pending_.size(); p >= 1; --p) {
-      const char c = clean_pending_[p - 1];
-      if (cleanup_sensitive(c)) continue;
-      if (p >= 2 && clean_pending_[p - 2] == '\'' && (c == 'r' || c == 'v')) continue;
-      cut = p;
-      break;
+    // Every clean-up rule needs a space right before the byte it looks at, acts only on a space or an
+    // apostrophe, and looks at most two bytes ahead; the rules only delete spaces. So where the last
+    // two bytes before a point are neither space nor apostrophe (and so stay in place and adjacent),
+    // no rule can span the point and the text before it is final.
+    for (size_t p = clean_pending_.size(); p >= 2; --p) {
+      if (!cleanup_sensitive(clean_pending_[p - 1]) && !cleanup_sensitive(clean_pending_[p - 2])) {
+        cut = p;
+        break;
+      }
     }
   }
   if (cut == 0) return {};

@@ -45,8 +45,8 @@ class Utf8Sanitizer {
 
  private:
   uint8_t buf_[4] = {};
-  size_t n_ = 0;     // bytes held of the current sequence
-  size_t need_ = 0;  // total length of the current sequence
+  size_t n_ = 0;                   // bytes held of the current sequence
+  size_t need_ = 0;                // total length of the current sequence
   uint8_t lo_ = 0x80, hi_ = 0xBF;  // allowed range of the next continuation byte
 };
 
@@ -75,8 +75,8 @@ struct PreConfig {
   std::vector<std::string> regexes;
   bool ignore_merges = false;  // a word that is itself a token is taken whole (Llama 3)
   bool clean_spaces = true;
-  int add_bos = -1;            // -1: leave the BPE default (false); 0/1: the pre-tokenizer's default
-  bool no_bos = false;         // the pre-tokenizer clears the default BOS id (ChatGLM)
+  int add_bos = -1;     // -1: leave the BPE default (false); 0/1: the pre-tokenizer's default
+  bool no_bos = false;  // the pre-tokenizer clears the default BOS id (ChatGLM)
 };
 // Throws pg::Error naming the pre-tokenizer when it is unknown.
 PreConfig pre_config(const std::string& name);
@@ -87,8 +87,8 @@ std::vector<std::string> known_pre_names();
 class BpeModel {
  public:
   // tokens: vocabulary texts by id; text_to_id: the lookup llama.cpp uses (last duplicate wins).
-  BpeModel(const std::vector<std::string>& tokens, const StrMap<int32_t>& text_to_id,
-           const std::vector<std::string_view>& merges, PreConfig pre);
+  BpeModel(const std::vector<std::string>& tokens, const StrMap<int32_t>& text_to_id, const std::vector<std::string_view>& merges,
+           PreConfig pre);
   // Appends the tokens of one raw-text fragment (valid UTF-8).
   void encode(std::string_view text, std::vector<int32_t>& out) const;
   const PreConfig& pre() const { return pre_; }
@@ -101,11 +101,11 @@ class BpeModel {
   PreConfig pre_;
   PreTokenizer splitter_;
   int32_t n_vocab_ = 0;
-  StrMap<int32_t> sym_of_text_;               // token texts (sym == id) and other merge strings
-  std::vector<std::string> sym_text_;          // text of every symbol
+  StrMap<int32_t> sym_of_text_;                                       // token texts (sym == id) and other merge strings
+  std::vector<std::string> sym_text_;                                 // text of every symbol
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left,right) -> (rank, result)
-  int32_t byte_sym_[256];                      // symbol of each byte's GPT-2 character, or -1
-  std::string byte_char_[256];                 // GPT-2 byte -> unicode character (UTF-8)
+  int32_t byte_sym_[256];                                             // symbol of each byte's GPT-2 character, or -1
+  std::string byte_char_[256];                                        // GPT-2 byte -> unicode character (UTF-8)
   const StrMap<int32_t>* text_to_id_ = nullptr;
 
   mutable std::mutex cache_mu_;
@@ -118,10 +118,19 @@ int gpt2_char_to_byte(uint32_t cp);  // -1 if cp is not one of the 256 character
 
 // ---- WordPiece normalisation tables (generated from UnicodeData.txt) -------------------------------
 namespace uni {
-enum : uint8_t { kLetter = 1, kNumber = 2, kMark = 4, kPunct = 8, kSymbol = 16, kSeparator = 32, kControl = 64, kNonspacing = 128 };
+enum : uint8_t {
+  kLetter = 1,
+  kNumber = 2,
+  kMark = 4,
+  kPunct = 8,
+  kSymbol = 16,
+  kSeparator = 32,
+  kControl = 64,
+  kNonspacing = 128
+};
 uint8_t category(uint32_t cp);  // major class bit (+ kNonspacing for Mn); 0 unassigned
 bool is_whitespace(uint32_t cp);
-uint32_t to_lower(uint32_t cp);   // simple lowercase mapping
+uint32_t to_lower(uint32_t cp);                    // simple lowercase mapping
 void decompose(uint32_t cp, std::u32string& out);  // appends the full canonical decomposition (NFD, unordered)
 }  // namespace uni
 

@@ -43,34 +43,45 @@ const gguf::Array* find_array(const gguf::File& f, const std::string& key, std::
 
 uint32_t attr_of_type(int64_t t) {
   switch (static_cast<TokenType>(t)) {
-    case TokenType::UNKNOWN: return ATTR_UNKNOWN;
-    case TokenType::UNUSED: return ATTR_UNUSED;
-    case TokenType::NORMAL: return ATTR_NORMAL;
-    case TokenType::CONTROL: return ATTR_CONTROL;
-    case TokenType::USER_DEFINED: return ATTR_USER_DEFINED;
-    case TokenType::BYTE: return ATTR_BYTE;
-    default: return ATTR_UNDEFINED;
+    case TokenType::UNKNOWN:
+      return ATTR_UNKNOWN;
+    case TokenType::UNUSED:
+      return ATTR_UNUSED;
+    case TokenType::NORMAL:
+      return ATTR_NORMAL;
+    case TokenType::CONTROL:
+      return ATTR_CONTROL;
+    case TokenType::USER_DEFINED:
+      return ATTR_USER_DEFINED;
+    case TokenType::BYTE:
+      return ATTR_BYTE;
+    default:
+      return ATTR_UNDEFINED;
   }
 }
 
 // Texts llama.cpp treats as end-of-generation markers (llama_vocab::load).
 constexpr const char* kEogTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>",
-    "<eos>", "<turn|>",
+    "<|eot_id|>",         "<|im_end|>", "<|end|>",    "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>",      "</s>",       "<|eom_id|>", "<EOT>",      "_<EOT>",   "[EOT]",     "[EOS]",     "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>",      "<turn|>",
 };
 // Candidates for the EOT id when the file names none, in the order of preference used here.
 constexpr const char* kEotTexts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
-    "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",         "<|endoftext|>",      "<|end_of_text|>",
+    "<EOT>",      "_<EOT>",     "[EOT]",   "<｜end▁of▁sentence｜>", "<end_of_utterance>",
 };
 constexpr const char* kEomTexts[] = {"<|eom_id|>"};
-constexpr const char* kFimPreTexts[] = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"};
-constexpr const char* kFimSufTexts[] = {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"};
-constexpr const char* kFimMidTexts[] = {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"};
+constexpr const char* kFimPreTexts[] = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",    "<｜fim▁begin｜>",
+                                        "<PRE>",          "▁<PRE>",       "<|code_prefix|>", "<|prefix|>"};
+constexpr const char* kFimSufTexts[] = {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",    "<｜fim▁hole｜>",
+                                        "<SUF>",          "▁<SUF>",       "<|code_suffix|>", "<|suffix|>"};
+constexpr const char* kFimMidTexts[] = {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",    "<｜fim▁end｜>",
+                                        "<MID>",          "▁<MID>",       "<|code_middle|>", "<|middle|>"};
 constexpr const char* kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
 constexpr const char* kFimRepTexts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"};
-constexpr const char* kFimSepTexts[] = {"<|file_sep|>", "<|file_separator|>", "<file_sep>", "<filename>", "<|filename|>", "<|code_file|>"};
+constexpr const char* kFimSepTexts[] = {"<|file_sep|>", "<|file_separator|>", "<file_sep>",
+                                        "<filename>",   "<|filename|>",       "<|code_file|>"};
 
 bool c_isspace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
 
@@ -93,7 +104,7 @@ constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // U+2581, SentencePiec
 
 // ---- loading -------------------------------------------------------------------------------------
 
-std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
+std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f, const LoadOptions& options) {
   auto im = std::make_unique<Impl>();
   Impl& v = *im;
   const std::string& path = f.path();
@@ -101,7 +112,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
   const auto model = f.get_string_opt("tokenizer.ggml.model");
   PG_CHECK(model.has_value(), path + ": no tokenizer in this file (tokenizer.ggml.model is missing)");
   v.model = *model;
-  const auto pre = f.get_string_opt("tokenizer.ggml.pre");
+  auto pre = f.get_string_opt("tokenizer.ggml.pre");
+  if (!options.pre_override.empty()) pre = options.pre_override;
 
   if (v.model == "llama") {
     v.type = VocabType::SPM;

@@ -43,17 +43,20 @@ enum TokenAttr : uint32_t {
 
 // Special token ids; kNoToken where the vocabulary has none.
 struct SpecialTokens {
-  int32_t bos = kNoToken, eos = kNoToken, eot = kNoToken, eom = kNoToken, unk = kNoToken, sep = kNoToken,
-          pad = kNoToken, mask = kNoToken, nl = kNoToken;
-  int32_t fim_pre = kNoToken, fim_suf = kNoToken, fim_mid = kNoToken, fim_pad = kNoToken, fim_rep = kNoToken,
-          fim_sep = kNoToken;
+  int32_t bos = kNoToken, eos = kNoToken, eot = kNoToken, eom = kNoToken, unk = kNoToken, sep = kNoToken, pad = kNoToken,
+          mask = kNoToken, nl = kNoToken;
+  int32_t fim_pre = kNoToken, fim_suf = kNoToken, fim_mid = kNoToken, fim_pad = kNoToken, fim_rep = kNoToken, fim_sep = kNoToken;
+};
+
+struct LoadOptions {
+  std::string pre_override;  // BPE: use this pre-tokenizer instead of tokenizer.ggml.pre
 };
 
 class Tokenizer {
  public:
   // Reads the tokenizer.* keys of any GGUF (a full model or a vocab-only file). Throws pg::Error for a
   // missing or malformed key, an unknown tokenizer.ggml.model or an unknown tokenizer.ggml.pre.
-  static std::unique_ptr<Tokenizer> from_gguf(const gguf::File& file);
+  static std::unique_ptr<Tokenizer> from_gguf(const gguf::File& file, const LoadOptions& options = {});
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
@@ -122,8 +125,15 @@ class Detokenizer {
  public:
   explicit Detokenizer(const Tokenizer& tok, bool special = false, bool clean_spaces = true);
   std::string push(int32_t id);
-  std::string finish();
+  std::string finish();  // also readies the detokenizer for a new stream
   void reset();
+  // The stream continues earlier text (generation after a prompt): the first token keeps the
+  // leading space that SentencePiece vocabularies otherwise drop as the dummy prefix. Sticky across
+  // finish() and reset().
+  void continuation() {
+    continuation_ = true;
+    first_ = false;
+  }
 
  private:
   std::string clean_feed(std::string_view bytes, bool final);
@@ -131,6 +141,7 @@ class Detokenizer {
 
   const Tokenizer& tok_;
   bool special_, clean_;
+  bool continuation_ = false;
   bool first_ = true;
   std::string clean_pending_;  // raw bytes not yet past the space clean-up
   std::string utf8_pending_;   // bytes of an unfinished UTF-8 sequence (at most 3)
