@@ -27,6 +27,8 @@ ChatFormat ChatFormat::of(ChatFamily family) {
   f.family = family;
   switch (family) {
     case ChatFamily::kGptOss:
+    case ChatFamily::kContentOnly:
+    case ChatFamily::kLlama3:
       break;
     case ChatFamily::kMistral:
       f.think_open = "[THINK]";
@@ -54,7 +56,14 @@ ChatFormat detect_chat_format(std::string_view src) {
     f = ChatFormat::of(ChatFamily::kGptOss);
   } else if (has(src, "[TOOL_CALLS]")) {
     f = ChatFormat::of(ChatFamily::kMistral);
-  } else if (has(src, "tool\xE2\x96\x81" "calls\xE2\x96\x81" "begin") || has(src, "tool\xE2\x96\x81" "call\xE2\x96\x81" "begin")) {
+  } else if (has(src,
+                 "tool\xE2\x96\x81"
+                 "calls\xE2\x96\x81"
+                 "begin") ||
+             has(src,
+                 "tool\xE2\x96\x81"
+                 "call\xE2\x96\x81"
+                 "begin")) {
     f = ChatFormat::of(ChatFamily::kDeepSeek);
   } else if (has(src, "<seed:tool_call>")) {
     f = ChatFormat::of(ChatFamily::kQwen3Coder);
@@ -72,11 +81,19 @@ ChatFormat detect_chat_format(std::string_view src) {
   } else {
     f = ChatFormat::of(ChatFamily::kContentOnly);
   }
-  // Families whose templates never mention a reasoning tag keep none, so a literal "<think>" the model writes stays
-  // content. DeepSeek keeps <think> regardless: the R1 distill templates strip it from history without naming it.
-  if (f.family != ChatFamily::kGptOss && f.family != ChatFamily::kDeepSeek && !has(src, f.think_open)) {
-    f.think_open.clear();
-    f.think_close.clear();
+  // Reasoning tags only where the template mentions them, so a literal "<think>" written by a model that has no
+  // reasoning mode stays content. DeepSeek keeps <think> regardless (its R1 templates all use it).
+  if (f.family == ChatFamily::kGptOss || f.think_open.starts_with("<seed:")) return f;
+  f.think_open.clear();
+  f.think_close.clear();
+  if (f.family == ChatFamily::kMistral) {
+    if (has(src, "[THINK]")) {
+      f.think_open = "[THINK]";
+      f.think_close = "[/THINK]";
+    }
+  } else if (f.family == ChatFamily::kDeepSeek || has(src, "<think>")) {
+    f.think_open = "<think>";
+    f.think_close = "</think>";
   }
   return f;
 }

@@ -14,9 +14,9 @@ enum class ChatFamily {
   kLlama3,       // the whole message is {"name": ..., "parameters": {...}}, optionally after <|python_tag|>;
                  // builtin tools as <|python_tag|>name.call(k="v")
   kMistral,      // [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] or [TOOL_CALLS]NAME[ARGS]{...} (+ [CALL_ID]id)
-  kDeepSeek,     // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>...
-                 // (R1) or <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜> (V3.1)
-  kGptOss,       // harmony channels: <|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...
+  kDeepSeek,  // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>...
+              // (R1) or <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜> (V3.1)
+  kGptOss,    // harmony channels: <|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...
 };
 
 std::string_view chat_family_name(ChatFamily family);
@@ -30,7 +30,8 @@ struct ChatFormat {
   std::string tool_open = "<tool_call>";
   std::string tool_close = "</tool_call>";
 
-  // The family's usual tags: <think> for the tag-based families, [THINK] for Mistral, none for GPT-OSS.
+  // The family's usual tags: <think> for Hermes / Qwen3-Coder / DeepSeek, [THINK] for Mistral, none for the others
+  // (GPT-OSS reasons in its analysis channel).
   static ChatFormat of(ChatFamily family);
   std::string_view name() const { return chat_family_name(family); }
 };

@@ -71,28 +71,40 @@ bool JsonScanner::num_byte(unsigned char c) {
       next = c == '0' ? Num::kZero : Num::kInt;
       break;
     case Num::kZero:
-      if (c == '.') next = Num::kDot;
-      else if (c == 'e' || c == 'E') next = Num::kE;
-      else if (digit) return state_ = State::kError, false;  // leading zero
-      else ends = true;
+      if (c == '.')
+        next = Num::kDot;
+      else if (c == 'e' || c == 'E')
+        next = Num::kE;
+      else if (digit)
+        return state_ = State::kError, false;  // leading zero
+      else
+        ends = true;
       break;
     case Num::kInt:
-      if (c == '.') next = Num::kDot;
-      else if (c == 'e' || c == 'E') next = Num::kE;
-      else if (!digit) ends = true;
+      if (c == '.')
+        next = Num::kDot;
+      else if (c == 'e' || c == 'E')
+        next = Num::kE;
+      else if (!digit)
+        ends = true;
       break;
     case Num::kDot:
       if (!digit) return state_ = State::kError, false;
       next = Num::kFrac;
       break;
     case Num::kFrac:
-      if (c == 'e' || c == 'E') next = Num::kE;
-      else if (!digit) ends = true;
+      if (c == 'e' || c == 'E')
+        next = Num::kE;
+      else if (!digit)
+        ends = true;
       break;
     case Num::kE:
-      if (c == '+' || c == '-') next = Num::kESign;
-      else if (digit) next = Num::kExp;
-      else return state_ = State::kError, false;
+      if (c == '+' || c == '-')
+        next = Num::kESign;
+      else if (digit)
+        next = Num::kExp;
+      else
+        return state_ = State::kError, false;
       break;
     case Num::kESign:
       if (!digit) return state_ = State::kError, false;
@@ -166,13 +178,20 @@ bool JsonScanner::string_byte(unsigned char c) {
   } else {
     int need = 0;
     unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) need = 1;
-    else if (c == 0xE0) need = 2, lo = 0xA0;
-    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) need = 2;
-    else if (c == 0xED) need = 2, hi = 0x9F;
-    else if (c == 0xF0) need = 3, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) need = 3;
-    else if (c == 0xF4) need = 3, hi = 0x8F;
+    if (c >= 0xC2 && c <= 0xDF)
+      need = 1;
+    else if (c == 0xE0)
+      need = 2, lo = 0xA0;
+    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
+      need = 2;
+    else if (c == 0xED)
+      need = 2, hi = 0x9F;
+    else if (c == 0xF0)
+      need = 3, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3)
+      need = 3;
+    else if (c == 0xF4)
+      need = 3, hi = 0x8F;
     if (need == 0) {
       out_ += kReplacement;
     } else {
@@ -196,7 +215,6 @@ bool JsonScanner::step(unsigned char c) {
         out_.push_back(static_cast<char>(c));
         return true;
       }
-      if (stack_.empty() && first_ == 0) first_ = static_cast<char>(c);
       if (c == ']' && state_ == State::kArrFirst) {
         close();
         return true;

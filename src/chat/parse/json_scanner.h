@@ -34,24 +34,22 @@ class JsonScanner {
   size_t safe() const { return safe_; }
   // Text that, appended to out()[0, safe()), gives valid JSON (closing a string and the open containers).
   std::string heal() const;
-  // The first non-whitespace byte seen (0 before any).
-  char first() const { return first_; }
 
  private:
   enum class State : uint8_t {
-    kValue,      // a value is expected
-    kArrFirst,   // after '[': a value or ']'
-    kObjFirst,   // after '{': a key or '}'
-    kObjKey,     // after ',' in an object: a key
-    kColon,      // after a key
-    kAfter,      // after a value inside a container: ',' or the closer
-    kStr,        // inside a string (key or value, see key_)
-    kEsc,        // after '\'
-    kHex,        // inside \uXXXX
+    kValue,         // a value is expected
+    kArrFirst,      // after '[': a value or ']'
+    kObjFirst,      // after '{': a key or '}'
+    kObjKey,        // after ',' in an object: a key
+    kColon,         // after a key
+    kAfter,         // after a value inside a container: ',' or the closer
+    kStr,           // inside a string (key or value, see key_)
+    kEsc,           // after '\'
+    kHex,           // inside \uXXXX
     kLowBackslash,  // after a high surrogate escape: '\' of the low half must follow
     kLowU,          // ... then 'u'
-    kNum,        // inside a number (num_ has the sub-state)
-    kLit,        // inside true / false / null
+    kNum,           // inside a number (num_ has the sub-state)
+    kLit,           // inside true / false / null
     kDone,
     kError,
   };
@@ -75,7 +73,6 @@ class JsonScanner {
   size_t safe_ = 0;
   bool safe_in_string_ = false;
   bool key_ = false;  // the current string is an object key
-  char first_ = 0;
   Num num_ = Num::kMinus;
   const char* lit_ = nullptr;  // the literal being matched and how much of it is left
   size_t lit_left_ = 0;

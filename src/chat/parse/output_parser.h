@@ -21,19 +21,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "chat/parse/chat_format.h"
 
 namespace pg::chat {
 
 struct ToolCall {
-  std::string id;         // "call_" + 24 alphanumerics; 9 alphanumerics for Mistral (its templates require that shape)
+  std::string id;  // "call_" + 24 alphanumerics; 9 alphanumerics for Mistral (its templates require that shape)
   std::string name;
   std::string arguments;  // a JSON object, as text
 };

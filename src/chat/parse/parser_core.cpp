@@ -183,6 +183,42 @@ void ParserCore::degrade(size_t fail) {
   pos_ = fail;
 }
 
+bool ParserCore::drive(CallObjectParser& obj, size_t& cur) {
+  const size_t n = obj.feed(view(cur, end()));
+  cur += n;
+  if (obj.status() == CallObjectParser::Status::kMore && eof_) obj.finish();
+  return n > 0 || obj.status() != CallObjectParser::Status::kMore;
+}
+
+ParserCore::ArgsResult ParserCore::drive_args(ArgsStreamer& args, size_t& cur, bool& moved) {
+  const size_t n = args.feed(view(cur, end()));
+  cur += n;
+  pos_ = cur;
+  moved = true;
+  const std::string name = msg_.tool_calls.empty() ? std::string() : msg_.tool_calls.back().name;
+  if (args.failed()) {
+    args.heal();
+    error("tool call '" + name + "': invalid JSON in arguments; arguments closed where they broke");
+    end_call();
+    return ArgsResult::kBroken;
+  }
+  if (!args.done() && eof_) {
+    args.finish();
+    if (!args.done()) {
+      args.heal();
+      error("tool call '" + name + "' cut off inside its arguments; arguments closed");
+      end_call();
+      return ArgsResult::kBroken;
+    }
+  }
+  if (args.done()) {
+    end_call();
+    return ArgsResult::kDone;
+  }
+  moved = n > 0;
+  return ArgsResult::kMore;
+}
+
 bool ParserCore::reasoning_step() {
   const std::string& open = format_.think_open;
   switch (rstate_) {
@@ -200,9 +236,12 @@ bool ParserCore::reasoning_step() {
           return true;
         }
       }
-      // At the start (or, inside an already opened block, a repeated open tag) after optional whitespace.
+      // At the start (or, inside an already opened block, a repeated open tag) after optional whitespace. Leading
+      // whitespace is consumed while waiting: both sinks drop it at the start anyway, and rescanning it on every push
+      // would make a long run of it quadratic.
       const size_t c = skip_ws(pos_);
       const RState no_tag = rstate_ == RState::kStart ? RState::kBody : RState::kReasoning;
+      pos_ = c;
       if (c == end()) {
         if (!eof_) return false;
         rstate_ = no_tag;
@@ -270,12 +309,8 @@ Delta ParserCore::finish() {
   if (eof_) return Delta{};
   eof_ = true;
   run();
-  body_finish();
-  if (call_open_) {
-    // A family left a call open at eof; its arguments are complete JSON by construction of the families, so closing it
-    // is all that is left.
-    end_call();
-  }
+  // Families close their calls at eof (healing the arguments if needed); this only guards against an oversight.
+  end_call();
   if (pos_ < end()) {
     content(view(pos_, end()));
     pos_ = end();
@@ -439,7 +474,7 @@ size_t CallObjectParser::feed(std::string_view in) {
         if (sc_->failed()) return fail(), i;
         if (sc_->done()) {
           if (s_ == S::kName) {
-            if (!parse_json_string(sc_->out(), name_) || name_.empty() || name_.size() > 256) return fail(), i;
+            if (!parse_json_string(sc_->out(), name_) || !plausible_tool_name(name_)) return fail(), i;
             if (require_known_ && core_.has_tools() && !core_.known_tool(name_)) return fail(), i;
             have_name_ = true;
           } else if (s_ == S::kArgsBuffer) {

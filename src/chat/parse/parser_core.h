@@ -10,13 +10,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "chat/parse/chat_format.h"
 #include "chat/parse/json_scanner.h"
@@ -38,6 +37,26 @@ struct ScanHit {
 
 inline bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
+inline std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_space(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && is_space(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// A usable tool name: 1..256 bytes of valid UTF-8 without whitespace, control characters, quotes, brackets or markup
+// characters. Between markers this keeps a stray "<function=" in prose from being taken for a call.
+inline bool plausible_tool_name(std::string_view s) {
+  if (s.empty() || s.size() > 256 || !valid_utf8(s)) return false;
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c <= ' ' || c == 0x7F || c == '<' || c == '>' || c == '=' || c == '"' || c == '\'' || c == '`' || c == '{' || c == '}' ||
+        c == '[' || c == ']' || c == '(' || c == ')' || c == ',' || c == ';') {
+      return false;
+    }
+  }
+  return true;
+}
+
 // Trims whitespace at both ends of a stream of text: leading whitespace is dropped, inner whitespace is released when
 // the next non-whitespace byte arrives, trailing whitespace never. Repairs UTF-8 first.
 class TextSink {
@@ -52,6 +71,9 @@ class TextSink {
   std::string pending_ws_;  // whitespace not yet known to be inner
   bool started_ = false;
 };
+
+class CallObjectParser;
+class ArgsStreamer;
 
 class ParserCore {
  public:
@@ -98,13 +120,18 @@ class ParserCore {
   // One step of the family's state machine for the text after any reasoning block. Returns false when nothing more can
   // be done until more input arrives (or, at eof, when everything is consumed). Must make progress when returning true.
   virtual bool body_step() = 0;
-  // Called once at eof after body_step() stalls: close whatever is still open.
-  virtual void body_finish() {}
   // Strings that also end a reasoning block (left for the body to parse): a model may skip </think> and go straight to
   // a tool call.
   virtual std::span<const std::string> reasoning_breakers() const { return {}; }
   // Text from pos_ to `fail` becomes content; parsing resumes at `fail`.
   void degrade(size_t fail);
+  // Feeds `obj` the bytes from `cur` on (advancing `cur`), finishing it at eof. True if anything moved; the caller
+  // then looks at obj.status().
+  bool drive(CallObjectParser& obj, size_t& cur);
+  // Streams the open call's arguments from `cur` (at its '{'), advancing `cur` and pos_. Ends the call when the value is
+  // complete (kDone) or broken or cut off (kBroken: healed, error recorded). `moved` tells whether anything happened.
+  enum class ArgsResult : uint8_t { kMore, kDone, kBroken };
+  ArgsResult drive_args(ArgsStreamer& args, size_t& cur, bool& moved);
 
   size_t pos_ = 0;
 
@@ -118,10 +145,9 @@ class ParserCore {
   ChatFormat format_;
   ParserOptions opts_;
   std::map<std::string, json> tool_params_;
-  std::string buf_;   // input bytes [base_, base_ + buf_.size())
+  std::string buf_;  // input bytes [base_, base_ + buf_.size())
   size_t base_ = 0;
   bool eof_ = false;
-  bool finished_ = false;
   RState rstate_ = RState::kStart;
   std::vector<std::string> reasoning_end_;  // think_close + reasoning_breakers()
 
@@ -186,9 +212,9 @@ class CallObjectParser {
   bool have_args_ = false;
   std::string name_;
   std::string key_text_;
-  std::unique_ptr<JsonScanner> sc_;      // key / name / skipped / buffered value
-  std::unique_ptr<ArgsStreamer> args_;   // streamed arguments
-  std::string buffered_args_;            // normalised JSON text of arguments seen before the name
+  std::unique_ptr<JsonScanner> sc_;     // key / name / skipped / buffered value
+  std::unique_ptr<ArgsStreamer> args_;  // streamed arguments
+  std::string buffered_args_;           // normalised JSON text of arguments seen before the name
 };
 
 std::unique_ptr<ParserCore> make_hermes_parser(const ChatFormat& format, ParserOptions options);

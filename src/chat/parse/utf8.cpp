@@ -115,6 +115,14 @@ void JsonStringEscaper::flush(std::string& out) {
   append_json_escaped(tmp_, out);
 }
 
+bool valid_utf8(std::string_view text) {
+  std::string out;
+  Utf8Sanitizer s;
+  s.feed(text, out);
+  s.flush(out);
+  return out == text;
+}
+
 std::string json_quote(std::string_view text) {
   std::string out = "\"";
   JsonStringEscaper esc;

@@ -16,12 +16,11 @@ class Utf8Sanitizer {
   void feed(std::string_view in, std::string& out);
   // End of input: an incomplete trailing sequence becomes U+FFFD.
   void flush(std::string& out);
-  bool holding() const { return !pending_.empty(); }
 
  private:
   void byte(unsigned char c, std::string& out);
-  std::string pending_;  // bytes of the incomplete sequence (at most 3)
-  int need_ = 0;         // continuation bytes still expected
+  std::string pending_;                  // bytes of the incomplete sequence (at most 3)
+  int need_ = 0;                         // continuation bytes still expected
   unsigned char lo_ = 0x80, hi_ = 0xBF;  // allowed range of the next continuation byte
 };
 
@@ -41,5 +40,7 @@ void append_json_escaped(std::string_view text, std::string& out);
 
 // `text` as a complete JSON string literal, with UTF-8 repaired.
 std::string json_quote(std::string_view text);
+
+bool valid_utf8(std::string_view text);
 
 }  // namespace pg::chat::detail
