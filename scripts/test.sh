@@ -7,4 +7,6 @@ BUILD=${1:-build}
 JOBS=${JOBS:-$(nproc)}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release ${PEREGRINE_CMAKE_ARGS:-}
 cmake --build "$BUILD" -j "$JOBS"
+# CUDA tests (ctest label `cuda`) need a GPU; without a working nvidia-smi they are left out.
+{ command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; } || CTEST_ARGS="${CTEST_ARGS:-} -LE cuda"
 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" ${CTEST_ARGS:-}

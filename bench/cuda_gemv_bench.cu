@@ -1,0 +1,216 @@
+// Micro-benchmark of the CUDA matmul kernels on 8B-model shapes (target pg_cuda_bench).
+//
+//   pg_cuda_bench [--types q4_k,q8_0,...] [--reps N] [--quick]
+//
+// For every weight type and shape (M × K = out × in: 4096×4096 attention, 12288×4096 FFN gate/up,
+// 4096×12288 FFN down, 151936×4096 output) it times the decode GEMV (n = 1) and prints µs, GB/s and
+// the fraction of a measured device-to-device copy bandwidth (bytes read + written, like the roofline in
+// shared/reference/gpu-baseline.md). On the FFN shape it also times n = 2, 4, 8 and the tensor-core
+// GEMM at n = 512 (TFLOP/s). Weights are valid random blocks (quantize_row on the host, tiled on the
+// device); each measurement rotates over enough weight copies to exceed the L2 cache several times, and
+// reports the median of CUDA-event timings after warm-up.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/quant.h"
+
+namespace {
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median time in ms of f() over reps, after warm-ups; f may rotate buffers by the rep index.
+template <class F>
+double time_ms(int reps, F&& f) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f(i);
+  CK(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    f(i);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return median(t);
+}
+
+double copy_bandwidth_gbs() {
+  const size_t bytes = size_t{1} << 30;
+  void *src, *dst;
+  CK(cudaMalloc(&src, bytes));
+  CK(cudaMalloc(&dst, bytes));
+  CK(cudaMemset(src, 1, bytes));
+  const double ms = time_ms(10, [&](int) { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+  CK(cudaFree(src));
+  CK(cudaFree(dst));
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+}
+
+// Device weights (M, K) of type t: host-quantized random rows, tiled over M.
+void* make_weights(pg::DType t, int64_t K, int64_t M, size_t* bytes_out) {
+  const size_t rb = pg::row_bytes(t, K);
+  const int64_t base_rows = std::min<int64_t>(M, 256);
+  std::vector<float> f(static_cast<size_t>(K * base_rows));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  for (auto& v : f) v = nd(rng);
+  std::vector<uint8_t> host(rb * static_cast<size_t>(base_rows));
+  for (int64_t r = 0; r < base_rows; ++r) pg::quantize_row(t, f.data() + r * K, host.data() + rb * static_cast<size_t>(r), K);
+  const size_t bytes = rb * static_cast<size_t>(M);
+  uint8_t* d = nullptr;
+  CK(cudaMalloc(&d, bytes));
+  CK(cudaMemcpy(d, host.data(), host.size(), cudaMemcpyHostToDevice));
+  for (size_t done = host.size(); done < bytes;) {
+    const size_t chunk = std::min(done, bytes - done);
+    CK(cudaMemcpy(d + done, d, chunk, cudaMemcpyDeviceToDevice));
+    done += chunk;
+  }
+  *bytes_out = bytes;
+  return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<pg::DType> types = {pg::DType::Q4_K, pg::DType::Q6_K, pg::DType::Q8_0,  pg::DType::Q5_K,   pg::DType::Q4_0,
+                                  pg::DType::Q4_1, pg::DType::Q5_0, pg::DType::Q5_1,  pg::DType::IQ4_XS, pg::DType::IQ4_NL,
+                                  pg::DType::Q2_K, pg::DType::Q3_K, pg::DType::F16,   pg::DType::BF16,   pg::DType::F32};
+  int reps = 20;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) {
+      reps = std::max(3, std::atoi(argv[++i]));
+    } else if (a == "--quick") {
+      quick = true;
+    } else if (a == "--types" && i + 1 < argc) {
+      types.clear();
+      std::string s = argv[++i];
+      size_t p = 0;
+      while (p <= s.size()) {
+        const size_t q = std::min(s.find(',', p), s.size());
+        const auto t = pg::dtype_from_name(s.substr(p, q - p));
+        if (!t) {
+          std::fprintf(stderr, "unknown type '%s'\n", s.substr(p, q - p).c_str());
+          return 2;
+        }
+        types.push_back(*t);
+        p = q + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: %s [--types q4_k,q8_0,...] [--reps N] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const double copy_bw = copy_bandwidth_gbs();
+  std::printf("device: %s, %d SMs, L2 %d MB; device-to-device copy: %.0f GB/s (read + write)\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20, copy_bw);
+  std::printf("| type | M (out) | K (in) | n | µs | GB/s | %% of copy | TFLOP/s |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+
+  struct Shape {
+    int64_t M, K;
+  };
+  std::vector<Shape> shapes = {{4096, 4096}, {12288, 4096}, {4096, 12288}, {151936, 4096}};
+  if (quick) shapes = {{12288, 4096}};
+  cudaStream_t stream = nullptr;  // legacy default stream: the events above time it
+  try {
+    for (pg::DType t : types) {
+      for (const Shape& s : shapes) {
+        size_t wbytes = 0;
+        // Enough copies that one pass over them is ≥ 4× the L2 (so timings measure HBM, not cache).
+        const size_t target = std::max<size_t>(4 * static_cast<size_t>(prop.l2CacheSize), 1);
+        std::vector<void*> w;
+        w.push_back(make_weights(t, s.K, s.M, &wbytes));
+        while (w.size() * wbytes < target && w.size() < 64) {
+          void* c = nullptr;
+          CK(cudaMalloc(&c, wbytes));
+          CK(cudaMemcpy(c, w[0], wbytes, cudaMemcpyDeviceToDevice));
+          w.push_back(c);
+        }
+        const bool ffn = s.M == 12288 && s.K == 4096;
+        std::vector<int> ns = {1};
+        if (ffn) ns = {1, 2, 4, 8, 512};
+        const int nmax = *std::max_element(ns.begin(), ns.end());
+        float *x = nullptr, *y = nullptr;
+        void* scratch = nullptr;
+        CK(cudaMalloc(&x, static_cast<size_t>(nmax * s.K) * 4));
+        CK(cudaMalloc(&y, static_cast<size_t>(nmax * s.M) * 4));
+        CK(cudaMalloc(&scratch, pg::cuda::gemm_scratch_bytes(nmax, s.K)));
+        {
+          std::vector<float> hx(static_cast<size_t>(nmax * s.K));
+          std::mt19937 rng(2);
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          for (auto& v : hx) v = nd(rng);
+          CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        }
+        for (int n : ns) {
+          const bool gemm = n > 8;
+          if (gemm && !pg::cuda::gemm_supported(t)) continue;
+          pg::cuda::MatmulArgs a;
+          a.type = t;
+          a.row_bytes = pg::row_bytes(t, s.K);
+          a.K = s.K;
+          a.M = s.M;
+          a.x = x;
+          a.x_stride = s.K;
+          a.y = y;
+          a.y_stride = s.M;
+          a.n = n;
+          const double ms = time_ms(reps, [&](int i) {
+            a.w = w[static_cast<size_t>(i) % w.size()];
+            if (gemm)
+              pg::cuda::gemm(a, nullptr, nullptr, scratch, stream);
+            else
+              pg::cuda::gemv(a, stream);
+          });
+          const double bytes = static_cast<double>(wbytes) + 4.0 * n * (s.K + s.M);
+          const double gbs = bytes / (ms * 1e-3) / 1e9;
+          const double tflops = 2.0 * static_cast<double>(s.M) * s.K * n / (ms * 1e-3) / 1e12;
+          std::printf("| %s | %lld | %lld | %d | %.1f | %.0f | %.1f%% | %.2f |\n", std::string(pg::dtype_name(t)).c_str(),
+                      static_cast<long long>(s.M), static_cast<long long>(s.K), n, ms * 1e3, gbs, 100.0 * gbs / copy_bw, tflops);
+          std::fflush(stdout);
+        }
+        CK(cudaDeviceSynchronize());
+        for (void* p : w) CK(cudaFree(p));
+        CK(cudaFree(x));
+        CK(cudaFree(y));
+        CK(cudaFree(scratch));
+      }
+    }
+  } catch (const pg::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

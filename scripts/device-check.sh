@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# scripts/device-check.sh — build and check the CUDA backend on the device machine, in one call.
+#
+# What it does (each step logged under $OUT; a failing step does not stop the later ones):
+#   1. configure + build (Release, Ninja, -DPEREGRINE_CUDA=ON -DPEREGRINE_CUDA_ARCHS=90) into build-device:
+#      peregrine, the CUDA tests and pg_cuda_bench                                     → $OUT/build.log
+#   2. the CUDA tests (ctest -L cuda): every op vs the CPU, whole tiny models            → $OUT/tests.log
+#   3. pg_cuda_bench: matmul kernels on 8B shapes, GB/s vs device copy bandwidth          → $OUT/kernels.log
+#   4. peregrine gguf synth --preset qwen3-8b --type Q4_K_M, then
+#      peregrine bench --device cuda -p 512 -n 128 (skipped if synth is not available)    → $OUT/model.log
+#   and a short summary (one line per step, plus the tables) last on stdout and in $OUT/summary.txt.
+#
+# One-time preparation on the development machine, in the repository root (the device machine has
+# CUDA, CMake and a compiler but not the Debian -dev packages, and the shared test data does not travel):
+#
+#   ../shared/tools/device-deps.sh .deps/debs nlohmann-json3-dev libgtest-dev libgmock-dev libcli11-dev \
+#       libcpp-httplib-dev libcpp-httplib0.11 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 \
+#       libpcre2-posix3 pkgconf pkgconf-bin libpkgconf3
+#   mkdir -p .deps/shared/golden/models
+#   cp ../shared/golden/models/tiny-{llama,qwen3,qwen2,qwen3moe,gemma3}-*.gguf .deps/shared/golden/models/
+#
+# (.deps/ is git-ignored; together about 45 MB, under the 64 MiB a call may carry.) Then, with the device
+# tool:  run(command="scripts/device-check.sh", carry=[".deps"], timeout_s=600)
+#
+# Environment: OUT (set by the device tool), BUDGET_S (seconds this script may use, default 570; steps
+# that would not fit are skipped and say so), JOBS (default 16), ARCHS (default 90).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/device-out}
+mkdir -p "$OUT"
+BUDGET_S=${BUDGET_S:-570}
+JOBS=${JOBS:-16}
+ARCHS=${ARCHS:-90}
+BUILD=$ROOT/build-device
+DEPS=$ROOT/.deps/debs
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+export PATH=/usr/local/cuda/bin:$PATH
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $((BUDGET_S - SECONDS)); }
+# run_step NAME LOG TIMEOUT_S CMD...: runs CMD with a timeout, output appended to LOG; records the status.
+run_step() {
+  local name=$1 log=$2 limit=$3
+  shift 3
+  local remaining
+  remaining=$(left)
+  if ((remaining < 20)); then
+    note "SKIP  $name (only ${remaining}s of the budget left)"
+    return 1
+  fi
+  ((limit > remaining - 10)) && limit=$((remaining - 10))
+  echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" >>"$log"
+  local t0=$SECONDS rc
+  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  if ((rc == 0)); then
+    note "OK    $name ($((SECONDS - t0))s)"
+  elif ((rc == 124 || rc == 137)); then
+    note "TIME  $name (killed after ${limit}s; see $(basename "$log"))"
+  else
+    note "FAIL  $name (exit $rc, $((SECONDS - t0))s; see $(basename "$log"))"
+  fi
+  return $rc
+}
+
+# ---- environment ------------------------------------------------------------------------------------
+{
+  echo "=== environment"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 || echo "nvidia-smi failed"
+  nvcc --version 2>&1 | tail -2
+  cmake --version 2>&1 | head -1
+  g++ --version 2>&1 | head -1
+  nproc
+} >"$OUT/build.log" 2>&1
+head -3 "$OUT/build.log" | tail -2 | tee -a "$SUMMARY"
+
+# Carried Debian packages: headers, CMake configs, static libraries, pkg-config files (and pkgconf itself
+# when the machine has no pkg-config).
+CMAKE_EXTRA=()
+if [ -d "$DEPS/usr" ]; then
+  export CMAKE_PREFIX_PATH=$DEPS/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export PKG_CONFIG_PATH=$DEPS/usr/lib/x86_64-linux-gnu/pkgconfig:$DEPS/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  CMAKE_EXTRA+=("-DCMAKE_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu" "-DCMAKE_INCLUDE_PATH=$DEPS/usr/include")
+  if ! command -v pkg-config >/dev/null 2>&1 && [ -x "$DEPS/usr/bin/pkgconf" ]; then
+    # The .pc files say prefix=/usr: the sysroot makes pkgconf point into the carried tree.
+    export PKG_CONFIG_SYSROOT_DIR=$DEPS
+    export PKG_CONFIG_PATH=/usr/lib/x86_64-linux-gnu/pkgconfig:/usr/share/pkgconfig
+    CMAKE_EXTRA+=("-DPKG_CONFIG_EXECUTABLE=$DEPS/usr/bin/pkgconf")
+  fi
+else
+  note "WARN  no carried dependencies at .deps/debs (see the header of this script)"
+fi
+export PEREGRINE_SHARED=${PEREGRINE_SHARED:-$ROOT/.deps/shared}
+
+# ---- 1. build -----------------------------------------------------------------------------------------
+BUILD_OK=0 CLI_OK=0
+if run_step "configure" "$OUT/build.log" 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPEREGRINE_CUDA=ON \
+  -DPEREGRINE_CUDA_ARCHS="$ARCHS" -DPEREGRINE_SHARED_DIR="$PEREGRINE_SHARED" "${CMAKE_EXTRA[@]}"; then
+  # The CUDA tests and the kernel benchmark first, then the CLI (which needs every layer to compile), so
+  # that a broken file elsewhere in the tree does not hide the backend's results.
+  run_step "build CUDA tests + pg_cuda_bench" "$OUT/build.log" 420 \
+    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model pg_cuda_bench -- -k 0 && BUILD_OK=1
+  run_step "build peregrine" "$OUT/build.log" 300 cmake --build "$BUILD" -j "$JOBS" --target peregrine -- -k 0 && CLI_OK=1
+fi
+grep -E "error|FAILED" "$OUT/build.log" | head -20 >>"$SUMMARY"
+
+# ---- 2. tests -----------------------------------------------------------------------------------------
+if ((BUILD_OK)); then
+  run_step "CUDA tests (ctest -L cuda)" "$OUT/tests.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda -V -j 4 --timeout 240
+  # The model tests print one line per model (max/RMS logit differences) and per greedy run.
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|exact: max|greedy|identical|fused chunk" "$OUT/tests.log" |
+    sed -E 's/^[0-9]+: //' | head -80 >>"$SUMMARY"
+fi
+
+# ---- 3. kernel micro-benchmark ---------------------------------------------------------------------------
+if ((BUILD_OK)); then
+  run_step "pg_cuda_bench" "$OUT/kernels.log" 180 "$BUILD/src/backend/cuda/pg_cuda_bench" --reps 20
+  grep -E "^\||device:" "$OUT/kernels.log" >>"$SUMMARY"
+fi
+
+# ---- 4. whole-model speed on a synthetic 8B Q4_K_M --------------------------------------------------------
+if ((CLI_OK)); then
+  MODEL=/tmp/peregrine-qwen3-8b-q4_k_m.gguf
+  if run_step "gguf synth qwen3-8b Q4_K_M" "$OUT/model.log" 240 \
+    "$BUILD/src/cli/peregrine" gguf synth --preset qwen3-8b --type Q4_K_M -o "$MODEL"; then
+    run_step "peregrine bench --device cuda -p 512 -n 128" "$OUT/model.log" 240 \
+      "$BUILD/src/cli/peregrine" bench -m "$MODEL" --device cuda -p 512 -n 128 -r 3 --bandwidth 4300
+    grep -E "^\||model:|backend:|bytes per" "$OUT/model.log" >>"$SUMMARY"
+  else
+    note "      (synth unavailable or failed: model benchmark skipped)"
+  fi
+fi
+
+echo "=== summary (${SECONDS}s)"
+cat "$SUMMARY"

@@ -1,0 +1,335 @@
+// Attention over the paged KV cache: flash-attention style (online softmax, one pass over the keys),
+// split-K over the key range ("flash decoding") with a combine kernel when one pass per head would
+// leave the GPU idle, FP32 arithmetic.
+//
+// One block handles BQ consecutive batch rows × HP query heads that share one KV head (GQA), over one
+// split of the key range. Keys stream through shared memory 32 at a time (converted to FP32 once, then
+// read by every (row, head) pair of the block); lane j of a warp owns key j for the scores and
+// dimension j (+32i) for the output accumulator. Rows of different sequences in one tile are handled in
+// separate passes. Positions, sequence slots and the block table are read on the device, so a decode
+// step's launches do not depend on host-side lengths except through the grid size (README.md: graphs).
+// The KV element type is a template parameter (F32, F16 now; quantized KV later).
+// Speed notes: decode reads each cached K/V row once per KV head (bandwidth-bound, as it should be);
+// prefill is SIMT FP32 and re-reads K/V once per tile of BQ rows — a tensor-core (mma) tile path is the
+// next step for long prompts.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.h"
+#include "core/error.h"
+
+namespace pg::cuda {
+namespace {
+
+constexpr int kKeys = 32;   // keys per tile (one per lane)
+constexpr int kMaxPW = 4;   // (row, head) pairs per warp
+constexpr int kMaxP = 32;   // pairs per block
+
+struct AttnParams {
+  AttentionArgs a;
+  int bq, hp, head_splits, n_splits, chunk;
+  float* part_acc;  // (n_splits, n, n_head, head_dim)
+  float* part_ml;   // (n_splits, n, n_head, 2)
+};
+
+template <bool F16>
+struct KvElem;
+template <>
+struct KvElem<false> {
+  static constexpr int kPerVec = 4;  // elements per 16-byte vector
+  __device__ static void to_f32(const uint4& v, float (&o)[8]) {
+    o[0] = __uint_as_float(v.x), o[1] = __uint_as_float(v.y), o[2] = __uint_as_float(v.z), o[3] = __uint_as_float(v.w);
+  }
+};
+template <>
+struct KvElem<true> {
+  static constexpr int kPerVec = 8;
+  __device__ static void to_f32(const uint4& v, float (&o)[8]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[2 * i] = h2f(w[i]);
+      o[2 * i + 1] = h2f(w[i] >> 16);
+    }
+  }
+};
+
+template <int DMAX, bool F16>
+__global__ void __launch_bounds__(256) attn_kernel(const AttnParams P) {
+  const AttentionArgs& p = P.a;
+  constexpr int NI = DMAX / 32;  // accumulator elements per lane
+  extern __shared__ __align__(16) float sm[];
+  __shared__ int sh_seq[kMaxP], sh_pos[kMaxP], sh_cell[kKeys];
+
+  const int hd = p.head_dim;
+  const int nw = static_cast<int>(blockDim.x >> 5), warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int r0 = static_cast<int>(blockIdx.x) * P.bq;
+  const int nr = min(P.bq, p.n - r0);
+  const int group = p.n_head / p.n_head_kv;
+  const int kvh = static_cast<int>(blockIdx.y) / P.head_splits;
+  const int h0 = kvh * group + (static_cast<int>(blockIdx.y) % P.head_splits) * P.hp;
+  const int npairs = nr * P.hp;
+  const int z = static_cast<int>(blockIdx.z);
+  const int split_lo = z * P.chunk, split_hi = split_lo + P.chunk;
+
+  float* qs = sm;                        // (npairs, hd)
+  float* ks = qs + P.bq * P.hp * hd;     // (kKeys, hd + 1)
+  float* vs = ks + kKeys * (hd + 1);     // (kKeys, hd)
+
+  for (int i = static_cast<int>(threadIdx.x); i < nr; i += blockDim.x) {
+    sh_seq[i] = p.seq[r0 + i];
+    sh_pos[i] = p.positions[r0 + i];
+  }
+  for (int idx = static_cast<int>(threadIdx.x); idx < npairs * hd; idx += blockDim.x) {
+    const int pi = idx / hd, d = idx % hd;
+    const int r = pi / P.hp, hh = pi % P.hp;
+    qs[idx] = p.q[static_cast<int64_t>(r0 + r) * p.q_stride + static_cast<int64_t>(h0 + hh) * hd + d];
+  }
+  __syncthreads();
+
+  float m[kMaxPW], l[kMaxPW], acc[kMaxPW][NI];
+#pragma unroll
+  for (int j = 0; j < kMaxPW; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NI; ++i) acc[j][i] = 0.0f;
+  }
+
+  const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * hd;
+  const auto* kc = static_cast<const uint8_t*>(p.k);
+  const auto* vc = static_cast<const uint8_t*>(p.v);
+  constexpr int esize = F16 ? 2 : 4;
+  const int vpr = hd / KvElem<F16>::kPerVec;  // 16-byte vectors per key row
+
+  uint32_t remaining = nr >= 32 ? 0xffffffffu : ((1u << nr) - 1u);
+  while (remaining) {
+    const int s = sh_seq[__ffs(remaining) - 1];
+    uint32_t pass = 0;
+    int lo = 0x7fffffff, hi = 0;
+    for (int i = 0; i < nr; ++i)
+      if (((remaining >> i) & 1) && sh_seq[i] == s) {
+        pass |= 1u << i;
+        const int end = sh_pos[i] + 1;
+        const int begin = p.sliding_window > 0 ? max(0, end - p.sliding_window) : 0;
+        lo = min(lo, begin);
+        hi = max(hi, end);
+      }
+    remaining &= ~pass;
+    lo = max(lo, split_lo);
+    hi = min(hi, split_hi);
+    const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks;
+    for (int kt = lo; kt < hi; kt += kKeys) {
+      __syncthreads();  // previous tile fully consumed
+      if (threadIdx.x < kKeys) {
+        const int kp = kt + static_cast<int>(threadIdx.x);
+        sh_cell[threadIdx.x] = kp < hi ? table[kp / p.block_size] * p.block_size + kp % p.block_size : -1;
+      }
+      __syncthreads();
+      for (int idx = static_cast<int>(threadIdx.x); idx < 2 * kKeys * vpr; idx += blockDim.x) {
+        const int which = idx / (kKeys * vpr), rem = idx % (kKeys * vpr), key = rem / vpr, vi = rem % vpr;
+        const int cell = sh_cell[key];
+        float f[8];
+        if (cell >= 0) {
+          const uint8_t* src = (which ? vc : kc) + (static_cast<int64_t>(cell) * kv_w + static_cast<int64_t>(kvh) * hd) * esize + vi * 16;
+          KvElem<F16>::to_f32(*reinterpret_cast<const uint4*>(src), f);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) f[e] = 0.0f;
+        }
+        float* dst = which ? vs + key * hd : ks + key * (hd + 1);
+#pragma unroll
+        for (int e = 0; e < KvElem<F16>::kPerVec; ++e) dst[vi * KvElem<F16>::kPerVec + e] = f[e];
+      }
+      __syncthreads();
+
+      const int kp = kt + lane;
+#pragma unroll
+      for (int j = 0; j < kMaxPW; ++j) {
+        const int pi = warp + nw * j;
+        if (pi >= npairs) break;
+        const int ri = pi / P.hp;
+        if (!((pass >> ri) & 1)) continue;
+        const int end = sh_pos[ri] + 1;
+        const int begin = p.sliding_window > 0 ? max(0, end - p.sliding_window) : 0;
+        const bool valid = kp < hi && kp >= begin && kp < end;
+        const float* qv = qs + pi * hd;
+        const float* kv = ks + lane * (hd + 1);
+        float sc = 0.0f;
+        for (int d = 0; d < hd; ++d) sc = fmaf(qv[d], kv[d], sc);
+        sc *= p.scale;
+        if (p.softcap > 0.0f) sc = p.softcap * tanhf(sc / p.softcap);
+        sc = valid ? sc : -INFINITY;
+        const float mt = warp_max(sc);
+        if (mt == -INFINITY) continue;
+        const float mn = fmaxf(m[j], mt);
+        const float corr = expf(m[j] - mn);
+        const float pr = valid ? expf(sc - mn) : 0.0f;
+        l[j] = l[j] * corr + warp_sum(pr);
+#pragma unroll
+        for (int i = 0; i < NI; ++i) acc[j][i] *= corr;
+        for (int jj = 0; jj < kKeys; ++jj) {
+          const float pj = __shfl_sync(0xffffffffu, pr, jj);
+          if (pj == 0.0f) continue;
+          const float* vr = vs + jj * hd;
+#pragma unroll
+          for (int i = 0; i < NI; ++i) {
+            const int d = lane + 32 * i;
+            if (d < hd) acc[j][i] = fmaf(pj, vr[d], acc[j][i]);
+          }
+        }
+        m[j] = mn;
+      }
+    }
+  }
+
+  // Results: final output (one split) or this split's partial (acc, m, l).
+#pragma unroll
+  for (int j = 0; j < kMaxPW; ++j) {
+    const int pi = warp + nw * j;
+    if (pi >= npairs) break;
+    const int r = r0 + pi / P.hp, h = h0 + pi % P.hp;
+    if (P.n_splits == 1) {
+      const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
+      float* o = p.out + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(h) * hd;
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        const int d = lane + 32 * i;
+        if (d < hd) o[d] = acc[j][i] * inv;
+      }
+    } else {
+      const int64_t slot = (static_cast<int64_t>(z) * p.n + r) * p.n_head + h;
+      float* o = P.part_acc + slot * hd;
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        const int d = lane + 32 * i;
+        if (d < hd) o[d] = acc[j][i];
+      }
+      if (lane == 0) {
+        P.part_ml[2 * slot] = m[j];
+        P.part_ml[2 * slot + 1] = l[j];
+      }
+    }
+  }
+}
+
+// Merges the split partials of one (row, head) per block.
+__global__ void attn_combine_kernel(const float* part_acc, const float* part_ml, int n_splits, int n, int n_head, int hd, float* out,
+                                    int64_t out_stride) {
+  const int64_t rh = blockIdx.x;
+  const int r = static_cast<int>(rh / n_head), h = static_cast<int>(rh % n_head);
+  const int64_t per_split = static_cast<int64_t>(n) * n_head;
+  float M = -INFINITY;
+  for (int z = 0; z < n_splits; ++z) {
+    const float mz = part_ml[2 * (z * per_split + rh)], lz = part_ml[2 * (z * per_split + rh) + 1];
+    if (lz > 0.0f) M = fmaxf(M, mz);
+  }
+  float L = 0.0f;
+  for (int z = 0; z < n_splits; ++z) {
+    const float lz = part_ml[2 * (z * per_split + rh) + 1];
+    if (lz > 0.0f) L += lz * expf(part_ml[2 * (z * per_split + rh)] - M);
+  }
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  for (int d = static_cast<int>(threadIdx.x); d < hd; d += blockDim.x) {
+    float s = 0.0f;
+    for (int z = 0; z < n_splits; ++z) {
+      const float lz = part_ml[2 * (z * per_split + rh) + 1];
+      if (lz > 0.0f) s += part_acc[(z * per_split + rh) * hd + d] * expf(part_ml[2 * (z * per_split + rh)] - M);
+    }
+    out[static_cast<int64_t>(r) * out_stride + static_cast<int64_t>(h) * hd + d] = s * inv;
+  }
+}
+
+struct Plan {
+  int hp, head_splits, bq, nw, n_row_tiles, n_splits, chunk, dmax;
+  size_t smem;
+};
+
+Plan make_plan(const AttentionArgs& a, int n_sm) {
+  PG_CHECK(a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0, "attention: n_head must be a multiple of n_head_kv");
+  PG_CHECK(a.head_dim > 0 && a.head_dim <= 256 && a.head_dim % 8 == 0, "attention: head_dim " + std::to_string(a.head_dim) +
+                                                                            " unsupported on CUDA (multiple of 8, at most 256)");
+  Plan pl{};
+  const int g = a.n_head / a.n_head_kv;
+  pl.hp = g;
+  while (pl.hp > kMaxP) {  // largest divisor of the group size that fits a block
+    int d = pl.hp - 1;
+    while (g % d) --d;
+    pl.hp = d;
+  }
+  pl.head_splits = g / pl.hp;
+  pl.bq = std::max(1, std::min(kMaxP / pl.hp, a.n));
+  const int pairs = pl.bq * pl.hp;
+  pl.nw = std::min(8, pairs);
+  pl.n_row_tiles = ceil_div(a.n, pl.bq);
+  const int base = pl.n_row_tiles * a.n_head_kv * pl.head_splits;
+  // Graph-captured steps size the grid for a fixed capacity; blocks past a row's length exit early.
+  int max_kv = std::max(1, a.max_kv_len);
+  if (a.kv_capacity > 0) {
+    int cap = 64;
+    while (cap < a.kv_capacity) cap *= 2;
+    max_kv = std::max(max_kv, cap);
+  }
+  const int want = std::max(1, ceil_div(4 * n_sm, base));
+  pl.n_splits = std::max(1, std::min(want, ceil_div(max_kv, 64)));
+  pl.chunk = ceil_div(ceil_div(max_kv, pl.n_splits), kKeys) * kKeys;
+  pl.n_splits = ceil_div(max_kv, pl.chunk);
+  pl.dmax = a.head_dim <= 64 ? 64 : a.head_dim <= 128 ? 128 : 256;
+  pl.smem = static_cast<size_t>(pairs * a.head_dim + kKeys * (a.head_dim + 1) + kKeys * a.head_dim) * sizeof(float);
+  return pl;
+}
+
+template <int DMAX, bool F16>
+void launch(const AttnParams& P, const Plan& pl, cudaStream_t stream) {
+  auto kernel = attn_kernel<DMAX, F16>;
+  static SmemOptIn opt_in;
+  opt_in.ensure(reinterpret_cast<const void*>(kernel), static_cast<int>(pl.smem));
+  const dim3 grid(static_cast<unsigned>(pl.n_row_tiles), static_cast<unsigned>(P.a.n_head_kv * pl.head_splits),
+                  static_cast<unsigned>(pl.n_splits));
+  kernel<<<grid, pl.nw * 32, pl.smem, stream>>>(P);
+  check_launch("attention");
+}
+
+}  // namespace
+
+size_t attention_scratch_bytes(const AttentionArgs& a, int n_sm) {
+  const Plan pl = make_plan(a, n_sm);
+  if (pl.n_splits <= 1) return 0;
+  return static_cast<size_t>(pl.n_splits) * static_cast<size_t>(a.n) * static_cast<size_t>(a.n_head) *
+         static_cast<size_t>(a.head_dim + 2) * sizeof(float);
+}
+
+void attention(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  const Plan pl = make_plan(a, n_sm);
+  PG_CHECK(pl.n_row_tiles <= 0x7fffffff && pl.n_splits <= 65535 && a.n_head_kv * pl.head_splits <= 65535, "attention: batch too large");
+  AttnParams P{};
+  P.a = a;
+  P.bq = pl.bq;
+  P.hp = pl.hp;
+  P.head_splits = pl.head_splits;
+  P.n_splits = pl.n_splits;
+  P.chunk = pl.chunk;
+  if (pl.n_splits > 1) {
+    PG_CHECK(scratch != nullptr, "attention: missing split scratch");
+    P.part_acc = static_cast<float*>(scratch);
+    P.part_ml = P.part_acc + static_cast<size_t>(pl.n_splits) * a.n * a.n_head * a.head_dim;
+  }
+  switch (pl.dmax * 2 + (a.kv_f16 ? 1 : 0)) {
+    case 128: launch<64, false>(P, pl, stream); break;
+    case 129: launch<64, true>(P, pl, stream); break;
+    case 256: launch<128, false>(P, pl, stream); break;
+    case 257: launch<128, true>(P, pl, stream); break;
+    case 512: launch<256, false>(P, pl, stream); break;
+    default: launch<256, true>(P, pl, stream); break;
+  }
+  if (pl.n_splits > 1) {
+    const int threads = std::min(256, ceil_div(a.head_dim, 32) * 32);
+    attn_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head), threads, 0, stream>>>(
+        P.part_acc, P.part_ml, pl.n_splits, a.n, a.n_head, a.head_dim, a.out, a.out_stride);
+    check_launch("attention combine");
+  }
+}
+
+}  // namespace pg::cuda

@@ -1,0 +1,569 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace pg {
+namespace cuda {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear a sticky-free error so that the next call reports its own
+    throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(err));
+  }
+}
+
+void check_launch(const char* kernel) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw Error(std::string("CUDA kernel launch failed (") + kernel + "): " + cudaGetErrorString(err));
+}
+
+}  // namespace cuda
+
+namespace {
+
+using cuda::check;
+
+// Scratch slots: each op that needs temporary device memory has its own, so their sizes never fight.
+enum ScratchSlot { kSlotGemm, kSlotAttention, kSlotMoe, kSlotMoeGemm, kSlotCount };
+
+constexpr size_t kStageBytes = size_t{8} << 20;  // pinned upload ring
+constexpr int kStageSegments = 4;
+
+// Makes `device` current for the calling thread (cached: cudaSetDevice only when it changes).
+void activate(int device) {
+  thread_local int current = -1;
+  if (current != device) {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    current = device;
+  }
+}
+
+void check_f32(const Tensor& t, const char* op) { PG_CHECK(t.type == DType::F32, std::string(op) + ": expected an F32 tensor"); }
+
+cudaStream_t as_stream(CUstream_st* s) { return s; }
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> create_cuda_backend(int index) {
+  CudaOptions opt;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_EXACT"); e && *e && std::strcmp(e, "0") != 0) opt.exact_f32 = true;
+  return create_cuda_backend(index, opt);
+}
+
+std::unique_ptr<Backend> create_cuda_backend(int index, const CudaOptions& opt) {
+  const int n = cuda_device_count();
+  PG_CHECK(n > 0, "no CUDA device is available (no NVIDIA driver, or no GPU visible)");
+  PG_CHECK(index >= 0 && index < n, "CUDA device " + std::to_string(index) + " does not exist (" + std::to_string(n) + " visible)");
+  return std::make_unique<CudaBackend>(index, opt);
+}
+
+CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), opt_(opt) {
+  PG_CHECK(opt_.gemv_max_rows >= 1 && opt_.gemv_max_rows <= 8, "CudaOptions::gemv_max_rows must be 1..8");
+  activate(device_);
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
+  PG_CHECK(prop.major >= 8, std::string("CUDA device ") + prop.name + " has compute capability " + std::to_string(prop.major) + "." +
+                                std::to_string(prop.minor) + "; Peregrine needs 8.0 or newer");
+  n_sm_ = prop.multiProcessorCount;
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  stream_ = s;
+  scratch_.resize(kSlotCount);
+  void* stage = nullptr;
+  check(cudaMallocHost(&stage, kStageBytes), "cudaMallocHost (upload staging)");
+  stage_ = static_cast<uint8_t*>(stage);
+  stage_bytes_ = kStageBytes;
+  for (int i = 0; i < kStageSegments; ++i) {
+    cudaEvent_t ev = nullptr;
+    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    stage_events_.push_back(ev);
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  activate(device_);
+  if (capturing_) {
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(as_stream(stream_), &g);
+    if (g) cudaGraphDestroy(g);
+  }
+  cudaStreamSynchronize(as_stream(stream_));
+  for (void* g : graphs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+  for (auto& s : scratch_)
+    if (s.ptr) cudaFree(s.ptr);
+  for (auto* ev : stage_events_) cudaEventDestroy(ev);
+  if (stage_) cudaFreeHost(stage_);
+  if (stream_) cudaStreamDestroy(as_stream(stream_));
+}
+
+std::string CudaBackend::name() const { return "cuda:" + std::to_string(device_) + " (" + device_name() + ")"; }
+
+std::string CudaBackend::device_name() const {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) return "unknown";
+  return prop.name;
+}
+
+size_t CudaBackend::total_memory() const {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) return 0;
+  return prop.totalGlobalMem;
+}
+
+bool CudaBackend::supports_weight_type(DType t) { return cuda::gemv_supported(t); }
+
+void CudaBackend::check_own(const Tensor& t, const char* op) const {
+  PG_CHECK(t.valid(), std::string(op) + ": tensor has no data");
+  PG_CHECK(t.backend == this, std::string(op) + ": tensor belongs to another backend");
+}
+
+void* CudaBackend::scratch(int slot, size_t bytes) {
+  Scratch& s = scratch_[static_cast<size_t>(slot)];
+  if (bytes == 0) bytes = 1;
+  if (s.bytes < bytes) {
+    PG_CHECK(!capturing_, "CUDA graph capture: a scratch buffer would have to grow (" + std::to_string(bytes) +
+                              " bytes); run the step once before capturing it");
+    // Grown only when a larger shape first appears; the old buffer may still be in use by queued work.
+    check(cudaStreamSynchronize(as_stream(stream_)), "scratch grow (synchronize)");
+    if (s.ptr) check(cudaFree(s.ptr), "cudaFree (scratch)");
+    s.ptr = nullptr;
+    s.bytes = 0;
+    const size_t want = (bytes + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20);
+    void* p = nullptr;
+    check(cudaMalloc(&p, want), "cudaMalloc (scratch)");
+    s.ptr = p;
+    s.bytes = want;
+  }
+  return s.ptr;
+}
+
+// ---- memory -----------------------------------------------------------------------------------------
+
+void CudaBackend::check_not_capturing(const char* what) const {
+  PG_CHECK(!capturing_, std::string(what) + " is not allowed while a CUDA graph is being captured");
+}
+
+Tensor CudaBackend::alloc(DType t, int64_t cols, int64_t rows, int64_t ne2) {
+  activate(device_);
+  check_not_capturing("alloc");
+  PG_CHECK(cols >= 0 && rows >= 0 && ne2 >= 0, "alloc: negative size");
+  Tensor x;
+  x.type = t;
+  x.ne[0] = cols;
+  x.ne[1] = rows;
+  x.ne[2] = ne2;
+  x.backend = this;
+  const size_t bytes = std::max<size_t>(x.nbytes(), 16);
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw Error("CUDA out of memory: cannot allocate " + std::to_string(bytes) + " bytes on device " + std::to_string(device_) + " (" +
+                cudaGetErrorString(err) + ")");
+  }
+  x.data = p;
+  check(cudaMemsetAsync(p, 0, bytes, as_stream(stream_)), "cudaMemsetAsync (alloc)");
+  return x;
+}
+
+void CudaBackend::free(Tensor& t) {
+  if (!t.data) return;
+  activate(device_);
+  check_not_capturing("free");
+  // Queued kernels may still read the buffer.
+  check(cudaStreamSynchronize(as_stream(stream_)), "free (synchronize)");
+  check(cudaFree(t.data), "cudaFree");
+  t.data = nullptr;
+}
+
+Tensor CudaBackend::load_weight(DType t, const int64_t ne[4], const void* host_data) {
+  Tensor x = alloc(t, ne[0], ne[1], ne[2] * ne[3]);
+  for (int i = 0; i < 4; ++i) x.ne[i] = ne[i];
+  check(cudaMemcpyAsync(x.data, host_data, x.nbytes(), cudaMemcpyHostToDevice, as_stream(stream_)), "load_weight (copy)");
+  // The source is a pageable memory map: wait, so that the copy is complete before the caller moves on.
+  check(cudaStreamSynchronize(as_stream(stream_)), "load_weight (synchronize)");
+  return x;
+}
+
+void CudaBackend::upload(Tensor& dst, const void* src, size_t bytes, size_t off) {
+  activate(device_);
+  check_not_capturing("upload");
+  check_own(dst, "upload");
+  PG_CHECK(off + bytes <= dst.nbytes(), "upload: " + std::to_string(bytes) + " bytes at offset " + std::to_string(off) +
+                                            " exceed the tensor's " + std::to_string(dst.nbytes()));
+  if (bytes == 0) return;
+  uint8_t* d = static_cast<uint8_t*>(dst.data) + off;
+  const size_t seg = stage_bytes_ / kStageSegments;
+  if (bytes > seg) {
+    check(cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, as_stream(stream_)), "upload (copy)");
+    check(cudaStreamSynchronize(as_stream(stream_)), "upload (synchronize)");
+    return;
+  }
+  if (stage_head_ + bytes > seg) {
+    // Leave this segment (its last copy is marked by the event) and wait until the next one is free.
+    check(cudaEventRecord(stage_events_[static_cast<size_t>(stage_segment_)], as_stream(stream_)), "cudaEventRecord");
+    stage_segment_ = (stage_segment_ + 1) % kStageSegments;
+    check(cudaEventSynchronize(stage_events_[static_cast<size_t>(stage_segment_)]), "cudaEventSynchronize");
+    stage_head_ = 0;
+  }
+  uint8_t* s = stage_ + static_cast<size_t>(stage_segment_) * seg + stage_head_;
+  std::memcpy(s, src, bytes);
+  check(cudaMemcpyAsync(d, s, bytes, cudaMemcpyHostToDevice, as_stream(stream_)), "upload (copy)");
+  stage_head_ += (bytes + 63) & ~size_t{63};
+}
+
+void CudaBackend::download(const Tensor& src, void* dst, size_t bytes, size_t off) {
+  activate(device_);
+  check_not_capturing("download");
+  check_own(src, "download");
+  PG_CHECK(off + bytes <= src.nbytes(), "download: range exceeds the tensor");
+  if (bytes > 0)
+    check(cudaMemcpyAsync(dst, static_cast<const uint8_t*>(src.data) + off, bytes, cudaMemcpyDeviceToHost, as_stream(stream_)),
+          "download (copy)");
+  check(cudaStreamSynchronize(as_stream(stream_)), "download (a kernel before it failed)");
+}
+
+void CudaBackend::synchronize() {
+  activate(device_);
+  check_not_capturing("synchronize");
+  check(cudaStreamSynchronize(as_stream(stream_)), "synchronize (a kernel failed)");
+}
+
+// ---- CUDA graphs ---------------------------------------------------------------------------------------
+
+void CudaBackend::begin_capture() {
+  activate(device_);
+  PG_CHECK(!capturing_, "begin_capture: a capture is already in progress");
+  // Thread-local mode: other threads' unrelated CUDA calls stay legal while this stream records.
+  check(cudaStreamBeginCapture(as_stream(stream_), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  capturing_ = true;
+}
+
+int CudaBackend::end_capture() {
+  activate(device_);
+  PG_CHECK(capturing_, "end_capture without begin_capture");
+  capturing_ = false;
+  cudaGraph_t g = nullptr;
+  check(cudaStreamEndCapture(as_stream(stream_), &g), "cudaStreamEndCapture (an op inside the capture failed?)");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  check(err, "cudaGraphInstantiate");
+  graphs_.push_back(exec);
+  return static_cast<int>(graphs_.size()) - 1;
+}
+
+void CudaBackend::replay(int graph) {
+  activate(device_);
+  PG_CHECK(graph >= 0 && graph < static_cast<int>(graphs_.size()) && graphs_[static_cast<size_t>(graph)], "replay: unknown graph");
+  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_[static_cast<size_t>(graph)]), as_stream(stream_)), "cudaGraphLaunch");
+}
+
+void CudaBackend::drop_graphs() {
+  activate(device_);
+  check(cudaStreamSynchronize(as_stream(stream_)), "drop_graphs (synchronize)");
+  for (void* g : graphs_)
+    if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+  graphs_.clear();
+}
+
+// ---- ops ----------------------------------------------------------------------------------------------
+
+void CudaBackend::get_rows(const Tensor& table, const Tensor& ids, Tensor& out) {
+  activate(device_);
+  check_own(table, "get_rows");
+  check_own(ids, "get_rows");
+  check_own(out, "get_rows");
+  check_f32(out, "get_rows");
+  const int64_t n = ids.n_elements();
+  PG_CHECK(out.cols() == table.ne[0] && out.rows() >= n, "get_rows: output shape mismatch");
+  cuda::get_rows(table.type, table.data, table.row_bytes(), table.rows(), table.ne[0], ids.as<int32_t>(), static_cast<int>(n),
+                 out.as<float>(), out.cols(), as_stream(stream_));
+}
+
+void CudaBackend::matmul_rows(const Tensor& w, const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride) {
+  cuda::MatmulArgs a;
+  a.type = w.type;
+  a.w = w.data;
+  a.row_bytes = w.row_bytes();
+  a.K = w.ne[0];
+  a.M = w.ne[1];
+  a.x = x;
+  a.x_stride = x_stride;
+  a.y = y;
+  a.y_stride = y_stride;
+  a.n = static_cast<int>(n);
+  if (opt_.exact_f32 || n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type)) {
+    cuda::gemv(a, as_stream(stream_));
+  } else {
+    void* s = scratch(kSlotGemm, cuda::gemm_scratch_bytes(n, a.K));
+    cuda::gemm(a, nullptr, nullptr, s, as_stream(stream_));
+  }
+}
+
+void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
+  activate(device_);
+  check_own(w, "matmul");
+  check_own(x, "matmul");
+  check_own(y, "matmul");
+  check_f32(x, "matmul");
+  check_f32(y, "matmul");
+  PG_CHECK(x.cols() == w.ne[0], "matmul: input width " + std::to_string(x.cols()) + " != weight rows " + std::to_string(w.ne[0]));
+  PG_CHECK(y.cols() == w.ne[1] && y.rows() == x.rows(), "matmul: output shape mismatch");
+  PG_CHECK(cuda::gemv_supported(w.type), "CUDA matmul: weight type " + std::string(dtype_name(w.type)) + " is not supported");
+  matmul_rows(w, x.as<float>(), x.rows(), x.cols(), y.as<float>(), y.cols());
+}
+
+void CudaBackend::add_bias(Tensor& y, const Tensor& bias) {
+  activate(device_);
+  check_own(y, "add_bias");
+  check_own(bias, "add_bias");
+  PG_CHECK(bias.type == DType::F32 || bias.type == DType::F16, "add_bias: bias must be F32 or F16");
+  PG_CHECK(bias.n_elements() >= y.cols(), "add_bias: bias shorter than the rows");
+  cuda::add_bias(y.as<float>(), bias.data, bias.type == DType::F16, y.rows(), y.cols(), as_stream(stream_));
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, Tensor& y, float eps) {
+  activate(device_);
+  check_own(x, "rms_norm");
+  check_own(y, "rms_norm");
+  check_f32(x, "rms_norm");
+  check_f32(y, "rms_norm");
+  PG_CHECK(x.cols() == y.cols() && x.rows() == y.rows(), "rms_norm: shape mismatch");
+  if (w.valid()) {
+    check_own(w, "rms_norm");
+    PG_CHECK(w.type == DType::F32 || w.type == DType::F16, "rms_norm: weight must be F32 or F16");
+  }
+  cuda::rms_norm(x.as<float>(), w.valid() ? w.data : nullptr, w.type == DType::F16, y.as<float>(), x.rows(), x.cols(), eps,
+                 as_stream(stream_));
+}
+
+void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
+  activate(device_);
+  check_own(a, "add");
+  check_own(b, "add");
+  check_own(y, "add");
+  PG_CHECK(a.n_elements() == b.n_elements() && a.n_elements() == y.n_elements(), "add: shape mismatch");
+  cuda::add(a.as<float>(), b.as<float>(), y.as<float>(), a.n_elements(), as_stream(stream_));
+}
+
+void CudaBackend::scale(Tensor& x, float s) {
+  activate(device_);
+  check_own(x, "scale");
+  cuda::scale(x.as<float>(), s, x.n_elements(), as_stream(stream_));
+}
+
+void CudaBackend::glu(const Tensor& gate, const Tensor& up, Tensor& y, Activation act) {
+  activate(device_);
+  check_own(gate, "glu");
+  check_own(up, "glu");
+  check_own(y, "glu");
+  PG_CHECK(gate.n_elements() == up.n_elements() && gate.n_elements() == y.n_elements(), "glu: shape mismatch");
+  cuda::glu(gate.as<float>(), up.as<float>(), y.as<float>(), gate.n_elements(), act == Activation::Silu ? 0 : 1, as_stream(stream_));
+}
+
+void CudaBackend::rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, int n_rot, float base, RopeStyle style) {
+  activate(device_);
+  check_own(x, "rope");
+  check_own(pos, "rope");
+  PG_CHECK(n_rot >= 0 && n_rot <= head_dim && n_rot % 2 == 0, "rope: invalid n_rot");
+  PG_CHECK(static_cast<int64_t>(n_heads) * head_dim <= x.cols(), "rope: heads exceed the row");
+  // The same float expression as CpuBackend::rope, evaluated on the host, so both use one θ scale.
+  const float theta_scale = std::pow(base, -2.0f / static_cast<float>(n_rot));
+  cuda::rope(x.as<float>(), x.cols(), pos.as<int32_t>(), static_cast<int>(x.rows()), n_heads, head_dim, n_rot, theta_scale,
+             style == RopeStyle::Neox, as_stream(stream_));
+}
+
+void CudaBackend::kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const AttentionBatch& batch) {
+  activate(device_);
+  check_own(kv.k, "kv_store");
+  check_own(kv.v, "kv_store");
+  check_own(k, "kv_store");
+  check_own(v, "kv_store");
+  check_own(batch.cells, "kv_store");
+  PG_CHECK(kv.k.type == kv.v.type && (kv.k.type == DType::F16 || kv.k.type == DType::F32), "kv_store: cache must be F16 or F32");
+  PG_CHECK(k.cols() == kv.k.cols() && v.cols() == kv.v.cols(), "kv_store: row width mismatch");
+  cuda::kv_store(kv.k.data, kv.v.data, kv.k.type == DType::F16, k.as<float>(), v.as<float>(), k.cols(), v.cols(),
+                 batch.cells.as<int32_t>(), batch.n_tokens, as_stream(stream_));
+}
+
+void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBatch& batch, const AttentionParams& p, Tensor& out) {
+  activate(device_);
+  check_own(q, "attention");
+  check_own(kv.k, "attention");
+  check_own(kv.v, "attention");
+  check_own(out, "attention");
+  check_own(batch.positions, "attention");
+  check_own(batch.seq, "attention");
+  check_own(batch.block_table, "attention");
+  PG_CHECK(kv.k.type == kv.v.type && (kv.k.type == DType::F16 || kv.k.type == DType::F32), "attention: cache must be F16 or F32");
+  PG_CHECK(kv.k.cols() == static_cast<int64_t>(p.n_head_kv) * p.head_dim && kv.v.cols() == kv.k.cols(),
+           "attention: cache row width != n_head_kv·head_dim");
+  PG_CHECK(q.cols() >= static_cast<int64_t>(p.n_head) * p.head_dim && out.cols() >= static_cast<int64_t>(p.n_head) * p.head_dim,
+           "attention: q/out narrower than n_head·head_dim");
+  PG_CHECK(batch.block_size > 0 && batch.max_blocks > 0, "attention: invalid block table");
+  cuda::AttentionArgs a;
+  a.q = q.as<float>();
+  a.q_stride = q.cols();
+  a.k = kv.k.data;
+  a.v = kv.v.data;
+  a.kv_f16 = kv.k.type == DType::F16;
+  a.positions = batch.positions.as<int32_t>();
+  a.seq = batch.seq.as<int32_t>();
+  a.block_table = batch.block_table.as<int32_t>();
+  a.block_size = batch.block_size;
+  a.max_blocks = batch.max_blocks;
+  a.n = batch.n_tokens;
+  a.max_kv_len = batch.max_kv_len;
+  a.n_head = p.n_head;
+  a.n_head_kv = p.n_head_kv;
+  a.head_dim = p.head_dim;
+  a.scale = p.scale;
+  a.sliding_window = p.sliding_window;
+  a.softcap = p.logit_softcap;
+  a.out = out.as<float>();
+  a.out_stride = out.cols();
+  a.kv_capacity = attn_kv_capacity_;
+  const size_t sb = cuda::attention_scratch_bytes(a, n_sm_);
+  void* s = sb ? scratch(kSlotAttention, sb) : nullptr;
+  cuda::attention(a, s, n_sm_, as_stream(stream_));
+}
+
+void CudaBackend::mul_sigmoid(Tensor& x, const Tensor& gate) {
+  activate(device_);
+  check_own(x, "mul_sigmoid");
+  check_own(gate, "mul_sigmoid");
+  PG_CHECK(x.n_elements() == gate.n_elements(), "mul_sigmoid: shape mismatch");
+  cuda::mul_sigmoid(x.as<float>(), gate.as<float>(), x.n_elements(), as_stream(stream_));
+}
+
+void CudaBackend::softcap(Tensor& x, float cap) {
+  activate(device_);
+  check_own(x, "softcap");
+  PG_CHECK(cap > 0.0f, "softcap: cap must be positive");
+  cuda::softcap(x.as<float>(), cap, x.n_elements(), as_stream(stream_));
+}
+
+void CudaBackend::gather_cols(const Tensor& src, int group, int col0, Tensor& dst) {
+  activate(device_);
+  check_own(src, "gather_cols");
+  check_own(dst, "gather_cols");
+  PG_CHECK(group > 0 && src.cols() % group == 0, "gather_cols: source width is not a multiple of the group");
+  const int64_t groups = src.cols() / group;
+  PG_CHECK(dst.cols() % groups == 0 && col0 >= 0 && col0 + dst.cols() / groups <= group && dst.rows() == src.rows(),
+           "gather_cols: shape mismatch");
+  cuda::gather_cols(src.as<float>(), src.cols(), group, col0, dst.as<float>(), dst.cols(), src.rows(), as_stream(stream_));
+}
+
+void CudaBackend::moe_route(const Tensor& logits, int k, ExpertGating gating, bool norm, float scale, Tensor& ids, Tensor& weights) {
+  activate(device_);
+  check_own(logits, "moe_route");
+  check_own(ids, "moe_route");
+  check_own(weights, "moe_route");
+  PG_CHECK(ids.cols() == k && weights.cols() == k && ids.rows() == logits.rows() && weights.rows() == logits.rows(),
+           "moe_route: output shape mismatch");
+  cuda::moe_route(logits.as<float>(), static_cast<int>(logits.rows()), static_cast<int>(logits.cols()), k,
+                  gating == ExpertGating::Sigmoid, norm, scale, ids.as<int32_t>(), weights.as<float>(), as_stream(stream_));
+}
+
+void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_exps, const Tensor& up_exps,
+                          const Tensor& down_exps, Activation act, Tensor& out) {
+  activate(device_);
+  for (const Tensor* t : {&x, &ids, &weights, &gate_exps, &up_exps, &down_exps, static_cast<const Tensor*>(&out)}) check_own(*t, "moe_ffn");
+  const int64_t n = x.rows(), d = x.cols(), k = ids.cols(), ff = gate_exps.ne[1], n_exp = gate_exps.ne[2];
+  PG_CHECK(gate_exps.ne[0] == d && up_exps.ne[0] == d && up_exps.ne[1] == ff && down_exps.ne[0] == ff && down_exps.ne[1] == d &&
+               up_exps.ne[2] == n_exp && down_exps.ne[2] == n_exp,
+           "moe_ffn: expert tensor shapes do not match");
+  PG_CHECK(ids.rows() == n && weights.rows() == n && weights.cols() == k && out.cols() == d && out.rows() == n,
+           "moe_ffn: shape mismatch");
+  PG_CHECK(gate_exps.type == up_exps.type, "moe_ffn: gate and up experts must have the same type");
+  if (n == 0) return;
+  const int64_t E = n * k;  // routed (token, expert) entries
+  const size_t gate_bytes = gate_exps.row_bytes() * static_cast<size_t>(ff);
+  const size_t down_bytes = down_exps.row_bytes() * static_cast<size_t>(d);
+  const bool grouped_gemm = !opt_.exact_f32 && n > opt_.gemv_max_rows && cuda::gemm_supported(gate_exps.type) &&
+                            cuda::gemm_supported(down_exps.type);
+  const int max_tiles = grouped_gemm ? cuda::moe_max_tiles(static_cast<int>(E), static_cast<int>(n_exp)) : 0;
+  // Scratch: G, U (E, ff), T (E, d) floats; sorted rows/entries (E) and tiles (3·max_tiles) ints.
+  const size_t f_bytes = static_cast<size_t>(E) * static_cast<size_t>(2 * ff + d) * sizeof(float);
+  const size_t i_bytes = (static_cast<size_t>(2 * E) + 3 * static_cast<size_t>(max_tiles)) * sizeof(int32_t);
+  auto* base = static_cast<uint8_t*>(scratch(kSlotMoe, f_bytes + i_bytes));
+  float* G = reinterpret_cast<float*>(base);
+  float* U = G + E * ff;
+  float* T = U + E * ff;
+  auto* sorted_rows = reinterpret_cast<int32_t*>(base + f_bytes);
+  int32_t* sorted_entry = sorted_rows + E;
+  int32_t* tiles = sorted_entry + E;
+  const cudaStream_t st = as_stream(stream_);
+
+  auto mat = [&](const Tensor& w, const float* xp, int64_t K, int64_t M, float* yp, size_t expert_bytes) {
+    cuda::MatmulArgs a;
+    a.type = w.type;
+    a.w = w.data;
+    a.row_bytes = w.row_bytes();
+    a.K = K;
+    a.M = M;
+    a.x = xp;
+    a.x_stride = K;
+    a.y = yp;
+    a.y_stride = M;
+    a.n = static_cast<int>(E);
+    a.expert_bytes = expert_bytes;
+    return a;
+  };
+  if (!grouped_gemm) {
+    // Decode-sized batches: one GEMV per routed entry, reading that entry's expert.
+    cuda::MatmulArgs a = mat(gate_exps, x.as<float>(), d, ff, G, gate_bytes);
+    a.expert_ids = ids.as<int32_t>();
+    a.x_div = static_cast<int>(k);
+    cuda::gemv(a, st);
+    a.type = up_exps.type;
+    a.w = up_exps.data;
+    a.row_bytes = up_exps.row_bytes();
+    a.y = U;
+    cuda::gemv(a, st);
+    cuda::glu(G, U, G, E * ff, act == Activation::Silu ? 0 : 1, st);
+    cuda::MatmulArgs b = mat(down_exps, G, ff, d, T, down_bytes);
+    b.expert_ids = ids.as<int32_t>();
+    b.x_div = 1;
+    cuda::gemv(b, st);
+  } else {
+    // Prefill: entries grouped by expert, one grouped tensor-core GEMM per projection.
+    cuda::moe_sort(ids.as<int32_t>(), static_cast<int>(E), static_cast<int>(k), static_cast<int>(n_exp), sorted_rows, sorted_entry, tiles,
+                   max_tiles, nullptr, st);
+    void* gs = scratch(kSlotMoeGemm, cuda::gemm_scratch_bytes(E, std::max(d, ff)));
+    cuda::GemmGroups g{tiles, max_tiles, gate_bytes, nullptr};
+    cuda::MatmulArgs a = mat(gate_exps, x.as<float>(), d, ff, G, gate_bytes);
+    a.x_stride = d;
+    cuda::gemm(a, &g, sorted_rows, gs, st);
+    a.type = up_exps.type;
+    a.w = up_exps.data;
+    a.row_bytes = up_exps.row_bytes();
+    a.y = U;
+    cuda::gemm(a, &g, sorted_rows, gs, st);
+    cuda::glu(G, U, G, E * ff, act == Activation::Silu ? 0 : 1, st);
+    cuda::GemmGroups gd{tiles, max_tiles, down_bytes, sorted_entry};
+    cuda::MatmulArgs b = mat(down_exps, G, ff, d, T, down_bytes);
+    cuda::gemm(b, &gd, nullptr, gs, st);
+  }
+  cuda::moe_combine(T, ids.as<int32_t>(), weights.as<float>(), static_cast<int>(n), static_cast<int>(k), d, out.as<float>(), st);
+}
+
+}  // namespace pg

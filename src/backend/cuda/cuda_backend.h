@@ -1,0 +1,124 @@
+// The CUDA backend: every Backend op on one NVIDIA GPU, with device memory and one stream.
+//
+// This header is included by host code compiled with the project's C++ compiler, so it names no CUDA
+// type: the stream is kept as an opaque pointer. Kernels live in the .cu files beside it (see README.md).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+struct CUstream_st;
+struct CUevent_st;
+
+namespace pg {
+
+struct CudaOptions {
+  // Matmuls in FP32 on dequantized weights for every batch size (the GEMV kernels, looped over groups
+  // of rows), instead of FP16/BF16 tensor cores for batches above gemv_max_rows. A validation mode:
+  // results then differ from CpuBackend(exact_f32) only by summation order. Also set by the
+  // environment variable PEREGRINE_CUDA_EXACT=1 when the backend is created through the factory.
+  bool exact_f32 = false;
+  // Matmuls with at most this many activation rows use the GEMV kernels (1..8); larger ones the GEMM.
+  int gemv_max_rows = 8;
+};
+
+// Number of CUDA devices visible (0 when there is no driver or no device; never throws).
+int cuda_device_count();
+std::unique_ptr<Backend> create_cuda_backend(int index);
+std::unique_ptr<Backend> create_cuda_backend(int index, const CudaOptions& opt);
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const CudaOptions& opt);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override;
+  bool is_host() const override { return false; }
+  int device() const { return device_; }
+  const CudaOptions& options() const { return opt_; }
+  void set_options(const CudaOptions& opt) { opt_ = opt; }
+  CUstream_st* stream() const { return stream_; }
+
+  Tensor alloc(DType t, int64_t cols, int64_t rows = 1, int64_t ne2 = 1) override;
+  void free(Tensor& t) override;
+  Tensor load_weight(DType t, const int64_t ne[4], const void* host_data) override;
+  void upload(Tensor& dst, const void* src, size_t bytes, size_t dst_offset = 0) override;
+  void download(const Tensor& src, void* dst, size_t bytes, size_t src_offset = 0) override;
+  void synchronize() override;
+
+  void get_rows(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void matmul(const Tensor& w, const Tensor& x, Tensor& y) override;
+  void add_bias(Tensor& y, const Tensor& bias) override;
+  void rms_norm(const Tensor& x, const Tensor& w, Tensor& y, float eps) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& y) override;
+  void scale(Tensor& x, float s) override;
+  void glu(const Tensor& gate, const Tensor& up, Tensor& y, Activation act) override;
+  void rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, int n_rot, float base, RopeStyle style) override;
+  void kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const AttentionBatch& batch) override;
+  void attention(const Tensor& q, const KvLayer& kv, const AttentionBatch& batch, const AttentionParams& p,
+                 Tensor& out) override;
+  void mul_sigmoid(Tensor& x, const Tensor& gate) override;
+  void softcap(Tensor& x, float cap) override;
+  void gather_cols(const Tensor& src, int group, int col0, Tensor& dst) override;
+  void moe_route(const Tensor& logits, int k, ExpertGating gating, bool norm, float scale, Tensor& ids,
+                 Tensor& weights) override;
+  void moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_exps, const Tensor& up_exps,
+               const Tensor& down_exps, Activation act, Tensor& out) override;
+
+  // ---- CUDA graphs (decode steps) ----
+  // Ops issued between begin_capture() and end_capture() are recorded, not run; end_capture() returns the
+  // id of an executable graph that replay() launches on the stream (asynchronously, like any op).
+  // Inside a capture, alloc/free/upload/download/synchronize throw, and so does an op whose scratch
+  // buffer would have to grow: run the same step once uncaptured first. Replays read the tensors' current
+  // contents, so per-step inputs (token ids, positions, cells, block table) are uploaded before replay().
+  void begin_capture();
+  int end_capture();
+  void replay(int graph);
+  void drop_graphs();
+  bool capturing() const { return capturing_; }
+  // Attention grids sized for this many cached positions (rounded up to a power of two) instead of each
+  // step's AttentionBatch::max_kv_len, so that one captured graph serves every step up to that length.
+  // 0 (default) = size per call.
+  void set_attention_kv_capacity(int n) { attn_kv_capacity_ = n; }
+
+  // True when matmul supports weights of type t on this backend.
+  static bool supports_weight_type(DType t);
+  // Device properties, for benchmarks and roofline accounting.
+  std::string device_name() const;
+  int multiprocessor_count() const { return n_sm_; }
+  size_t total_memory() const;
+
+ private:
+  // A device buffer reused across calls; grows (stream-synchronised) only when a bigger shape appears.
+  struct Scratch {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  void* scratch(int slot, size_t bytes);
+  void matmul_rows(const Tensor& w, const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride);
+  void check_own(const Tensor& t, const char* op) const;
+  void check_not_capturing(const char* what) const;
+
+  int device_ = 0;
+  CudaOptions opt_;
+  int n_sm_ = 0;
+  CUstream_st* stream_ = nullptr;
+  std::vector<Scratch> scratch_;
+  // Pinned staging ring for small host→device uploads: upload() copies the caller's bytes here and
+  // returns at once (the caller may reuse its buffer), the copy to the device runs on the stream.
+  uint8_t* stage_ = nullptr;
+  size_t stage_bytes_ = 0, stage_head_ = 0;
+  std::vector<CUevent_st*> stage_events_;  // one per segment of the ring: last copy out of it
+  int stage_segment_ = 0;
+  bool capturing_ = false;
+  int attn_kv_capacity_ = 0;
+  std::vector<void*> graphs_;  // cudaGraphExec_t
+};
+
+}  // namespace pg

@@ -1,0 +1,303 @@
+// Row and element-wise ops: get_rows, RMSNorm, RoPE, GLU, residual adds, bias, scale, softcap,
+// sigmoid gating, column gathers and the KV-cache store. Each follows CpuBackend's arithmetic
+// (same association order, accurate exp/tanh/sin/cos, sums of squares in double) so results agree
+// with the CPU to a few ulps.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace pg::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+inline unsigned grid_for(int64_t n, int threads = kThreads) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, 65535 * 8)));
+}
+
+// ---- get_rows -----------------------------------------------------------------------------------------
+
+template <class Q>
+__global__ void get_rows_quant_kernel(const uint8_t* table, size_t row_bytes, int64_t n_rows, int64_t d, const int32_t* ids,
+                                      float* out, int64_t out_stride) {
+  const int i = static_cast<int>(blockIdx.y);
+  const int32_t id = ids[i];
+  float* o = out + static_cast<int64_t>(i) * out_stride;
+  const int64_t runs = d / 16;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < runs; j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v[16];
+    if (id >= 0 && id < n_rows) {
+      constexpr int kRunsPerBlock = Q::kElems / 16;
+      Q::run(table + static_cast<size_t>(id) * row_bytes + static_cast<size_t>(j / kRunsPerBlock) * Q::kBytes,
+             static_cast<int>(j % kRunsPerBlock), v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) v[k] = __int_as_float(0x7fc00000);  // NaN marks an invalid id
+    }
+#pragma unroll
+    for (int k = 0; k < 16; ++k) o[16 * j + k] = v[k];
+  }
+}
+
+// Plain tables (F32/F16/BF16) of any width.
+template <int T>  // 0 f32, 1 f16, 2 bf16
+__global__ void get_rows_plain_kernel(const uint8_t* table, size_t row_bytes, int64_t n_rows, int64_t d, const int32_t* ids,
+                                      float* out, int64_t out_stride) {
+  const int i = static_cast<int>(blockIdx.y);
+  const int32_t id = ids[i];
+  float* o = out + static_cast<int64_t>(i) * out_stride;
+  const uint8_t* row = table + static_cast<size_t>(id) * row_bytes;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < d; j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v;
+    if (id < 0 || id >= n_rows)
+      v = __int_as_float(0x7fc00000);
+    else if (T == 0)
+      v = reinterpret_cast<const float*>(row)[j];
+    else if (T == 1)
+      v = h2f(reinterpret_cast<const uint16_t*>(row)[j]);
+    else
+      v = bf2f(reinterpret_cast<const uint16_t*>(row)[j]);
+    o[j] = v;
+  }
+}
+
+// ---- norms --------------------------------------------------------------------------------------------
+
+template <typename T>
+__device__ T block_sum(T v, T* sh) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  if (nw == 1) return v;
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  T s = 0;
+  for (int k = 0; k < nw; ++k) s += sh[k];  // same order in every thread
+  return s;
+}
+
+__global__ void rms_norm_kernel(const float* x, const void* w, int w_f16, float* y, int64_t d, float eps) {
+  __shared__ double sh[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  float* yr = y + row * d;
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = xr[i];
+    s += static_cast<double>(__fmul_rn(v, v));
+  }
+  s = block_sum(s, sh);
+  const float mean = static_cast<float>(s / static_cast<double>(d));
+  const float sc = 1.0f / sqrtf(mean + eps);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = __fmul_rn(xr[i], sc);
+    float wv = 1.0f;
+    if (w) wv = w_f16 ? h2f(static_cast<const uint16_t*>(w)[i]) : static_cast<const float*>(w)[i];
+    yr[i] = w ? __fmul_rn(v, wv) : v;
+  }
+}
+
+// ---- element-wise -----------------------------------------------------------------------------------
+
+#define PG_GRID_STRIDE(i, n) \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+__global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {
+  PG_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  PG_GRID_STRIDE(i, n) x[i] = __fmul_rn(x[i], s);
+}
+__global__ void add_bias_kernel(float* y, const void* bias, int bias_f16, int64_t rows, int64_t d) {
+  PG_GRID_STRIDE(i, rows * d) {
+    const int64_t c = i % d;
+    y[i] += bias_f16 ? h2f(static_cast<const uint16_t*>(bias)[c]) : static_cast<const float*>(bias)[c];
+  }
+}
+
+__device__ __forceinline__ float round_fp16(float x) { return __half2float(__float2half_rn(x)); }
+
+// GELU (tanh form) as ggml-cpu computes it (see CpuBackend::gelu_ggml): through FP16 in and out.
+__device__ __forceinline__ float gelu_ggml(float x) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  const float h = round_fp16(x);
+  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+  constexpr float kCoef = 0.044715f;
+  const float g = 0.5f * h * (1.0f + tanhf(kSqrt2OverPi * h * (1.0f + kCoef * h * h)));
+  return round_fp16(g);
+}
+
+__global__ void glu_kernel(const float* gate, const float* up, float* y, int64_t n, int act) {
+  PG_GRID_STRIDE(i, n) {
+    const float g = gate[i];
+    const float a = act == 0 ? __fdiv_rn(g, 1.0f + expf(-g)) : gelu_ggml(g);
+    y[i] = __fmul_rn(a, up[i]);
+  }
+}
+
+__global__ void mul_sigmoid_kernel(float* x, const float* gate, int64_t n) {
+  PG_GRID_STRIDE(i, n) x[i] = __fmul_rn(x[i], __fdiv_rn(1.0f, 1.0f + expf(-gate[i])));
+}
+
+__global__ void softcap_kernel(float* x, float cap, int64_t n) {
+  PG_GRID_STRIDE(i, n) x[i] = __fmul_rn(cap, tanhf(__fdiv_rn(x[i], cap)));
+}
+
+__global__ void gather_cols_kernel(const float* src, int64_t src_cols, int group, int col0, float* dst, int64_t dst_cols,
+                                   int64_t rows, int64_t w) {
+  PG_GRID_STRIDE(i, rows * dst_cols) {
+    const int64_t r = i / dst_cols, c = i % dst_cols, g = c / w, k = c % w;
+    dst[i] = src[r * src_cols + g * group + col0 + k];
+  }
+}
+
+// ---- RoPE ---------------------------------------------------------------------------------------------
+
+// blockIdx.x = row; threadIdx.x = rotation pair i (< n_rot/2), threadIdx.y strides over heads.
+__global__ void rope_kernel(float* x, int64_t x_stride, const int32_t* pos, int n_heads, int head_dim, int n_rot,
+                            float theta_scale, int neox) {
+  const int r = static_cast<int>(blockIdx.x);
+  const int half = n_rot / 2;
+  for (int i = static_cast<int>(threadIdx.x); i < half; i += blockDim.x) {
+    // The running product θ_i = pos·scale^i, multiplied in the same order as ggml and the CPU backend.
+    float theta = static_cast<float>(pos[r]);
+    for (int k = 0; k < i; ++k) theta = __fmul_rn(theta, theta_scale);
+    const float c = cosf(theta), s = sinf(theta);
+    const int i0 = neox ? i : 2 * i;
+    const int i1 = neox ? i + half : 2 * i + 1;
+    for (int h = static_cast<int>(threadIdx.y); h < n_heads; h += blockDim.y) {
+      float* v = x + static_cast<int64_t>(r) * x_stride + static_cast<int64_t>(h) * head_dim;
+      const float a = v[i0], b = v[i1];
+      v[i0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+      v[i1] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    }
+  }
+}
+
+// ---- KV store -----------------------------------------------------------------------------------------
+
+template <bool F16>
+__global__ void kv_store_kernel(void* kc, void* vc, const float* k, const float* v, int64_t kw, int64_t vw, const int32_t* cells) {
+  const int r = static_cast<int>(blockIdx.x);
+  const int64_t cell = cells[r];
+  for (int64_t i = threadIdx.x; i < kw + vw; i += blockDim.x) {
+    const bool is_v = i >= kw;
+    const int64_t j = is_v ? i - kw : i;
+    const int64_t w = is_v ? vw : kw;
+    const float val = (is_v ? v : k)[static_cast<int64_t>(r) * w + j];
+    void* dst = is_v ? vc : kc;
+    if (F16)
+      static_cast<__half*>(dst)[cell * w + j] = __float2half_rn(val);
+    else
+      static_cast<float*>(dst)[cell * w + j] = val;
+  }
+}
+
+}  // namespace
+
+void get_rows(DType type, const void* table, size_t row_bytes, int64_t n_rows, int64_t d, const int32_t* ids, int n, float* out,
+              int64_t out_stride, cudaStream_t stream) {
+  if (n <= 0) return;
+  const auto* t = static_cast<const uint8_t*>(table);
+  for (int i0 = 0; i0 < n; i0 += 65535) {
+    const int cnt = std::min(65535, n - i0);
+    float* o = out + static_cast<int64_t>(i0) * out_stride;
+    const int32_t* id = ids + i0;
+    if (type == DType::F32 || type == DType::F16 || type == DType::BF16) {
+      const dim3 grid(static_cast<unsigned>(std::min<int64_t>((d + kThreads - 1) / kThreads, 64)), static_cast<unsigned>(cnt));
+      if (type == DType::F32)
+        get_rows_plain_kernel<0><<<grid, kThreads, 0, stream>>>(t, row_bytes, n_rows, d, id, o, out_stride);
+      else if (type == DType::F16)
+        get_rows_plain_kernel<1><<<grid, kThreads, 0, stream>>>(t, row_bytes, n_rows, d, id, o, out_stride);
+      else
+        get_rows_plain_kernel<2><<<grid, kThreads, 0, stream>>>(t, row_bytes, n_rows, d, id, o, out_stride);
+    } else {
+      const bool ok = dispatch_type(type, [&]<class Q>() {
+        PG_CHECK(d % Q::kElems == 0, "get_rows: row width is not a multiple of the block size");
+        const dim3 grid(static_cast<unsigned>(std::min<int64_t>((d / 16 + 127) / 128, 64)), static_cast<unsigned>(cnt));
+        get_rows_quant_kernel<Q><<<grid, 128, 0, stream>>>(t, row_bytes, n_rows, d, id, o, out_stride);
+      });
+      PG_CHECK(ok, "CUDA get_rows: type " + std::string(dtype_name(type)) + " is not supported");
+    }
+    check_launch("get_rows");
+  }
+}
+
+void rms_norm(const float* x, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps, cudaStream_t stream) {
+  if (rows <= 0) return;
+  const int threads = d >= 2048 ? 512 : d >= 512 ? 128 : 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) {
+    const int64_t cnt = std::min<int64_t>(0x7fffffff, rows - r0);
+    rms_norm_kernel<<<static_cast<unsigned>(cnt), threads, 0, stream>>>(x + r0 * d, w, w_f16 ? 1 : 0, y + r0 * d, d, eps);
+    check_launch("rms_norm");
+  }
+}
+
+void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  add_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, b, y, n);
+  check_launch("add");
+}
+
+void scale(float* x, float s, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, s, n);
+  check_launch("scale");
+}
+
+void add_bias(float* y, const void* bias, bool bias_f16, int64_t rows, int64_t d, cudaStream_t stream) {
+  if (rows * d <= 0) return;
+  add_bias_kernel<<<grid_for(rows * d), kThreads, 0, stream>>>(y, bias, bias_f16 ? 1 : 0, rows, d);
+  check_launch("add_bias");
+}
+
+void glu(const float* gate, const float* up, float* y, int64_t n, int act, cudaStream_t stream) {
+  if (n <= 0) return;
+  glu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, y, n, act);
+  check_launch("glu");
+}
+
+void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  mul_sigmoid_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, gate, n);
+  check_launch("mul_sigmoid");
+}
+
+void softcap(float* x, float cap, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  softcap_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, cap, n);
+  check_launch("softcap");
+}
+
+void gather_cols(const float* src, int64_t src_cols, int group, int col0, float* dst, int64_t dst_cols, int64_t rows,
+                 cudaStream_t stream) {
+  if (rows * dst_cols <= 0) return;
+  const int64_t groups = src_cols / group;
+  const int64_t w = dst_cols / groups;
+  gather_cols_kernel<<<grid_for(rows * dst_cols), kThreads, 0, stream>>>(src, src_cols, group, col0, dst, dst_cols, rows, w);
+  check_launch("gather_cols");
+}
+
+void rope(float* x, int64_t x_stride, const int32_t* pos, int n, int n_heads, int head_dim, int n_rot, float theta_scale, bool neox,
+          cudaStream_t stream) {
+  if (n <= 0 || n_rot < 2) return;
+  const int pairs = std::min(n_rot / 2, 256);
+  const dim3 block(static_cast<unsigned>(pairs), static_cast<unsigned>(std::max(1, std::min(n_heads, 256 / pairs))));
+  rope_kernel<<<static_cast<unsigned>(n), block, 0, stream>>>(x, x_stride, pos, n_heads, head_dim, n_rot, theta_scale, neox ? 1 : 0);
+  check_launch("rope");
+}
+
+void kv_store(void* k_cache, void* v_cache, bool kv_f16, const float* k, const float* v, int64_t k_width, int64_t v_width,
+              const int32_t* cells, int n, cudaStream_t stream) {
+  if (n <= 0) return;
+  if (kv_f16)
+    kv_store_kernel<true><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(k_cache, v_cache, k, v, k_width, v_width, cells);
+  else
+    kv_store_kernel<false><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(k_cache, v_cache, k, v, k_width, v_width, cells);
+  check_launch("kv_store");
+}
+
+}  // namespace pg::cuda

@@ -1,0 +1,122 @@
+// Launchers of the CUDA kernels (defined in the .cu files of this folder), called by cuda_backend.cpp.
+// Plain C++ types only, so the host side compiles with the project's C++ compiler and warnings.
+// Every launcher is asynchronous on `stream` and checks the launch (not the kernel's completion).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace pg::cuda {
+
+// Throws pg::Error naming `what` when err is not cudaSuccess.
+void check(cudaError_t err, const char* what);
+// Checks cudaGetLastError() after a launch.
+void check_launch(const char* kernel);
+
+// ---- matrix products ------------------------------------------------------------------------------
+
+// y (n, M) = x (n, K) · Wᵀ with W (M, K) of type `type`, stored as GGUF blocks, row_bytes apart.
+struct MatmulArgs {
+  DType type = DType::F32;
+  const void* w = nullptr;
+  size_t row_bytes = 0;
+  int64_t K = 0, M = 0;
+  const float* x = nullptr;
+  int64_t x_stride = 0;  // floats between activation rows
+  float* y = nullptr;
+  int64_t y_stride = 0;  // floats between output rows
+  int n = 0;             // activation rows
+  // Grouped (mixture of experts): when expert_ids is set, output row g (0..n-1) uses the weight
+  // w + expert_ids[g]·expert_bytes and activation row g / x_div.
+  const int32_t* expert_ids = nullptr;
+  size_t expert_bytes = 0;
+  int x_div = 1;
+};
+
+bool gemv_supported(DType t);
+// FP32 on dequantized weights, any n (rows are processed in groups of up to 8).
+void gemv(const MatmulArgs& a, cudaStream_t stream);
+
+bool gemm_supported(DType t);  // tensor-core path: every GEMV type except F32
+// Grouped GEMM (mixture of experts): tiles[3·i .. 3·i+2] = (expert, first row, rows) in the sorted
+// activation order; rows == 0 marks an unused tile. y_rows (optional) scatters output row i to y_rows[i].
+struct GemmGroups {
+  const int32_t* tiles = nullptr;
+  int max_tiles = 0;
+  size_t expert_bytes = 0;
+  const int32_t* y_rows = nullptr;
+};
+// Rows of the tensor-core tile along the activation dimension; the MoE bookkeeping needs it.
+constexpr int kGemmTileN = 128;
+// Scratch the GEMM needs for n activation rows of width K (the activations converted to 16 bits).
+size_t gemm_scratch_bytes(int64_t n, int64_t K);
+// y = x·Wᵀ on tensor cores (FP16, or BF16 for BF16 weights), FP32 accumulation. `scratch` holds
+// gemm_scratch_bytes(n, K). x_rows (optional) gathers activation row i from x row x_rows[i].
+void gemm(const MatmulArgs& a, const GemmGroups* groups, const int32_t* x_rows, void* scratch, cudaStream_t stream);
+
+// ---- row operations -----------------------------------------------------------------------------------
+// out (n, d) = dequantized rows ids[i] of table (rows of row_bytes). Out-of-range ids give NaN rows.
+void get_rows(DType type, const void* table, size_t row_bytes, int64_t n_rows, int64_t d, const int32_t* ids, int n,
+              float* out, int64_t out_stride, cudaStream_t stream);
+// y = x / sqrt(mean(x²)+eps) · w; w may be null; w_f16 says its type. y may alias x.
+void rms_norm(const float* x, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps, cudaStream_t stream);
+void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
+void scale(float* x, float s, int64_t n, cudaStream_t stream);
+void add_bias(float* y, const void* bias, bool bias_f16, int64_t rows, int64_t d, cudaStream_t stream);
+// act: 0 = SiLU, 1 = GELU (tanh form, through FP16 as ggml-cpu does).
+void glu(const float* gate, const float* up, float* y, int64_t n, int act, cudaStream_t stream);
+void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream);
+void softcap(float* x, float cap, int64_t n, cudaStream_t stream);
+void gather_cols(const float* src, int64_t src_cols, int group, int col0, float* dst, int64_t dst_cols, int64_t rows,
+                 cudaStream_t stream);
+// theta_scale = base^(−2/n_rot), computed by the caller exactly as the CPU backend does.
+void rope(float* x, int64_t x_stride, const int32_t* pos, int n, int n_heads, int head_dim, int n_rot, float theta_scale,
+          bool neox, cudaStream_t stream);
+
+// ---- KV cache and attention -------------------------------------------------------------------------
+// Writes rows of k and v (n, width) into cache cells cells[r]; kv_f16: cache element type.
+void kv_store(void* k_cache, void* v_cache, bool kv_f16, const float* k, const float* v, int64_t k_width, int64_t v_width,
+              const int32_t* cells, int n, cudaStream_t stream);
+
+struct AttentionArgs {
+  const float* q = nullptr;  // (n, n_head·head_dim)
+  int64_t q_stride = 0;
+  const void* k = nullptr;  // cache (cells, n_head_kv·head_dim)
+  const void* v = nullptr;
+  bool kv_f16 = true;
+  const int32_t* positions = nullptr;  // (n)
+  const int32_t* seq = nullptr;        // (n)
+  const int32_t* block_table = nullptr;
+  int block_size = 0, max_blocks = 0;
+  int n = 0, max_kv_len = 0;
+  int n_head = 0, n_head_kv = 0, head_dim = 0;
+  float scale = 1.0f;
+  int sliding_window = 0;
+  float softcap = 0.0f;
+  float* out = nullptr;  // (n, n_head·head_dim)
+  int64_t out_stride = 0;
+  int kv_capacity = 0;  // > 0: size the grid for this many positions (graph capture), not max_kv_len
+};
+// Scratch for split-K partial results at this shape (0 when no split is needed).
+size_t attention_scratch_bytes(const AttentionArgs& a, int n_sm);
+void attention(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream);
+
+// ---- mixture of experts ---------------------------------------------------------------------------------
+// Top-k routing of logits (n, n_expert): ids (n, k) I32 and weights (n, k), as CpuBackend::moe_route.
+void moe_route(const float* logits, int n, int n_expert, int k, bool sigmoid, bool norm, float scale, int32_t* ids,
+               float* weights, cudaStream_t stream);
+// Groups the n·k routed entries by expert for the grouped GEMM. Writes sorted_rows[i] = the token row of
+// the i-th entry in expert order, sorted_entry[i] = its entry id (r·k + j), and `tiles`
+// (3·max_tiles ints, see GemmGroups). scratch: moe_sort_scratch_bytes(n_expert).
+int moe_max_tiles(int n_entries, int n_expert);
+size_t moe_sort_scratch_bytes(int n_expert);
+void moe_sort(const int32_t* ids, int n_entries, int k, int n_expert, int32_t* sorted_rows, int32_t* sorted_entry,
+              int32_t* tiles, int max_tiles, void* scratch, cudaStream_t stream);
+// out (n, d) = Σ_j weights[r][j] · t[r·k + j] (summed in ascending expert id order, as the CPU does).
+void moe_combine(const float* t, const int32_t* ids, const float* weights, int n, int k, int64_t d, float* out,
+                 cudaStream_t stream);
+
+}  // namespace pg::cuda

@@ -1,0 +1,58 @@
+// Host stand-ins for the CUDA intrinsics that backend/cuda/common.cuh's decoders use, so that the
+// decoders compile with the host compiler and can be checked against core/quant_ref.cpp without a GPU
+// (tests/cuda/test_cuda_decoders.cpp). Each has the device intrinsic's exact semantics for the inputs
+// the decoders pass (IEEE round-to-nearest products and sums, byte permutes, fp16 conversion).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "core/fp16.h"
+
+#define __device__
+#define __forceinline__ inline
+
+// Vector types with CUDA's alignment (the decoders load through them).
+struct alignas(16) uint4 {
+  uint32_t x, y, z, w;
+};
+struct alignas(8) uint2 {
+  uint32_t x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+
+struct pg_host_half {
+  uint16_t bits;
+};
+inline pg_host_half __ushort_as_half(unsigned short b) { return {b}; }
+inline float __half2float(pg_host_half h) { return pg::fp16_to_f32(h.bits); }
+inline float __uint_as_float(uint32_t u) { return pg::bits_to_f32(u); }
+inline float __int_as_float(int32_t u) { return pg::bits_to_f32(static_cast<uint32_t>(u)); }
+
+// volatile keeps the host compiler from contracting a product and a sum into one FMA.
+inline float __fmul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
+inline float __fsub_rn(float a, float b) {
+  volatile float r = a - b;
+  return r;
+}
+
+// Byte k of the 8-byte value {y:x} for each selector nibble (mode bits ignored: the decoders use none).
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
+
+// Warp shuffles have no host meaning; declared so the header parses (never called on the host).
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int);

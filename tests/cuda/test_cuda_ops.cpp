@@ -1,0 +1,576 @@
+// Every CUDA op against the CPU reference backend in exact-F32 mode, on random inputs of several shapes
+// (odd sizes included). Bounds, as relative norm error ‖cuda − cpu‖/‖cpu‖ unless stated:
+//  - FP32 paths (GEMV, exact mode, norms, attention, RoPE, element-wise): ≤ 2e-5 — both sides compute in
+//    FP32 on bit-identical dequantized weights; only the summation order differs.
+//  - tensor-core GEMM (n > 8, fast mode): ≤ 2e-3 (activations and dequantized weights rounded to FP16,
+//    relative 2⁻¹¹ each), BF16 weights ≤ 6e-3 (activations rounded to BF16, 2⁻⁸).
+//  - get_rows: bit-identical (the decoders reproduce dequantize_row exactly).
+//  - GELU: ≤ 1e-3 (its FP16 output rounding can flip where tanhf differs by an ulp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/quant.h"
+#include "cuda_test_util.h"
+
+namespace pg {
+namespace {
+
+using test::compare;
+using test::ErrStats;
+using test::fetch;
+using test::make_tensor;
+using test::randn;
+
+const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,   DType::Q4_1,   DType::Q5_0, DType::Q5_1, DType::Q8_0,
+                              DType::IQ4_NL, DType::IQ4_XS, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+// Row-quantized random weights (M, K) of type t.
+std::vector<uint8_t> make_weights(DType t, int64_t K, int64_t M, uint32_t seed) {
+  const auto f = randn(static_cast<size_t>(K * M), seed, 0.1f);
+  const size_t rb = row_bytes(t, K);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(M));
+  for (int64_t r = 0; r < M; ++r) quantize_row(t, f.data() + r * K, w.data() + static_cast<size_t>(r) * rb, K);
+  return w;
+}
+
+Tensor make_weight(Backend& be, DType t, int64_t K, int64_t M, int64_t n_exp, const std::vector<uint8_t>& bytes) {
+  const int64_t ne[4] = {K, M, n_exp, 1};
+  return be.load_weight(t, ne, bytes.data());
+}
+
+TEST(CudaOps, MatmulEveryWeightType) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  const int ns[] = {1, 2, 3, 4, 5, 8, 9, 40, 130};
+  int checked = 0;
+  for (DType t : kWeightTypes) {
+    const bool kquant = traits(t).block_size == 256;
+    // K: 16-byte-aligned rows and odd layouts (96 elements of a 32-block type: 3 blocks per row, so the
+    // 2-byte copy path); M: odd counts that leave partial row groups and tiles.
+    std::vector<std::pair<int64_t, int64_t>> shapes =
+        kquant ? std::vector<std::pair<int64_t, int64_t>>{{256, 67}, {1280, 300}, {512, 1}}
+               : std::vector<std::pair<int64_t, int64_t>>{{96, 67}, {512, 300}, {1024, 5}};
+    for (auto [K, M] : shapes) {
+      const auto wb = make_weights(t, K, M, 7u + static_cast<uint32_t>(K + M));
+      Tensor wc = make_weight(*cpu, t, K, M, 1, wb);
+      Tensor wg = make_weight(*gpu, t, K, M, 1, wb);
+      for (int n : ns) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " K=" + std::to_string(K) + " M=" + std::to_string(M) + " n=" + std::to_string(n));
+        const auto x = randn(static_cast<size_t>(n * K), static_cast<uint32_t>(n * 31 + K));
+        Tensor xc = make_tensor(*cpu, DType::F32, K, n, x.data());
+        Tensor xg = make_tensor(*gpu, DType::F32, K, n, x.data());
+        Tensor yc = cpu->alloc(DType::F32, M, n);
+        cpu->matmul(wc, xc, yc);
+        const auto ref = fetch(*cpu, yc);
+        const std::vector<float> poison(static_cast<size_t>(n * M), std::nanf(""));
+        for (bool exact : {true, false}) {
+          CudaOptions o;
+          o.exact_f32 = exact;
+          gpu->set_options(o);
+          Tensor yg = make_tensor(*gpu, DType::F32, M, n, poison.data());
+          gpu->matmul(wg, xg, yg);
+          const ErrStats e = compare(fetch(*gpu, yg), ref);
+          const bool tc = !exact && n > 8 && t != DType::F32;
+          const double bound = !tc ? 2e-5 : t == DType::BF16 ? 6e-3 : 2e-3;
+          EXPECT_EQ(e.bad, 0u) << (exact ? "exact" : "fast") << ": unwritten or non-finite outputs";
+          EXPECT_LE(e.rel, bound) << (exact ? "exact" : "fast") << " max_abs " << e.max_abs;
+          gpu->free(yg);
+          ++checked;
+        }
+        cpu->free(xc);
+        cpu->free(yc);
+        gpu->free(xg);
+      }
+      gpu->free(wg);
+    }
+  }
+  EXPECT_GT(checked, 500);
+}
+
+TEST(CudaOps, GetRowsEveryTypeBitExact) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  const std::vector<int32_t> ids = {0, 49, 7, 7, 23, 1};
+  for (DType t : kWeightTypes) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const int64_t d = traits(t).block_size == 256 ? 512 : (t == DType::F32 || t == DType::F16 || t == DType::BF16) ? 100 : 96;
+    const auto wb = make_weights(t, d, 50, 99);
+    Tensor tc = make_weight(*cpu, t, d, 50, 1, wb), tg = make_weight(*gpu, t, d, 50, 1, wb);
+    const int n = static_cast<int>(ids.size());
+    Tensor ic = make_tensor(*cpu, DType::I32, n, 1, ids.data()), ig = make_tensor(*gpu, DType::I32, n, 1, ids.data());
+    Tensor oc = cpu->alloc(DType::F32, d, n), og = gpu->alloc(DType::F32, d, n);
+    cpu->get_rows(tc, ic, oc);
+    gpu->get_rows(tg, ig, og);
+    const auto a = fetch(*gpu, og), b = fetch(*cpu, oc);
+    ASSERT_EQ(a.size(), b.size());
+    size_t diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], 4) != 0;
+    EXPECT_EQ(diff, 0u) << "elements differing from dequantize_row";
+    gpu->free(tg);
+  }
+}
+
+TEST(CudaOps, GetRowsOutOfRangeIdGivesNaN) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  const auto wb = make_weights(DType::Q8_0, 64, 4, 5);
+  Tensor tg = make_weight(*gpu, DType::Q8_0, 64, 4, 1, wb);
+  const std::vector<int32_t> ids = {1, 4, -1};
+  Tensor ig = make_tensor(*gpu, DType::I32, 3, 1, ids.data());
+  Tensor og = gpu->alloc(DType::F32, 64, 3);
+  gpu->get_rows(tg, ig, og);
+  const auto v = fetch(*gpu, og);
+  EXPECT_TRUE(std::isfinite(v[0]));
+  EXPECT_TRUE(std::isnan(v[64]) && std::isnan(v[128]));
+}
+
+TEST(CudaOps, RmsNorm) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 4096}, {7, 100}, {33, 64}, {4, 5000}, {130, 128}};
+  for (auto [rows, d] : shapes) {
+    for (int wmode = 0; wmode < 3; ++wmode) {  // F32 weight, F16 weight, none
+      for (bool inplace : {false, true}) {
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " d=" + std::to_string(d) + " w=" + std::to_string(wmode) + " inplace=" + std::to_string(inplace));
+        const auto x = randn(static_cast<size_t>(rows * d), static_cast<uint32_t>(rows + d), 3.0f);
+        auto wf = randn(static_cast<size_t>(d), 11u);
+        std::vector<uint16_t> wh(wf.size());
+        for (size_t i = 0; i < wf.size(); ++i) quantize_row(DType::F16, &wf[i], &wh[i], 1);
+        Tensor xc = make_tensor(*cpu, DType::F32, d, rows, x.data()), xg = make_tensor(*gpu, DType::F32, d, rows, x.data());
+        Tensor wc, wg;
+        if (wmode == 0) wc = make_tensor(*cpu, DType::F32, d, 1, wf.data()), wg = make_tensor(*gpu, DType::F32, d, 1, wf.data());
+        if (wmode == 1) wc = make_tensor(*cpu, DType::F16, d, 1, wh.data()), wg = make_tensor(*gpu, DType::F16, d, 1, wh.data());
+        Tensor yc = inplace ? xc : cpu->alloc(DType::F32, d, rows), yg = inplace ? xg : gpu->alloc(DType::F32, d, rows);
+        cpu->rms_norm(xc, wc, yc, 1e-6f);
+        gpu->rms_norm(xg, wg, yg, 1e-6f);
+        const ErrStats e = compare(fetch(*gpu, yg), fetch(*cpu, yc));
+        EXPECT_EQ(e.bad, 0u);
+        EXPECT_LE(e.rel, 2e-6);
+      }
+    }
+  }
+}
+
+TEST(CudaOps, ElementWise) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  for (int64_t n : {1, 37, 4096, 100003}) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    const auto a = randn(static_cast<size_t>(n), 1, 4.0f), b = randn(static_cast<size_t>(n), 2, 4.0f);
+    auto twin = [&](const std::vector<float>& v) {
+      return std::make_pair(make_tensor(*cpu, DType::F32, n, 1, v.data()), make_tensor(*gpu, DType::F32, n, 1, v.data()));
+    };
+    auto check = [&](const char* what, const Tensor& c, const Tensor& g, double bound) {
+      const ErrStats e = compare(fetch(*gpu, g), fetch(*cpu, c));
+      EXPECT_EQ(e.bad, 0u) << what;
+      EXPECT_LE(e.rel, bound) << what << " max_abs " << e.max_abs;
+    };
+    {
+      auto [ac, ag] = twin(a);
+      auto [bc, bg] = twin(b);
+      cpu->add(ac, bc, ac);  // aliasing y = a
+      gpu->add(ag, bg, ag);
+      check("add", ac, ag, 0);
+      cpu->scale(ac, 0.37f);
+      gpu->scale(ag, 0.37f);
+      check("scale", ac, ag, 0);
+      cpu->mul_sigmoid(ac, bc);
+      gpu->mul_sigmoid(ag, bg);
+      check("mul_sigmoid", ac, ag, 2e-6);
+      cpu->softcap(ac, 1.5f);
+      gpu->softcap(ag, 1.5f);
+      check("softcap", ac, ag, 2e-6);
+    }
+    for (Activation act : {Activation::Silu, Activation::GeluTanh}) {
+      auto [gc, gg] = twin(a);
+      auto [uc, ug] = twin(b);
+      Tensor yc = cpu->alloc(DType::F32, n, 1), yg = gpu->alloc(DType::F32, n, 1);
+      cpu->glu(gc, uc, yc, act);
+      gpu->glu(gg, ug, yg, act);
+      check(act == Activation::Silu ? "glu silu" : "glu gelu", yc, yg, act == Activation::Silu ? 2e-6 : 1e-3);
+    }
+  }
+  // add_bias (F32 and F16 bias) and gather_cols on 2-D shapes.
+  const int64_t rows = 9, d = 48;
+  const auto y = randn(static_cast<size_t>(rows * d), 3), bias = randn(static_cast<size_t>(d), 4);
+  std::vector<uint16_t> bh(bias.size());
+  quantize_row(DType::F16, bias.data(), bh.data(), d);
+  for (bool f16 : {false, true}) {
+    Tensor yc = make_tensor(*cpu, DType::F32, d, rows, y.data()), yg = make_tensor(*gpu, DType::F32, d, rows, y.data());
+    Tensor bc = f16 ? make_tensor(*cpu, DType::F16, d, 1, bh.data()) : make_tensor(*cpu, DType::F32, d, 1, bias.data());
+    Tensor bg = f16 ? make_tensor(*gpu, DType::F16, d, 1, bh.data()) : make_tensor(*gpu, DType::F32, d, 1, bias.data());
+    cpu->add_bias(yc, bc);
+    gpu->add_bias(yg, bg);
+    EXPECT_EQ(compare(fetch(*gpu, yg), fetch(*cpu, yc)).rel, 0.0) << "add_bias f16=" << f16;
+  }
+  for (int col0 : {0, 16}) {  // (rows, 3 groups of 32) → (rows, 3 × 16)
+    Tensor sc = make_tensor(*cpu, DType::F32, 96, rows, y.data()), sg = make_tensor(*gpu, DType::F32, 96, rows, y.data());
+    Tensor dc = cpu->alloc(DType::F32, 48, rows), dg = gpu->alloc(DType::F32, 48, rows);
+    cpu->gather_cols(sc, 32, col0, dc);
+    gpu->gather_cols(sg, 32, col0, dg);
+    EXPECT_EQ(compare(fetch(*gpu, dg), fetch(*cpu, dc)).rel, 0.0) << "gather_cols col0=" << col0;
+  }
+}
+
+TEST(CudaOps, Rope) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  struct Case {
+    int heads, head_dim, n_rot;
+  };
+  const Case cases[] = {{3, 64, 64}, {2, 128, 64}, {5, 80, 80}, {8, 256, 128}};
+  const int n = 11;
+  std::vector<int32_t> pos(n);
+  std::mt19937 rng(3);
+  for (auto& p : pos) p = static_cast<int32_t>(rng() % 40000);
+  pos[0] = 0;
+  for (const Case& c : cases)
+    for (RopeStyle style : {RopeStyle::Norm, RopeStyle::Neox}) {
+      SCOPED_TRACE("head_dim=" + std::to_string(c.head_dim) + " n_rot=" + std::to_string(c.n_rot) + " neox=" + std::to_string(style == RopeStyle::Neox));
+      const int64_t w = static_cast<int64_t>(c.heads) * c.head_dim;
+      const auto x = randn(static_cast<size_t>(n * w), 8);
+      Tensor xc = make_tensor(*cpu, DType::F32, w, n, x.data()), xg = make_tensor(*gpu, DType::F32, w, n, x.data());
+      Tensor pc = make_tensor(*cpu, DType::I32, n, 1, pos.data()), pg_ = make_tensor(*gpu, DType::I32, n, 1, pos.data());
+      cpu->rope(xc, pc, c.heads, c.head_dim, c.n_rot, 1e6f, style);
+      gpu->rope(xg, pg_, c.heads, c.head_dim, c.n_rot, 1e6f, style);
+      const ErrStats e = compare(fetch(*gpu, xg), fetch(*cpu, xc));
+      EXPECT_EQ(e.bad, 0u);
+      EXPECT_LE(e.max_abs, 2e-5);
+    }
+}
+
+// ---- attention over the paged cache -----------------------------------------------------------------
+
+struct AttnCase {
+  int n_head, n_head_kv, head_dim;
+  int window;
+  float softcap;
+  DType kv;
+};
+
+class CudaAttention : public testing::TestWithParam<AttnCase> {};
+
+TEST_P(CudaAttention, MatchesCpu) {
+  PG_REQUIRE_GPU();
+  const AttnCase c = GetParam();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  const int n_seq = 3, block_size = 16;
+  const int lens[n_seq] = {700, 45, 300};
+  const int max_blocks = (700 + block_size - 1) / block_size;
+  const int n_blocks = n_seq * max_blocks;
+  // Physical blocks in a shuffled order: the block table must be followed, not assumed contiguous.
+  std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(42));
+  std::vector<int32_t> table(static_cast<size_t>(n_seq * max_blocks));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = perm[i];
+  auto cell = [&](int s, int p) { return table[static_cast<size_t>(s * max_blocks + p / block_size)] * block_size + p % block_size; };
+  const int64_t kvw = static_cast<int64_t>(c.n_head_kv) * c.head_dim, qw = static_cast<int64_t>(c.n_head) * c.head_dim;
+
+  struct Side {
+    Backend* be;
+    KvLayer kv;
+    Tensor table;
+  };
+  Side sides[2] = {{cpu.get(), {}, {}}, {gpu.get(), {}, {}}};
+  for (auto& s : sides) {
+    s.kv.k = s.be->alloc(c.kv, kvw, static_cast<int64_t>(n_blocks) * block_size);
+    s.kv.v = s.be->alloc(c.kv, kvw, static_cast<int64_t>(n_blocks) * block_size);
+    s.table = make_tensor(*s.be, DType::I32, max_blocks, n_seq, table.data());
+  }
+  // Builds the per-row index tensors of a batch on one side.
+  auto make_batch = [&](Side& s, const std::vector<int32_t>& pos, const std::vector<int32_t>& seq, std::vector<Tensor>& keep) {
+    AttentionBatch b;
+    const int n = static_cast<int>(pos.size());
+    std::vector<int32_t> cells(pos.size());
+    int mx = 0;
+    for (size_t i = 0; i < pos.size(); ++i) {
+      cells[i] = cell(seq[i], pos[i]);
+      mx = std::max(mx, pos[i] + 1);
+    }
+    b.n_tokens = n;
+    b.positions = make_tensor(*s.be, DType::I32, n, 1, pos.data());
+    b.seq = make_tensor(*s.be, DType::I32, n, 1, seq.data());
+    b.cells = make_tensor(*s.be, DType::I32, n, 1, cells.data());
+    keep.insert(keep.end(), {b.positions, b.seq, b.cells});
+    b.block_table = s.table;
+    b.block_size = block_size;
+    b.max_blocks = max_blocks;
+    b.max_kv_len = mx;
+    return b;
+  };
+  // Fill every sequence's cache through kv_store, in batches.
+  for (int sq = 0; sq < n_seq; ++sq) {
+    for (int p0 = 0; p0 < lens[sq]; p0 += 256) {
+      std::vector<int32_t> pos, seq;
+      for (int p = p0; p < std::min(lens[sq], p0 + 256); ++p) pos.push_back(p), seq.push_back(sq);
+      const int n = static_cast<int>(pos.size());
+      const auto k = randn(static_cast<size_t>(n * kvw), static_cast<uint32_t>(100 + sq * 7 + p0));
+      const auto v = randn(static_cast<size_t>(n * kvw), static_cast<uint32_t>(200 + sq * 7 + p0));
+      for (auto& s : sides) {
+        std::vector<Tensor> keep;
+        AttentionBatch b = make_batch(s, pos, seq, keep);
+        Tensor kt = make_tensor(*s.be, DType::F32, kvw, n, k.data()), vt = make_tensor(*s.be, DType::F32, kvw, n, v.data());
+        s.be->kv_store(s.kv, kt, vt, b);
+        s.be->synchronize();
+        for (auto& t : keep) s.be->free(t);
+        s.be->free(kt);
+        s.be->free(vt);
+      }
+    }
+  }
+  AttentionParams ap;
+  ap.n_head = c.n_head;
+  ap.n_head_kv = c.n_head_kv;
+  ap.head_dim = c.head_dim;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ap.sliding_window = c.window;
+  ap.logit_softcap = c.softcap;
+  // Batches: a mixed prefill-like batch (rows of three sequences, runs of consecutive positions) and a
+  // decode batch (one row per sequence at its last position: long contexts, split-K).
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
+  {
+    std::vector<int32_t> pos, seq;
+    for (int p = 690; p < 700; ++p) pos.push_back(p), seq.push_back(0);
+    for (int p = 0; p < 45; ++p) pos.push_back(p), seq.push_back(1);
+    pos.push_back(299), seq.push_back(2);
+    for (int p = 100; p < 140; ++p) pos.push_back(p), seq.push_back(2);
+    batches.push_back({pos, seq});
+    batches.push_back({{699, 44, 299}, {0, 1, 2}});
+    batches.push_back({{5}, {1}});
+  }
+  for (const auto& [pos, seq] : batches) {
+    SCOPED_TRACE("batch of " + std::to_string(pos.size()) + " rows");
+    const int n = static_cast<int>(pos.size());
+    const auto q = randn(static_cast<size_t>(n * qw), static_cast<uint32_t>(n));
+    std::vector<float> out[2];
+    for (int si = 0; si < 2; ++si) {
+      Side& s = sides[si];
+      std::vector<Tensor> keep;
+      AttentionBatch b = make_batch(s, pos, seq, keep);
+      Tensor qt = make_tensor(*s.be, DType::F32, qw, n, q.data());
+      const std::vector<float> poison(static_cast<size_t>(n * qw), std::nanf(""));
+      Tensor ot = make_tensor(*s.be, DType::F32, qw, n, poison.data());
+      s.be->attention(qt, s.kv, b, ap, ot);
+      out[si] = fetch(*s.be, ot);
+      for (auto& t : keep) s.be->free(t);
+      s.be->free(qt);
+      s.be->free(ot);
+    }
+    const ErrStats e = compare(out[1], out[0]);
+    EXPECT_EQ(e.bad, 0u);
+    EXPECT_LE(e.rel, 2e-5) << "max_abs " << e.max_abs;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
+                         testing::Values(AttnCase{4, 2, 64, 0, 0.0f, DType::F16}, AttnCase{4, 2, 64, 0, 0.0f, DType::F32},
+                                         AttnCase{8, 1, 128, 0, 0.0f, DType::F16}, AttnCase{6, 6, 80, 0, 0.0f, DType::F32},
+                                         AttnCase{32, 8, 128, 37, 0.0f, DType::F16}, AttnCase{4, 4, 64, 0, 30.0f, DType::F32},
+                                         AttnCase{2, 1, 256, 64, 50.0f, DType::F16}, AttnCase{32, 1, 64, 0, 0.0f, DType::F16},
+                                         AttnCase{64, 1, 64, 0, 0.0f, DType::F32}));
+
+// ---- mixture of experts ---------------------------------------------------------------------------------
+
+TEST(CudaOps, MoeRoute) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  const int n = 37, ne = 64, k = 8;
+  auto logits = randn(static_cast<size_t>(n * ne), 5, 2.0f);
+  for (int e = 10; e < 20; ++e) logits[static_cast<size_t>(3 * ne + e)] = 3.25f;  // ties: lower ids first
+  for (ExpertGating g : {ExpertGating::Softmax, ExpertGating::Sigmoid})
+    for (bool norm : {false, true})
+      for (float scale : {0.0f, 2.5f}) {
+        SCOPED_TRACE("sigmoid=" + std::to_string(g == ExpertGating::Sigmoid) + " norm=" + std::to_string(norm) + " scale=" + std::to_string(scale));
+        Tensor lc = make_tensor(*cpu, DType::F32, ne, n, logits.data()), lg = make_tensor(*gpu, DType::F32, ne, n, logits.data());
+        Tensor ic = cpu->alloc(DType::I32, k, n), ig = gpu->alloc(DType::I32, k, n);
+        Tensor wc = cpu->alloc(DType::F32, k, n), wg = gpu->alloc(DType::F32, k, n);
+        cpu->moe_route(lc, k, g, norm, scale, ic, wc);
+        gpu->moe_route(lg, k, g, norm, scale, ig, wg);
+        std::vector<int32_t> a(static_cast<size_t>(n * k)), b(a.size());
+        cpu->download(ic, a.data(), a.size() * 4);
+        gpu->download(ig, b.data(), b.size() * 4);
+        EXPECT_EQ(a, b);
+        EXPECT_LE(compare(fetch(*gpu, wg), fetch(*cpu, wc)).rel, 1e-6);
+      }
+}
+
+TEST(CudaOps, MoeFfn) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  struct Case {
+    DType t;
+    int n, n_exp, k;
+  };
+  // n ≤ 8: one GEMV per routed entry; larger n: entries grouped per expert (several tiles per expert
+  // at n = 300) for the grouped tensor-core GEMM.
+  const Case cases[] = {{DType::F16, 1, 16, 4}, {DType::Q4_K, 5, 16, 4}, {DType::Q8_0, 40, 16, 4},
+                        {DType::Q4_K, 300, 8, 2}, {DType::BF16, 70, 8, 3},  {DType::Q6_K, 9, 4, 4}};
+  const int64_t d = 256, ff = 512;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(dtype_name(c.t)) + " n=" + std::to_string(c.n) + " experts=" + std::to_string(c.n_exp) + " k=" + std::to_string(c.k));
+    const auto gate = make_weights(c.t, d, ff * c.n_exp, 1), up = make_weights(c.t, d, ff * c.n_exp, 2);
+    const auto down = make_weights(c.t, ff, d * c.n_exp, 3);
+    const auto x = randn(static_cast<size_t>(c.n * d), 4);
+    // Routing: distinct experts per row, weights in (0, 1).
+    std::vector<int32_t> ids(static_cast<size_t>(c.n * c.k));
+    std::vector<float> w(ids.size());
+    std::mt19937 rng(static_cast<uint32_t>(c.n));
+    for (int r = 0; r < c.n; ++r) {
+      std::vector<int32_t> e(static_cast<size_t>(c.n_exp));
+      std::iota(e.begin(), e.end(), 0);
+      std::shuffle(e.begin(), e.end(), rng);
+      for (int j = 0; j < c.k; ++j) {
+        ids[static_cast<size_t>(r * c.k + j)] = e[static_cast<size_t>(j)];
+        w[static_cast<size_t>(r * c.k + j)] = static_cast<float>(rng() % 1000) / 1000.0f;
+      }
+    }
+    std::vector<float> ref;
+    {
+      Tensor g = make_weight(*cpu, c.t, d, ff, c.n_exp, gate), u = make_weight(*cpu, c.t, d, ff, c.n_exp, up);
+      Tensor dn = make_weight(*cpu, c.t, ff, d, c.n_exp, down);
+      Tensor xt = make_tensor(*cpu, DType::F32, d, c.n, x.data());
+      Tensor it = make_tensor(*cpu, DType::I32, c.k, c.n, ids.data()), wt = make_tensor(*cpu, DType::F32, c.k, c.n, w.data());
+      Tensor o = cpu->alloc(DType::F32, d, c.n);
+      cpu->moe_ffn(xt, it, wt, g, u, dn, Activation::Silu, o);
+      ref = fetch(*cpu, o);
+    }
+    Tensor g = make_weight(*gpu, c.t, d, ff, c.n_exp, gate), u = make_weight(*gpu, c.t, d, ff, c.n_exp, up);
+    Tensor dn = make_weight(*gpu, c.t, ff, d, c.n_exp, down);
+    Tensor xt = make_tensor(*gpu, DType::F32, d, c.n, x.data());
+    Tensor it = make_tensor(*gpu, DType::I32, c.k, c.n, ids.data()), wt = make_tensor(*gpu, DType::F32, c.k, c.n, w.data());
+    for (bool exact : {true, false}) {
+      CudaOptions o;
+      o.exact_f32 = exact;
+      gpu->set_options(o);
+      const std::vector<float> poison(static_cast<size_t>(c.n * d), std::nanf(""));
+      Tensor out = make_tensor(*gpu, DType::F32, d, c.n, poison.data());
+      gpu->moe_ffn(xt, it, wt, g, u, dn, Activation::Silu, out);
+      const ErrStats e = compare(fetch(*gpu, out), ref);
+      const bool tc = !exact && c.n > 8;
+      EXPECT_EQ(e.bad, 0u);
+      EXPECT_LE(e.rel, tc ? (c.t == DType::BF16 ? 8e-3 : 3e-3) : 2e-5) << (exact ? "exact" : "fast") << " max_abs " << e.max_abs;
+      gpu->free(out);
+    }
+    for (Tensor* t : {&g, &u, &dn, &xt, &it, &wt}) gpu->free(*t);
+  }
+}
+
+// A decode step (norm → projection → RoPE → KV store → attention → output projection) captured once as
+// a CUDA graph and replayed for later positions, each replay checked against the CPU running the step.
+TEST(CudaOps, GraphCaptureReplaysDecodeSteps) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  const int64_t d = 256, n_head = 4, hd = 64, block = 16, n_ctx = 64;
+  const auto wq_b = make_weights(DType::Q8_0, d, d, 1), wo_b = make_weights(DType::F16, d, d, 2);
+  const auto nw = randn(static_cast<size_t>(d), 3);
+  std::vector<int32_t> table(static_cast<size_t>(n_ctx / block));
+  std::iota(table.begin(), table.end(), 0);
+  struct Side {
+    Backend* be;
+    Tensor wq, wo, norm_w, x, h, q, o, pos, seq, cells, table;
+    KvLayer kv;
+    AttentionBatch ab;
+  };
+  Side sides[2];
+  Backend* bes[2] = {cpu.get(), gpu.get()};
+  for (int i = 0; i < 2; ++i) {
+    Side& s = sides[i];
+    s.be = bes[i];
+    s.wq = make_weight(*s.be, DType::Q8_0, d, d, 1, wq_b);
+    s.wo = make_weight(*s.be, DType::F16, d, d, 1, wo_b);
+    s.norm_w = make_tensor(*s.be, DType::F32, d, 1, nw.data());
+    s.x = s.be->alloc(DType::F32, d, 1);
+    s.h = s.be->alloc(DType::F32, d, 1);
+    s.q = s.be->alloc(DType::F32, d, 1);
+    s.o = s.be->alloc(DType::F32, d, 1);
+    s.pos = s.be->alloc(DType::I32, 1, 1);
+    s.seq = s.be->alloc(DType::I32, 1, 1);
+    s.cells = s.be->alloc(DType::I32, 1, 1);
+    s.table = make_tensor(*s.be, DType::I32, n_ctx / block, 1, table.data());
+    s.kv.k = s.be->alloc(DType::F16, d, n_ctx);
+    s.kv.v = s.be->alloc(DType::F16, d, n_ctx);
+    s.ab.n_tokens = 1;
+    s.ab.positions = s.pos;
+    s.ab.seq = s.seq;
+    s.ab.cells = s.cells;
+    s.ab.block_table = s.table;
+    s.ab.block_size = static_cast<int>(block);
+    s.ab.max_blocks = static_cast<int>(n_ctx / block);
+  }
+  AttentionParams ap;
+  ap.n_head = ap.n_head_kv = static_cast<int>(n_head);
+  ap.head_dim = static_cast<int>(hd);
+  ap.scale = 0.125f;
+  auto step_ops = [&](Side& s) {
+    s.be->rms_norm(s.x, s.norm_w, s.h, 1e-6f);
+    s.be->matmul(s.wq, s.h, s.q);
+    s.be->rope(s.q, s.pos, static_cast<int>(n_head), static_cast<int>(hd), static_cast<int>(hd), 10000.0f, RopeStyle::Neox);
+    s.be->kv_store(s.kv, s.q, s.h, s.ab);
+    s.be->attention(s.q, s.kv, s.ab, ap, s.o);
+    s.be->matmul(s.wo, s.o, s.x);  // the output becomes the next step's input
+  };
+  auto set_inputs = [&](Side& s, int t, const std::vector<float>& x) {
+    const int32_t zero = 0;
+    s.be->upload(s.x, x.data(), x.size() * 4);
+    s.be->upload(s.pos, &t, 4);
+    s.be->upload(s.seq, &zero, 4);
+    s.be->upload(s.cells, &t, 4);  // identity block table: cell = position
+    s.ab.max_kv_len = t + 1;
+  };
+  gpu->set_attention_kv_capacity(static_cast<int>(n_ctx));
+  int graph = -1;
+  for (int t = 0; t < 12; ++t) {
+    SCOPED_TRACE("step " + std::to_string(t));
+    const auto x = randn(static_cast<size_t>(d), static_cast<uint32_t>(50 + t));
+    std::vector<float> res[2];
+    for (int i = 0; i < 2; ++i) {
+      Side& s = sides[i];
+      set_inputs(s, t, x);
+      if (i == 0 || t == 0) {
+        step_ops(s);  // CPU, and the GPU's uncaptured warm-up step
+      } else {
+        if (graph < 0) {
+          gpu->begin_capture();
+          step_ops(s);
+          EXPECT_THROW(gpu->synchronize(), Error);  // not allowed inside a capture
+          graph = gpu->end_capture();
+        }
+        gpu->replay(graph);
+      }
+      res[i] = fetch(*s.be, s.x);
+    }
+    const ErrStats e = compare(res[1], res[0]);
+    EXPECT_EQ(e.bad, 0u);
+    EXPECT_LE(e.rel, 2e-5);
+  }
+  EXPECT_GE(graph, 0);
+  gpu->drop_graphs();
+}
+
+TEST(CudaOps, ErrorsAreReported) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  auto cpu = test::make_cpu_exact();
+  Tensor a = gpu->alloc(DType::F32, 8, 2);
+  Tensor b = cpu->alloc(DType::F32, 8, 2);
+  EXPECT_THROW(gpu->add(a, b, a), Error);  // tensor of another backend
+  std::vector<float> big(100);
+  EXPECT_THROW(gpu->upload(a, big.data(), big.size() * 4), Error);  // past the end
+  EXPECT_THROW(create_cuda_backend(cuda_device_count()), Error);   // no such device
+}
+
+}  // namespace
+}  // namespace pg
