@@ -97,7 +97,8 @@ export PEREGRINE_SHARED=${PEREGRINE_SHARED:-$ROOT/.deps/shared}
 
 # ---- 1. build -----------------------------------------------------------------------------------------
 BUILD_OK=0 CLI_OK=0
-if run_step "configure" "$OUT/build.log" 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPEREGRINE_CUDA=ON \
+if run_step "configure" "$OUT/build.log" 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPEREGRINE_CUDA=ON -DPEREGRINE_E2E=OFF \
+  "-DCMAKE_CXX_FLAGS=-Wno-error=stringop-overflow -Wno-error=array-bounds -Wno-error=maybe-uninitialized -Wno-error=restrict -Wno-error=dangling-reference" \
   -DPEREGRINE_CUDA_ARCHS="$ARCHS" -DPEREGRINE_SHARED_DIR="$PEREGRINE_SHARED" "${CMAKE_EXTRA[@]}"; then
   # The CUDA tests and the kernel benchmark first, then the CLI (which needs every layer to compile), so
   # that a broken file elsewhere in the tree does not hide the backend's results.

@@ -60,9 +60,10 @@ Model::~Model() {
     auto free_slot = [&](Tensor& t) {
       if (t.valid()) backend_.free(t);
     };
+    // Tied embeddings share one upload: free it once (decide before tok_embd is reset).
+    if (w_.output.data != w_.tok_embd.data) free_slot(w_.output);
     free_slot(w_.tok_embd);
     free_slot(w_.output_norm);
-    if (w_.output.data != w_.tok_embd.data) free_slot(w_.output);
     for (auto& l : w_.layers) {
       Tensor* slots[] = {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm,
                          &l.attn_post_norm, &l.ffn_norm, &l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.ffn_post_norm,
