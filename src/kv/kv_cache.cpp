@@ -1,5 +1,7 @@
 #include "kv/kv_cache.h"
 
+#include <atomic>
+
 #include <algorithm>
 #include <cstring>
 
@@ -7,9 +9,14 @@
 
 namespace pg {
 
+static uint64_t next_cache_id() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+
 KvCache::KvCache(Backend& backend, const std::vector<KvLayerShape>& shapes, const KvCacheOptions& opt,
                  const std::vector<RecurrentLayerShape>& recurrent)
-    : backend_(backend), opt_(opt) {
+    : backend_(backend), id_(next_cache_id()), opt_(opt) {
   PG_CHECK(opt_.type == DType::F32 || opt_.type == DType::F16, "KV cache type must be f32 or f16");
   PG_CHECK(opt_.n_seq > 0 && opt_.n_ctx > 0 && opt_.block_size > 0, "invalid KV cache size");
   max_blocks_ = (opt_.n_ctx + opt_.block_size - 1) / opt_.block_size;

@@ -36,6 +36,9 @@ class KvCache {
   KvCache(Backend& backend, const std::vector<KvLayerShape>& layers, const KvCacheOptions& opt,
           const std::vector<RecurrentLayerShape>& recurrent = {});
   ~KvCache();
+  // Unique for the process's lifetime, so users that size scratch per cache never confuse a new
+  // cache with a freed one that happened to live at the same address.
+  uint64_t id() const { return id_; }
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
@@ -84,6 +87,7 @@ class KvCache {
 
  private:
   Backend& backend_;
+  uint64_t id_;
   KvCacheOptions opt_;
   int max_blocks_ = 0;
   size_t bytes_ = 0, bytes_per_token_ = 0;

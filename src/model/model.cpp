@@ -34,7 +34,7 @@ struct Model::Workspace {
   Tensor dn_g, dn_beta;                  // (cap, value heads)
   Tensor rb_rows, rb_capture;            // I32 (cap)
   Tensor rb_seg;                         // I32 (cap, 4)
-  const KvCache* cache = nullptr;
+  uint64_t cache_id = 0;  // KvCache::id() the workspace was sized for
   std::vector<Tensor*> all;
   AttentionBatch ab;
   RecurrentBatch rb;
@@ -158,7 +158,7 @@ std::unique_ptr<KvCache> Model::make_cache(const KvCacheOptions& opt) {
 }
 
 void Model::ensure_workspace(KvCache& cache) {
-  if (ws_ && ws_->cache == &cache) return;
+  if (ws_ && ws_->cache_id == cache.id()) return;
   if (ws_)
     for (Tensor* t : ws_->all)
       if (t->valid()) backend_.free(*t);
@@ -211,7 +211,7 @@ void Model::ensure_workspace(KvCache& cache) {
     mk(w.rb_capture, DType::I32, cap, 1);
     mk(w.rb_seg, DType::I32, 4, cap);
   }
-  w.cache = &cache;
+  w.cache_id = cache.id();
   w.ab.block_table = w.block_table;
   w.ab.block_size = cache.options().block_size;
   w.ab.max_blocks = cache.max_blocks();

@@ -1,0 +1,99 @@
+// What a client asks the engine for, and the channel its output comes back through.
+//
+// The HTTP thread submits a RequestSpec and gets a RequestHandle; the engine thread appends output
+// to the handle as it samples, the HTTP thread drains it with next(). Output that arrives while the
+// reader is busy is merged, so a slow reader never slows the engine down.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace pg::engine {
+
+using Clock = std::chrono::steady_clock;
+
+enum class FinishReason : uint8_t {
+  kNone,
+  kEog,        // the model emitted an end-of-generation token
+  kStop,       // a stop string
+  kLength,     // max_tokens
+  kContext,    // the sequence reached the context size
+  kCancelled,  // the client went away (or cancelled)
+  kTimeout,    // the request's deadline passed
+  kError,      // the engine failed (message in Event::error)
+};
+const char* finish_reason_name(FinishReason r);
+
+struct RequestSpec {
+  std::vector<int32_t> prompt;  // (n_prompt) token ids, not empty
+  SamplingParams sampling;
+  int max_tokens = 256;              // tokens to generate at most, > 0
+  std::vector<std::string> stop;     // stop strings, matched on the detokenized text
+  bool stop_at_eog = true;           // end at the vocabulary's end-of-generation tokens
+  bool special_text = false;         // detokenize control tokens (formats whose markup is control tokens)
+  int logprobs = -1;                 // -1: off; 0: logprob of each chosen token; n > 0: plus the n most likely (≤ 20)
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+struct TokenOut {
+  int32_t id = -1;
+  float logprob = 0;               // log-softmax of the raw logits (when logprobs ≥ 0)
+  std::vector<TokenLogprob> top;   // the most likely alternatives (when logprobs > 0)
+};
+
+struct RequestStats {
+  int n_prompt = 0, n_generated = 0;
+  double queue_ms = 0;    // submission → slot
+  double prompt_ms = 0;   // slot → first token (prefill)
+  double decode_ms = 0;   // first token → end
+  double ttft_ms = 0;     // submission → first token
+};
+
+// Output since the previous next(): text and tokens; the final one has done = true.
+struct Event {
+  std::string text;              // released text: complete UTF-8, never part of a stop string
+  std::vector<TokenOut> tokens;  // tokens sampled (end-of-generation tokens excluded)
+  bool done = false;
+  FinishReason finish = FinishReason::kNone;
+  std::string stop_word;  // the stop string that ended generation
+  std::string error;      // kError
+  RequestStats stats;     // filled on the final event
+
+  void merge(Event&& later);
+  bool empty() const { return text.empty() && tokens.empty() && !done; }
+};
+
+class RequestHandle {
+ public:
+  explicit RequestHandle(uint64_t id) : id_(id) {}
+  uint64_t id() const { return id_; }
+
+  // Waits up to `timeout` for output. Returns true with the output merged since the last call;
+  // false on timeout, or when the final event has already been delivered.
+  bool next(Event& out, std::chrono::milliseconds timeout);
+  // Asks the engine to stop this request: it ends within one step and frees its slot.
+  void cancel() { cancel_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
+  bool finished() const;  // the final event was produced (it may not have been read yet)
+
+  // Engine side.
+  void push(Event&& e);
+
+ private:
+  const uint64_t id_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Event pending_;
+  bool has_pending_ = false;
+  bool produced_done_ = false;
+  bool delivered_done_ = false;
+  std::atomic<bool> cancel_{false};
+};
+
+}  // namespace pg::engine

@@ -1,0 +1,107 @@
+// The engine's request loop: continuous batching over a fixed set of KV slots.
+//
+// One engine thread owns the model and its KV cache. Requests arrive through submit() (any thread);
+// each step the engine
+//   1. drops sequences whose client cancelled or whose deadline passed (freeing their slots),
+//   2. gives free slots to queued requests in arrival order,
+//   3. builds ONE batch: a decode row for every sequence that is generating, then prompt chunks of
+//      sequences still prefilling, up to n_batch rows, so running streams keep flowing while a
+//      long prompt is read,
+//   4. runs one forward and samples every sequence that got logits.
+// Sequence state (sequence.h) is kept apart from the step so that speculative verification,
+// prefix reuse and several models can later change how a step is built without touching it.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/metrics.h"
+#include "engine/request.h"
+#include "engine/sequence.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pg::engine {
+
+struct SchedulerOptions {
+  int n_slots = 4;        // sequences decoded together (KV slots)
+  int n_ctx = 4096;       // tokens per slot (prompt + generated)
+  int n_batch = 512;      // rows per step (decode rows + prompt chunks)
+  int max_queue = 1024;   // requests waiting for a slot beyond which submit() refuses
+  DType kv_type = DType::F16;
+  int kv_block_size = 64;
+};
+
+// submit() refuses a request before any work is done.
+class RejectError : public Error {
+ public:
+  enum class Kind { kInvalid, kContextOverflow, kOverloaded, kShutdown };
+  RejectError(Kind k, const std::string& msg) : Error(msg), kind_(k) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+class Scheduler {
+ public:
+  // Creates the KV cache (n_slots × n_ctx) and starts the engine thread.
+  Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOptions& opt);
+  // Stops the engine; requests still queued or running end with an error event.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Validates (prompt not empty, prompt + max_tokens within a slot's context, sampling values) and
+  // queues the request. Throws RejectError.
+  std::shared_ptr<RequestHandle> submit(RequestSpec spec);
+
+  MetricsSnapshot metrics() const;
+  const SchedulerOptions& options() const { return opt_; }
+  size_t kv_bytes() const { return kv_bytes_; }
+  const Model& model() const { return model_; }
+  const tok::Tokenizer& tokenizer() const { return tok_; }
+  void shutdown();
+
+ private:
+  void loop();
+  void reap(Clock::time_point now);
+  void admit(Clock::time_point now);
+  void step();
+  void release(Sequence& s);
+  void publish_occupancy();
+
+  Model& model_;
+  const tok::Tokenizer& tok_;
+  SchedulerOptions opt_;
+  int n_vocab_;
+  std::unique_ptr<KvCache> cache_;
+  size_t kv_bytes_ = 0;
+  Metrics metrics_;
+
+  std::mutex mu_;  // guards incoming_, stop_, next_id_
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> incoming_;
+  bool stop_ = false;
+  uint64_t next_id_ = 1;
+  std::atomic<int> n_queued_{0};  // submitted and not yet admitted or finished
+  std::atomic<int> n_active_{0};  // holding a slot
+
+  // Engine-thread state.
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> active_;  // admission order
+  std::vector<int> free_slots_;
+  Batch batch_;
+  std::vector<float> logits_;  // (rows with logits, n_vocab)
+  std::vector<Sequence*> out_seq_;  // sequence of each logits row
+
+  std::thread thread_;
+};
+
+}  // namespace pg::engine

@@ -1,0 +1,62 @@
+// One request's state inside the engine: where its prompt stands, its sampler, detokenizer and stop
+// matcher, and the handle its output goes to. Kept apart from the step loop so that other ways of
+// stepping (speculative verification, prefix reuse) can drive the same state.
+#pragma once
+#include <memory>
+#include <optional>
+
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "engine/stop_matcher.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pg::engine {
+
+class Metrics;
+
+class Sequence {
+ public:
+  enum class Phase : uint8_t { kWaiting, kPrefill, kDecode, kDone };
+
+  Sequence(RequestSpec spec, std::shared_ptr<RequestHandle> handle, const tok::Tokenizer& tok, int n_vocab,
+           Clock::time_point submitted);
+
+  Phase phase() const { return phase_; }
+  int slot() const { return slot_; }
+  const RequestSpec& spec() const { return spec_; }
+  RequestHandle& handle() { return *handle_; }
+  int n_prompt() const { return static_cast<int>(spec_.prompt.size()); }
+  int n_prefilled() const { return n_prefilled_; }
+  int n_past() const { return n_past_; }  // tokens in the KV cache
+  int n_generated() const { return n_generated_; }
+  int32_t last_token() const { return last_; }
+  Clock::time_point submitted() const { return submitted_; }
+
+  // Takes a cache slot (already cleared by the caller); prefill starts with the next step.
+  void admit(int slot, Clock::time_point now, Metrics& m);
+  // The caller put prompt tokens [n_prefilled, n_prefilled + n) in this step's batch.
+  void prefilled(int n);
+  // The caller put last_token() in this step's batch at position n_past().
+  void decoded() { ++n_past_; }
+  // The row of this sequence that asked for logits was evaluated: samples, detokenizes, checks the
+  // end conditions and publishes the output. Returns false when the sequence finished.
+  bool on_logits(const float* logits, int n_ctx, Clock::time_point now, Metrics& m);
+  // Ends the sequence (any phase) and publishes the final event.
+  void finish(FinishReason r, Clock::time_point now, Metrics& m, std::string error = {});
+
+ private:
+  RequestSpec spec_;
+  std::shared_ptr<RequestHandle> handle_;
+  const tok::Tokenizer& tok_;
+  int n_vocab_;
+  Sampler sampler_;
+  tok::Detokenizer detok_;
+  StopMatcher stop_;
+  Phase phase_ = Phase::kWaiting;
+  int slot_ = -1;
+  int n_prefilled_ = 0, n_past_ = 0, n_generated_ = 0;
+  int32_t last_ = -1;
+  Clock::time_point submitted_, admitted_, first_token_, last_token_time_;
+};
+
+}  // namespace pg::engine

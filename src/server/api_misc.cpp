@@ -1,0 +1,163 @@
+// Utility routes: /props, /metrics (Prometheus), /tokenize, /detokenize, /apply-template.
+#include <cstdio>
+
+#include "server/context.h"
+
+namespace pg::server {
+
+namespace {
+
+std::string token_text_or_null(const tok::Tokenizer& tok, int32_t id) {
+  return id >= 0 && id < tok.n_vocab() ? tok.token_text(id) : std::string();
+}
+
+void metric(std::string& out, const char* name, const char* type, const char* help, double v, const std::string& labels = {}) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s %s\n%s%s %.17g\n", name, help, name, type, name, labels.c_str(), v);
+  out += buf;
+}
+
+void histogram(std::string& out, const char* name, const char* help, const engine::Histogram& h) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+  out += buf;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%s_bucket{le=\"%g\"} %llu\n", name, h.bounds[i], static_cast<unsigned long long>(h.counts[i]));
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name,
+                static_cast<unsigned long long>(h.count), name, h.sum, name, static_cast<unsigned long long>(h.count));
+  out += buf;
+}
+
+}  // namespace
+
+HttpOut handle_props(Context& ctx, const HttpIn&) {
+  const SamplingParams& p = ctx.opt.sampling;
+  const auto& so = ctx.sched.options();
+  json params = json::object();
+  params["temperature"] = p.temperature;
+  params["top_k"] = p.top_k;
+  params["top_p"] = p.top_p;
+  params["min_p"] = p.min_p;
+  params["typical_p"] = p.typical_p;
+  params["repeat_penalty"] = p.repeat_penalty;
+  params["repeat_last_n"] = p.repeat_last_n;
+  params["presence_penalty"] = p.presence_penalty;
+  params["frequency_penalty"] = p.frequency_penalty;
+  params["seed"] = ctx.opt.seed;
+  params["max_tokens"] = ctx.opt.default_max_tokens;
+  json runtime = json::object();
+  if (!ctx.opt.runtime_info_json.empty()) {
+    try {
+      runtime = json::parse(ctx.opt.runtime_info_json);
+    } catch (...) {
+      runtime = json::object();
+    }
+  }
+  runtime["n_batch"] = so.n_batch;
+  runtime["kv_block_size"] = so.kv_block_size;
+  runtime["kv_bytes"] = ctx.sched.kv_bytes();
+  runtime["max_queue"] = so.max_queue;
+  runtime["api_key_required"] = !ctx.opt.api_key.empty();
+  runtime["cors_origin"] = ctx.opt.cors_origin.empty() ? json(nullptr) : json(ctx.opt.cors_origin);
+  runtime["timeout_s"] = ctx.opt.timeout_s;
+  runtime["max_body_bytes"] = ctx.opt.max_body;
+  runtime["clamp_max_tokens"] = ctx.opt.clamp_max_tokens;
+  runtime["http_threads"] = ctx.opt.http_threads;
+  runtime["host"] = ctx.opt.host;
+  json r = json::object();
+  r["model"] = ctx.opt.model_name;
+  r["model_path"] = ctx.opt.model_path;
+  r["n_ctx"] = so.n_ctx;
+  r["n_vocab"] = ctx.tok.n_vocab();
+  r["total_slots"] = so.n_slots;
+  r["chat_template"] = ctx.prompt ? json(ctx.prompt->source()) : json(nullptr);
+  r["chat_format"] = ctx.prompt ? json(std::string(ctx.prompt->format().name())) : json(nullptr);
+  r["bos_token"] = token_text_or_null(ctx.tok, ctx.tok.bos());
+  r["eos_token"] = token_text_or_null(ctx.tok, ctx.tok.eos());
+  r["build_info"] = ctx.opt.build_info;
+  r["default_generation_settings"] = json{{"n_ctx", so.n_ctx}, {"params", params}};
+  r["runtime"] = runtime;
+  return HttpOut::json_reply(r);
+}
+
+HttpOut handle_metrics(Context& ctx, const HttpIn&) {
+  const engine::MetricsSnapshot m = ctx.sched.metrics();
+  std::string s;
+  metric(s, "peregrine_requests_total", "counter", "Requests accepted into the engine queue.", static_cast<double>(m.requests_submitted));
+  metric(s, "peregrine_requests_rejected_total", "counter", "Requests refused before any work (context overflow, bad values, queue full).",
+         static_cast<double>(m.requests_rejected));
+  s += "# HELP peregrine_requests_finished_total Requests that ended, by reason.\n# TYPE peregrine_requests_finished_total counter\n";
+  for (const char* reason : {"eog", "stop", "length", "context", "cancelled", "timeout", "error"}) {
+    auto it = m.requests_finished.find(reason);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "peregrine_requests_finished_total{reason=\"%s\"} %llu\n", reason,
+                  static_cast<unsigned long long>(it == m.requests_finished.end() ? 0 : it->second));
+    s += buf;
+  }
+  metric(s, "peregrine_prompt_tokens_total", "counter", "Prompt tokens prefilled.", static_cast<double>(m.prompt_tokens));
+  metric(s, "peregrine_generated_tokens_total", "counter", "Tokens generated.", static_cast<double>(m.generated_tokens));
+  metric(s, "peregrine_steps_total", "counter", "Batched forward steps.", static_cast<double>(m.steps));
+  metric(s, "peregrine_batch_rows_total", "counter", "Rows evaluated over all steps.", static_cast<double>(m.batch_rows));
+  metric(s, "peregrine_busy_seconds_total", "counter", "Time the engine spent in steps.", m.busy_seconds);
+  histogram(s, "peregrine_time_to_first_token_seconds", "Submission to first generated token.", m.ttft);
+  histogram(s, "peregrine_inter_token_latency_seconds", "Time between consecutive tokens of one sequence.", m.token_latency);
+  histogram(s, "peregrine_queue_wait_seconds", "Submission to getting a slot.", m.queue_wait);
+  histogram(s, "peregrine_request_duration_seconds", "Submission to the end of the request.", m.request_duration);
+  metric(s, "peregrine_prompt_tokens_per_second", "gauge", "Prompt tokens per second over the last 10 seconds.", m.prompt_tps);
+  metric(s, "peregrine_generation_tokens_per_second", "gauge", "Generated tokens per second over the last 10 seconds.", m.generation_tps);
+  metric(s, "peregrine_sequences_active", "gauge", "Sequences holding a slot.", m.active);
+  metric(s, "peregrine_sequences_queued", "gauge", "Requests waiting for a slot.", m.queued);
+  metric(s, "peregrine_slots", "gauge", "Parallel sequence slots.", m.slots);
+  metric(s, "peregrine_kv_blocks_used", "gauge", "KV cache blocks in use.", m.kv_blocks_used);
+  metric(s, "peregrine_kv_blocks_total", "gauge", "KV cache blocks in the pool.", m.kv_blocks_total);
+  metric(s, "peregrine_kv_usage_ratio", "gauge", "Fraction of the KV cache in use.",
+         m.kv_blocks_total > 0 ? static_cast<double>(m.kv_blocks_used) / m.kv_blocks_total : 0.0);
+  HttpOut o;
+  o.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  o.body = std::move(s);
+  return o;
+}
+
+HttpOut handle_tokenize(Context& ctx, const HttpIn& in) {
+  json b = parse_body(in.body);
+  auto c = b.find("content");
+  if (c == b.end() || c->is_null()) throw bad_request("'content' is required", "content");
+  if (!c->is_string()) throw bad_request("'content' must be a string, not " + type_name(*c), "content");
+  const bool add_special = opt_bool(b, "add_special").value_or(false);
+  const bool parse_special = opt_bool(b, "parse_special").value_or(true);
+  const bool with_pieces = opt_bool(b, "with_pieces").value_or(false);
+  const std::vector<int32_t> ids = ctx.tok.encode(c->get<std::string>(), add_special, parse_special);
+  json tokens = json::array();
+  for (int32_t id : ids) {
+    if (with_pieces)
+      tokens.push_back(json{{"id", id}, {"piece", tok::utf8_sanitize(ctx.tok.token_to_piece(id, true))}});
+    else
+      tokens.push_back(id);
+  }
+  return HttpOut::json_reply(json{{"tokens", tokens}});
+}
+
+HttpOut handle_detokenize(Context& ctx, const HttpIn& in) {
+  json b = parse_body(in.body);
+  const json* t = opt_array(b, "tokens");
+  if (!t) throw bad_request("'tokens' is required", "tokens");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < t->size(); ++i) {
+    const json& v = (*t)[i];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= ctx.tok.n_vocab())
+      throw bad_request("'tokens[" + std::to_string(i) + "]' must be a token id in [0, " + std::to_string(ctx.tok.n_vocab()) + ")",
+                        "tokens");
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  return HttpOut::json_reply(json{{"content", ctx.tok.detokenize(ids, true)}});
+}
+
+HttpOut handle_apply_template(Context& ctx, const HttpIn& in) {
+  ChatRequest req = parse_openai_chat(parse_body(in.body));
+  const RenderedPrompt rp = ctx.chat_prompt().render(req);
+  return HttpOut::json_reply(json{{"prompt", rp.text}, {"n_tokens", rp.tokens.size()}});
+}
+
+}  // namespace pg::server

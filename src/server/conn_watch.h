@@ -1,0 +1,31 @@
+// Notices that the client of a request has gone away, so its sequence can be cancelled while the
+// model is still working (a non-streaming request writes nothing until the end, and a stream may be
+// silent through a long prefill).
+//
+// cpp-httplib 0.11 gives handlers no access to their socket, so the watch finds it once by its
+// address pair (the handler's thread owns the connection until it returns), then polls it for a
+// peer shutdown: POLLRDHUP / POLLHUP, or a readable socket whose peek reads end-of-file. A client
+// that pipelines another request keeps the socket readable with data, which is not mistaken for EOF.
+#pragma once
+#include <chrono>
+#include <string>
+
+namespace pg::server {
+
+class ConnWatch {
+ public:
+  ConnWatch() = default;  // watches nothing (gone() only reflects mark_gone())
+  ConnWatch(const std::string& remote_addr, int remote_port, int local_port);
+
+  // True once the peer closed its side (checked at most every `min_interval`).
+  bool gone();
+  void mark_gone() { gone_ = true; }
+  bool found() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+  bool gone_ = false;
+  std::chrono::steady_clock::time_point last_check_{};
+};
+
+}  // namespace pg::server

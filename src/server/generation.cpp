@@ -1,0 +1,204 @@
+#include <algorithm>
+
+#include "core/log.h"
+#include "server/context.h"
+
+namespace pg::server {
+
+using namespace std::chrono_literals;
+
+const ChatPrompt& Context::chat_prompt() const {
+  if (!prompt)
+    throw ApiError(400,
+                   "the model has no chat template, so chat endpoints are unavailable: restart the server with "
+                   "--chat-template-file FILE, or use /v1/completions",
+                   {}, "no_chat_template");
+  return *prompt;
+}
+
+HttpOut HttpOut::json_reply(const json& j, int status) {
+  HttpOut o;
+  o.status = status;
+  o.body = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return o;
+}
+
+std::string sse_data(const json& j) {
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+std::string sse_event(std::string_view event, const json& j) {
+  std::string s = "event: ";
+  s += event;
+  s += "\ndata: ";
+  s += j.dump(-1, ' ', false, json::error_handler_t::replace);
+  s += "\n\n";
+  return s;
+}
+
+json timings_json(const engine::RequestStats& s) {
+  json t = json::object();
+  t["prompt_n"] = s.n_prompt;
+  t["prompt_ms"] = s.prompt_ms;
+  t["prompt_per_token_ms"] = s.n_prompt > 0 ? s.prompt_ms / s.n_prompt : 0.0;
+  t["prompt_per_second"] = s.prompt_ms > 0 ? s.n_prompt * 1000.0 / s.prompt_ms : 0.0;
+  // The first generated token is produced by the prefill; the decode time covers the rest.
+  const int decoded = std::max(0, s.n_generated - 1);
+  t["predicted_n"] = s.n_generated;
+  t["predicted_ms"] = s.decode_ms;
+  t["predicted_per_token_ms"] = decoded > 0 ? s.decode_ms / decoded : 0.0;
+  t["predicted_per_second"] = s.decode_ms > 0 ? decoded * 1000.0 / s.decode_ms : 0.0;
+  t["queue_ms"] = s.queue_ms;
+  t["ttft_ms"] = s.ttft_ms;
+  return t;
+}
+
+engine::RequestSpec make_spec(const Context& ctx, const GenParams& g, std::vector<int32_t> prompt) {
+  const int n_ctx = ctx.n_ctx();
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  const int64_t room = n_ctx - n_prompt;
+  if (room <= 0)
+    throw ApiError(400,
+                   "the prompt has " + std::to_string(n_prompt) + " tokens but a slot holds " + std::to_string(n_ctx) +
+                       " tokens (prompt and answer together); shorten the conversation or restart with a larger -c",
+                   "messages", "context_length_exceeded");
+  engine::RequestSpec s;
+  s.prompt = std::move(prompt);
+  s.sampling = g.resolve(ctx.opt.sampling, ctx.opt.seed);
+  int64_t max_tokens;
+  if (g.max_tokens) {
+    max_tokens = *g.max_tokens;
+    if (max_tokens > room) {
+      if (!ctx.opt.clamp_max_tokens)
+        throw ApiError(400,
+                       "the request needs " + std::to_string(n_prompt + max_tokens) + " tokens (" + std::to_string(n_prompt) +
+                           " in the prompt + " + std::to_string(max_tokens) + " max tokens) but a slot holds " +
+                           std::to_string(n_ctx) +
+                           "; lower max_tokens, or restart the server with --clamp-max-tokens to shorten it automatically",
+                       "max_tokens", "context_length_exceeded");
+      max_tokens = room;
+    }
+  } else {
+    max_tokens = ctx.opt.default_max_tokens > 0 ? std::min<int64_t>(ctx.opt.default_max_tokens, room) : room;
+  }
+  s.max_tokens = static_cast<int>(max_tokens);
+  s.stop = g.stop;
+  s.stop_at_eog = !g.ignore_eos;
+  s.logprobs = g.logprobs;
+  if (ctx.opt.timeout_s > 0)
+    s.deadline = engine::Clock::now() + std::chrono::duration_cast<engine::Clock::duration>(
+                                            std::chrono::duration<double>(ctx.opt.timeout_s));
+  return s;
+}
+
+EngineRun::EngineRun(Context& ctx, engine::RequestSpec spec) {
+  n_prompt_ = static_cast<int>(spec.prompt.size());
+  try {
+    h_ = ctx.sched.submit(std::move(spec));
+  } catch (const engine::RejectError& e) {
+    using K = engine::RejectError::Kind;
+    switch (e.kind()) {
+      case K::kContextOverflow: throw ApiError(400, e.what(), "max_tokens", "context_length_exceeded");
+      case K::kInvalid: throw ApiError(400, e.what());
+      case K::kOverloaded: throw ApiError(503, e.what(), {}, "overloaded", "server_error");
+      case K::kShutdown: throw ApiError(503, e.what(), {}, "shutting_down", "server_error");
+    }
+    throw ApiError(400, e.what());
+  }
+}
+
+EngineRun::~EngineRun() {
+  if (h_ && !done_) h_->cancel();
+}
+
+bool EngineRun::next(engine::Event& e, ConnWatch& w, const std::function<bool()>& idle) {
+  if (done_ || gone_) return false;
+  auto last_output = engine::Clock::now();
+  for (;;) {
+    if (w.gone()) {
+      gone_ = true;
+      h_->cancel();
+      return false;
+    }
+    if (h_->next(e, 25ms)) {
+      if (e.done) {
+        done_ = true;
+        final_ = e;
+      }
+      return true;
+    }
+    if (idle && engine::Clock::now() - last_output > 10s) {
+      last_output = engine::Clock::now();
+      if (!idle()) {
+        w.mark_gone();
+        gone_ = true;
+        h_->cancel();
+        return false;
+      }
+    }
+  }
+}
+
+ChatRun::ChatRun(Context& ctx, const ChatRequest& req)
+    : rp_(ctx.chat_prompt().render(req)),
+      parser_(rp_.format, rp_.parser),
+      parallel_(req.parallel_tool_calls) {
+  engine::RequestSpec spec = make_spec(ctx, req.gen, rp_.tokens);
+  spec.special_text = ChatPrompt::special_text(rp_.format);
+  run_ = std::make_unique<EngineRun>(ctx, std::move(spec));
+}
+
+void append_delta(chat::Delta& d, chat::Delta&& more) {
+  d.content += more.content;
+  d.reasoning_content += more.reasoning_content;
+  for (auto& t : more.tool_calls) {
+    if (!d.tool_calls.empty() && d.tool_calls.back().index == t.index) {
+      auto& last = d.tool_calls.back();
+      if (last.id.empty()) last.id = std::move(t.id);
+      if (last.name.empty()) last.name = std::move(t.name);
+      last.arguments += t.arguments;
+    } else {
+      d.tool_calls.push_back(std::move(t));
+    }
+  }
+}
+
+std::vector<chat::ToolCall> ChatRun::tool_calls() const {
+  std::vector<chat::ToolCall> calls = message().tool_calls;
+  if (!parallel_ && calls.size() > 1) calls.resize(1);
+  return calls;
+}
+
+void ChatRun::filter(chat::Delta& d) {
+  // parallel_tool_calls = false: the first call only.
+  if (!parallel_) std::erase_if(d.tool_calls, [](const chat::ToolCallDelta& t) { return t.index > 0; });
+}
+
+bool ChatRun::next(ChatChunk& c, ConnWatch& w, const std::function<bool()>& idle) {
+  c.delta = chat::Delta{};
+  c.tokens.clear();
+  if (finished_) return false;
+  if (first_) {
+    first_ = false;
+    if (!rp_.forced.empty()) {
+      c.delta = parser_.push(rp_.forced);
+      filter(c.delta);
+      if (!c.delta.empty()) return true;
+    }
+  }
+  engine::Event e;
+  if (!run_->next(e, w, idle)) {
+    finished_ = true;
+    return false;
+  }
+  c.delta = parser_.push(e.text);
+  c.tokens = std::move(e.tokens);
+  if (e.done) {
+    append_delta(c.delta, parser_.finish());
+    finished_ = true;
+  }
+  filter(c.delta);
+  return true;
+}
+
+}  // namespace pg::server
