@@ -81,9 +81,45 @@ def shrink(path):
     return bytes(out + data)
 
 
+def rich():
+    """Every value type, nested arrays, alignment 64, tensors of several types and ranks."""
+    def s(t):
+        b = t.encode()
+        return struct.pack("<Q", len(b)) + b
+
+    def kv(key, t, payload):
+        return s(key) + struct.pack("<I", t) + payload
+
+    kvs = [
+        kv("general.architecture", 8, s("llama")),
+        kv("general.alignment", 4, struct.pack("<I", 64)),
+        kv("u8", 0, b"\xff"), kv("i8", 1, b"\x80"), kv("u16", 2, b"\xff\xff"), kv("i16", 3, b"\x00\x80"),
+        kv("u32", 4, struct.pack("<I", 7)), kv("i32", 5, struct.pack("<i", -7)), kv("f32", 6, struct.pack("<f", 1e-5)),
+        kv("bool", 7, b"\x01"), kv("u64", 10, struct.pack("<Q", 1 << 63)), kv("i64", 11, struct.pack("<q", -(1 << 63))),
+        kv("f64", 12, struct.pack("<d", 0.1)),
+        kv("arr_str", 9, struct.pack("<IQ", 8, 3) + s("a") + s("") + s("\u0120the")),
+        kv("arr_f32", 9, struct.pack("<IQ", 6, 2) + struct.pack("<2f", 0.5, -1.0)),
+        kv("arr_arr", 9, struct.pack("<IQ", 9, 2) + struct.pack("<IQ", 5, 1) + struct.pack("<i", 3) + struct.pack("<IQ", 8, 1) + s("x")),
+    ]
+    infos, data = [], bytearray()
+    for name, dims, ttype in (("a.weight", [8], 0), ("b.weight", [32, 2], 8), ("c.weight", [256, 1, 2], 12), ("d.weight", [4, 1, 1, 2], 1)):
+        blk, size = BLOCKS[ttype]
+        n = 1
+        for d in dims:
+            n *= d
+        infos.append(s(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<q", d) for d in dims) + struct.pack("<IQ", ttype, len(data)))
+        data += bytes(k & 0xFF for k in range(n // blk * size))
+        data += b"\0" * ((-len(data)) % 64)
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos))
+    out += b"\0" * ((-len(out)) % 64)
+    return bytes(out + data)
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "rich.seed.gguf"), "wb") as f:
+        f.write(rich())
     for path in sys.argv[2:]:
         seed = shrink(path)
         name = os.path.basename(path).replace(".gguf", "") + ".seed.gguf"

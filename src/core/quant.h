@@ -61,6 +61,12 @@ float vec_dot(DType t, int64_t n, const void* w_row, const void* x_row);
 
 // ---- additions: weight quantization as llama-quantize does it, and the portable paths ----------
 
+// Note on quantize_row: it is ggml-cpu's from_float for t, i.e. what the matmul applies to activations
+// and the KV cache to its rows. Q8_0/Q8_1 follow the activation rule of golden README §3 (multiplier
+// 127/amax, ties to even) and Q8_K its §3 rule, byte-exact with the golden kernels/*.xq.bin; the other
+// types use the same reference quantizers as quantize_weights (IQ4_NL with ggml's single-guess scale).
+// It does not scan for NaN/Inf (hot path); non-finite input gives unspecified blocks, never a crash.
+
 // Quantizes model weights the way llama-quantize does without an importance matrix (ggml_quantize_chunk),
 // so the bytes equal those of the files it writes. Differs from quantize_row only where ggml's
 // model-file quantizer differs from its activation converter: Q8_0/Q8_1 use the reference rounding

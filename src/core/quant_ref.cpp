@@ -4,7 +4,12 @@
 // quantizers must reproduce the bytes llama-quantize writes. ggml's reference code is compiled without
 // FMA, so a*b+c is two roundings there; the pragmas below stop the compiler from fusing them here
 // (GCC fuses by default even in ISO mode once -mfma is on). Keep every expression in the same
-// association order as the algorithm it reproduces: reordering changes the last bit.
+// association order as the algorithm it reproduces: reordering changes the last bit. Never build this
+// file with -ffast-math, or with clang's -ffp-contract=fast (which ignores the pragma); the
+// llama-quantize bit-exactness test (tests/core/test_quant_llama.cpp) fails if that happens.
+#if defined(__FAST_MATH__)
+#error "quant_ref.cpp must be compiled with IEEE float semantics (no -ffast-math)"
+#endif
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #elif defined(__GNUC__)
@@ -28,7 +33,15 @@
 
 namespace pg {
 
-const int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+namespace {
+// The IQ4_NL levels, usable in constant expressions (the tables below are built at compile time).
+constexpr int8_t kLevelValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+}  // namespace
+
+const int8_t kIQ4NLValues[16] = {kLevelValues[0],  kLevelValues[1],  kLevelValues[2],  kLevelValues[3],
+                                 kLevelValues[4],  kLevelValues[5],  kLevelValues[6],  kLevelValues[7],
+                                 kLevelValues[8],  kLevelValues[9],  kLevelValues[10], kLevelValues[11],
+                                 kLevelValues[12], kLevelValues[13], kLevelValues[14], kLevelValues[15]};
 
 namespace {
 
@@ -53,9 +66,9 @@ inline int trunc_int(float v) {
 
 inline void check_blocks(DType t, int64_t n, const char* what) {
   const auto& tr = traits(t);
-  PG_CHECK(n >= 0 && n % tr.block_size == 0,
-           std::string(what) + ": " + std::to_string(n) + " elements is not a multiple of the " + std::string(tr.name) +
-               " block size " + std::to_string(tr.block_size));
+  PG_CHECK(n >= 0 && n % tr.block_size == 0, std::string(what) + ": " + std::to_string(n) +
+                                                 " elements is not a multiple of the " + std::string(tr.name) + " block size " +
+                                                 std::to_string(tr.block_size));
 }
 
 // ---- dequantization ---------------------------------------------------------------------------
@@ -148,13 +161,23 @@ void dequant_q2_k(const BlockQ2_K* b, float* y, int64_t nb) {
   }
 }
 
-// The 16 signed 6-bit sub-block scales of a Q3_K block: low nibbles in bytes 0..7, high pairs in 8..11.
+// The 16 signed 6-bit sub-block scales of a Q3_K block: low nibbles in bytes 0..7 (sub-blocks 0..7 in
+// the low halves, 8..15 in the high halves), the 2 high bits of sub-block j in byte 8 + j%4 at bit 2·(j/4).
+// Done four scales at a time on 32-bit words.
 inline void q3k_scales(const uint8_t* s, int8_t* out) {
-  for (int j = 0; j < 16; ++j) {
-    const int lo = j < 8 ? (s[j] & 0xF) : (s[j - 8] >> 4);
-    const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-    out[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
-  }
+  uint32_t a0, a1, hi;
+  std::memcpy(&a0, s, 4);
+  std::memcpy(&a1, s + 4, 4);
+  std::memcpy(&hi, s + 8, 4);
+  constexpr uint32_t lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+  const uint32_t w[4] = {
+      (a0 & lo4) | ((hi & lo2) << 4),
+      (a1 & lo4) | (((hi >> 2) & lo2) << 4),
+      ((a0 >> 4) & lo4) | (((hi >> 4) & lo2) << 4),
+      ((a1 >> 4) & lo4) | (((hi >> 6) & lo2) << 4),
+  };
+  for (int k = 0; k < 4; ++k)
+    for (int b = 0; b < 4; ++b) out[4 * k + b] = static_cast<int8_t>(static_cast<int>((w[k] >> (8 * b)) & 0xff) - 32);
 }
 
 void dequant_q3_k(const BlockQ3_K* b, float* y, int64_t nb) {
@@ -370,8 +393,11 @@ void quant_q5_1(const float* x, BlockQ5_1* y, int64_t nb) {
 }
 
 // Q8_0 / Q8_1 for model files: d = amax/127, scale by 1/d, round half away from zero.
+// Same result as roundf() (the library call is slow); v - trunc(v) is exact.
 inline int8_t round_away_i8(float v) {
-  const float r = std::round(v);
+  const float t = std::trunc(v);
+  const float up = std::fabs(v - t) >= 0.5f ? 1.0f : 0.0f;  // a select, not a branch: ties are common
+  const float r = t + std::copysign(up, v);
   return static_cast<int8_t>(r >= 127.f ? 127 : r <= -128.f ? -128 : r == r ? static_cast<int>(r) : 0);
 }
 
@@ -443,10 +469,14 @@ void quant_q8_1_act_scalar(const float* x, BlockQ8_1* y, int64_t nb) {
 // Rounds 32 floats times id to int8 with the current (nearest-even) rounding mode; returns the sum.
 inline int q8_block_avx2(const float* x, float id, int8_t* out) {
   const __m256 mul = _mm256_set1_ps(id);
-  __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 24), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i i0 =
+      _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i i1 = _mm256_cvtps_epi32(
+      _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i i2 = _mm256_cvtps_epi32(
+      _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i i3 = _mm256_cvtps_epi32(
+      _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 24), mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
   __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
   s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -689,6 +719,212 @@ float search_affine_scale(int n, int nmax, const float* x, const float* weights,
   return scale;
 }
 
+// ---- the same searches on 8 groups at once ------------------------------------------------------
+//
+// The K-quant quantizers run a scale search per 16- or 32-element group; the groups of a block are
+// independent, so with AVX2 each of 8 lanes runs one group's search with exactly the scalar operation
+// sequence (same operations, same order, per-lane selects instead of branches). Results are bit-identical
+// to the scalar functions above, which remain the portable path.
+
+#if PG_QUANT_AVX2
+namespace x8 {
+
+inline __m256 ld(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 bcast(float v) { return _mm256_set1_ps(v); }
+inline __m256 sel(__m256 if_false, __m256 if_true, __m256 mask) { return _mm256_blendv_ps(if_false, if_true, mask); }
+inline __m256i seli(__m256i if_false, __m256i if_true, __m256 mask) {
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(if_false), _mm256_castsi256_ps(if_true), mask));
+}
+inline __m256 fabs8(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+// nearest_int() on 8 lanes: the same 1.5·2^23 trick, so the same integers for any input.
+inline __m256i nearest8(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.f)));
+  return _mm256_sub_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x00400000));
+}
+inline __m256i clamp8(__m256i v, int lo, int hi) {
+  return _mm256_min_epi32(_mm256_max_epi32(v, _mm256_set1_epi32(lo)), _mm256_set1_epi32(hi));
+}
+
+// Transposes 8 groups of n floats (group j at src + n·j) to t[8·i + j].
+inline void transpose(const float* src, int n, float* t) {
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < n; ++i) t[8 * i + j] = src[n * j + i];
+}
+
+// search_affine_scale for 8 groups; xt/wt transposed ([n][8]); Lt receives [n][8] levels.
+void affine(int n, int nmax, const float* xt, const float* wt, float rmin, float rdelta, int nstep, bool use_mad, __m256i* Lt,
+            __m256* scale_out, __m256* min_out) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 min = ld(xt), max = min;
+  __m256 sum_w = ld(wt);
+  __m256 sum_x = _mm256_mul_ps(sum_w, ld(xt));
+  for (int i = 1; i < n; ++i) {
+    const __m256 x = ld(xt + 8 * i), w = ld(wt + 8 * i);
+    min = sel(min, x, _mm256_cmp_ps(x, min, _CMP_LT_OQ));
+    max = sel(max, x, _mm256_cmp_ps(x, max, _CMP_GT_OQ));
+    sum_w = _mm256_add_ps(sum_w, w);
+    sum_x = _mm256_add_ps(sum_x, _mm256_mul_ps(w, x));
+  }
+  min = sel(min, zero, _mm256_cmp_ps(min, zero, _CMP_GT_OQ));
+  const __m256 degenerate = _mm256_cmp_ps(max, min, _CMP_EQ_OQ);
+  const __m256 min_degenerate = min;
+  const float fnmax = static_cast<float>(nmax);
+  __m256 iscale = _mm256_div_ps(bcast(fnmax), _mm256_sub_ps(max, min));
+  __m256 scale = _mm256_div_ps(bcast(1.0f), iscale);
+  __m256 best = zero;
+  auto err = [&](__m256 sc, __m256 mn, __m256i l, __m256 x, __m256 w, __m256 acc) {
+    __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(sc, _mm256_cvtepi32_ps(l)), mn), x);
+    diff = use_mad ? fabs8(diff) : _mm256_mul_ps(diff, diff);
+    return _mm256_add_ps(acc, _mm256_mul_ps(w, diff));
+  };
+  for (int i = 0; i < n; ++i) {
+    const __m256 x = ld(xt + 8 * i);
+    Lt[i] = clamp8(nearest8(_mm256_mul_ps(iscale, _mm256_sub_ps(x, min))), 0, nmax);
+    best = err(scale, min, Lt[i], x, ld(wt + 8 * i), best);
+  }
+  __m256i Laux[32];  // n <= 32
+  for (int is = 0; is <= nstep; ++is) {
+    // (max - min) with the current min: an accepted trial moves min for the following ones.
+    iscale = _mm256_div_ps(bcast(rmin + rdelta * static_cast<float>(is) + fnmax), _mm256_sub_ps(max, min));
+    __m256 sum_l = zero, sum_l2 = zero, sum_xl = zero;
+    for (int i = 0; i < n; ++i) {
+      const __m256 x = ld(xt + 8 * i), w = ld(wt + 8 * i);
+      Laux[i] = clamp8(nearest8(_mm256_mul_ps(iscale, _mm256_sub_ps(x, min))), 0, nmax);
+      const __m256 fl = _mm256_cvtepi32_ps(Laux[i]);
+      const __m256 wl = _mm256_mul_ps(w, fl);
+      sum_l = _mm256_add_ps(sum_l, wl);
+      sum_l2 = _mm256_add_ps(sum_l2, _mm256_mul_ps(wl, fl));
+      sum_xl = _mm256_add_ps(sum_xl, _mm256_mul_ps(wl, x));
+    }
+    const __m256 D = _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_l2), _mm256_mul_ps(sum_l, sum_l));
+    const __m256 dpos = _mm256_cmp_ps(D, zero, _CMP_GT_OQ);
+    if (_mm256_movemask_ps(dpos) == 0) continue;
+    __m256 this_scale = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sum_w, sum_xl), _mm256_mul_ps(sum_x, sum_l)), D);
+    __m256 this_min = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sum_l2, sum_x), _mm256_mul_ps(sum_l, sum_xl)), D);
+    const __m256 mpos = _mm256_cmp_ps(this_min, zero, _CMP_GT_OQ);
+    this_min = sel(this_min, zero, mpos);
+    this_scale = sel(this_scale, _mm256_div_ps(sum_xl, sum_l2), mpos);
+    __m256 cur = zero;
+    for (int i = 0; i < n; ++i) cur = err(this_scale, this_min, Laux[i], ld(xt + 8 * i), ld(wt + 8 * i), cur);
+    const __m256 upd = _mm256_and_ps(dpos, _mm256_cmp_ps(cur, best, _CMP_LT_OQ));
+    if (_mm256_movemask_ps(upd) == 0) continue;
+    for (int i = 0; i < n; ++i) Lt[i] = seli(Lt[i], Laux[i], upd);
+    best = sel(best, cur, upd);
+    scale = sel(scale, this_scale, upd);
+    min = sel(min, this_min, upd);
+  }
+  // Groups whose values are all equal (and <= 0) take the early exit: L = 0, scale 0, min unchanged.
+  for (int i = 0; i < n; ++i) Lt[i] = seli(Lt[i], _mm256_setzero_si256(), degenerate);
+  *scale_out = sel(scale, zero, degenerate);
+  *min_out = _mm256_sub_ps(zero, sel(min, min_degenerate, degenerate));  // -min, as the scalar `-min`
+}
+
+// search_sym_scale for 8 groups; xt transposed ([n][8]); Lt receives [n][8] values L = q + nmax.
+void sym(int n, int nmax, const float* xt, __m256i* Lt, __m256* scale_out) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 max = zero, amax = zero;
+  for (int i = 0; i < n; ++i) {
+    const __m256 x = ld(xt + 8 * i), ax = fabs8(x);
+    const __m256 gt = _mm256_cmp_ps(ax, amax, _CMP_GT_OQ);
+    amax = sel(amax, ax, gt);
+    max = sel(max, x, gt);
+  }
+  const __m256 tiny = _mm256_cmp_ps(amax, bcast(kGroupMaxEps), _CMP_LT_OQ);
+  __m256 w[32], wx[32];  // n <= 32
+  for (int i = 0; i < n; ++i) {
+    const __m256 x = ld(xt + 8 * i);
+    w[i] = _mm256_mul_ps(x, x);
+    wx[i] = _mm256_mul_ps(w[i], x);
+  }
+  const __m256i bias = _mm256_set1_epi32(nmax);
+  __m256 iscale = _mm256_div_ps(bcast(static_cast<float>(-nmax)), max);
+  __m256 sumlx = zero, suml2 = zero;
+  for (int i = 0; i < n; ++i) {
+    const __m256i l = clamp8(nearest8(_mm256_mul_ps(iscale, ld(xt + 8 * i))), -nmax, nmax - 1);
+    Lt[i] = _mm256_add_epi32(l, bias);
+    const __m256 fl = _mm256_cvtepi32_ps(l);
+    sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(wx[i], fl));
+    suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w[i], fl), fl));
+  }
+  __m256 scale = sel(_mm256_div_ps(sumlx, suml2), zero, _mm256_cmp_ps(suml2, zero, _CMP_EQ_OQ));
+  __m256 best = _mm256_mul_ps(scale, sumlx);
+  __m256i cand[32];
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    iscale = _mm256_div_ps(bcast(-(static_cast<float>(nmax) + 0.1f * static_cast<float>(is))), max);
+    sumlx = suml2 = zero;
+    for (int i = 0; i < n; ++i) {
+      cand[i] = clamp8(nearest8(_mm256_mul_ps(iscale, ld(xt + 8 * i))), -nmax, nmax - 1);
+      const __m256 fl = _mm256_cvtepi32_ps(cand[i]);
+      sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(wx[i], fl));
+      suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w[i], fl), fl));
+    }
+    const __m256 upd = _mm256_and_ps(_mm256_cmp_ps(suml2, zero, _CMP_GT_OQ),
+                                     _mm256_cmp_ps(_mm256_mul_ps(sumlx, sumlx), _mm256_mul_ps(best, suml2), _CMP_GT_OQ));
+    if (_mm256_movemask_ps(upd) == 0) continue;
+    for (int i = 0; i < n; ++i) Lt[i] = seli(Lt[i], _mm256_add_epi32(cand[i], bias), upd);
+    const __m256 new_scale = _mm256_div_ps(sumlx, suml2);
+    scale = sel(scale, new_scale, upd);
+    best = sel(best, _mm256_mul_ps(new_scale, sumlx), upd);
+  }
+  for (int i = 0; i < n; ++i) Lt[i] = seli(Lt[i], _mm256_setzero_si256(), tiny);
+  *scale_out = sel(scale, zero, tiny);
+}
+
+}  // namespace x8
+#endif  // PG_QUANT_AVX2
+
+// search_affine_scale over 8 consecutive groups of n (x and weights: group j at offset n·j); writes
+// L[n·j + i], scales[j], mins[j].
+void search_affine_scale_x8(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* scales, float* mins,
+                            float rmin, float rdelta, int nstep, bool use_mad, bool simd) {
+#if PG_QUANT_AVX2
+  if (simd) {
+    float xt[32 * 8], wt[32 * 8];  // [n][8]
+    x8::transpose(x, n, xt);
+    x8::transpose(weights, n, wt);
+    __m256i Lt[32];
+    __m256 sc, mn;
+    x8::affine(n, nmax, xt, wt, rmin, rdelta, nstep, use_mad, Lt, &sc, &mn);
+    _mm256_storeu_ps(scales, sc);
+    _mm256_storeu_ps(mins, mn);
+    for (int i = 0; i < n; ++i) {
+      alignas(32) int32_t l[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(l), Lt[i]);
+      for (int j = 0; j < 8; ++j) L[n * j + i] = static_cast<uint8_t>(l[j]);
+    }
+    return;
+  }
+#else
+  (void)simd;
+#endif
+  for (int j = 0; j < 8; ++j)
+    scales[j] = search_affine_scale(n, nmax, x + n * j, weights + n * j, L + n * j, &mins[j], rmin, rdelta, nstep, use_mad);
+}
+
+// search_sym_scale over 8 consecutive groups of n; writes L[n·j + i] and scales[j].
+void search_sym_scale_x8(int n, int nmax, const float* x, int8_t* L, float* scales, bool simd) {
+#if PG_QUANT_AVX2
+  if (simd) {
+    float xt[32 * 8];
+    x8::transpose(x, n, xt);
+    __m256i Lt[32];
+    __m256 sc;
+    x8::sym(n, nmax, xt, Lt, &sc);
+    _mm256_storeu_ps(scales, sc);
+    for (int i = 0; i < n; ++i) {
+      alignas(32) int32_t l[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(l), Lt[i]);
+      for (int j = 0; j < 8; ++j) L[n * j + i] = static_cast<int8_t>(l[j]);
+    }
+    return;
+  }
+#else
+  (void)simd;
+#endif
+  for (int j = 0; j < 8; ++j) scales[j] = search_sym_scale(n, nmax, x + n * j, L + n * j);
+}
+
 // ---- K-quant block quantizers --------------------------------------------------------------------
 
 // Packs 256 2-bit values: byte l of each 32-byte group holds elements l, l+32, l+64, l+96.
@@ -698,15 +934,17 @@ inline void pack_2bit(const uint8_t* L, uint8_t* qs) {
       qs[j / 4 + l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
 }
 
-void quant_q2_k(const float* x, BlockQ2_K* y, int64_t nb) {
+void quant_q2_k(const float* x, BlockQ2_K* y, int64_t nb, bool simd) {
   uint8_t L[QK_K];
-  float mins[QK_K / 16], scales[QK_K / 16], weights[16];
+  float mins[QK_K / 16], scales[QK_K / 16], weights[QK_K];
   const float q4scale = 15.f;
   for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    for (int l = 0; l < QK_K; ++l) weights[l] = std::fabs(x[l]);
+    for (int h = 0; h < 2; ++h)  // 16 groups of 16, eight at a time
+      search_affine_scale_x8(16, 3, x + 128 * h, weights + 128 * h, L + 128 * h, scales + 8 * h, mins + 8 * h, -0.5f, 0.1f, 15,
+                             true, simd);
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < QK_K / 16; ++j) {
-      for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
-      scales[j] = search_affine_scale(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, true);
       if (scales[j] > max_scale) max_scale = scales[j];
       if (mins[j] > max_min) max_min = mins[j];
     }
@@ -807,16 +1045,18 @@ inline void pack_k4_scales(const uint8_t* ls, const uint8_t* lm, uint8_t* s) {
 
 // Shared by Q4_K (nmax 15) and Q5_K (nmax 31): per-32 affine search, 6-bit scales and mins, then
 // re-quantization against the stored scales. L receives values in [0, nmax].
-void quant_k4_common(const float* x, uint16_t* d_out, uint16_t* dmin_out, uint8_t* scale_bytes, uint8_t* L, int nmax,
-                     float rmin, float rdelta, int nstep) {
-  float mins[QK_K / 32], scales[QK_K / 32], weights[32];
-  float max_scale = 0, max_min = 0;
+void quant_k4_common(const float* x, uint16_t* d_out, uint16_t* dmin_out, uint8_t* scale_bytes, uint8_t* L, int nmax, float rmin,
+                     float rdelta, int nstep, bool simd) {
+  float mins[QK_K / 32], scales[QK_K / 32], weights[QK_K];
   for (int j = 0; j < QK_K / 32; ++j) {
     float sum_x2 = 0;
     for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
     const float av_x = std::sqrt(sum_x2 / 32);
-    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-    scales[j] = search_affine_scale(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], rmin, rdelta, nstep, false);
+    for (int l = 0; l < 32; ++l) weights[32 * j + l] = av_x + std::fabs(x[32 * j + l]);
+  }
+  search_affine_scale_x8(32, nmax, x, weights, L, scales, mins, rmin, rdelta, nstep, false, simd);
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < QK_K / 32; ++j) {
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }
@@ -842,20 +1082,20 @@ void quant_k4_common(const float* x, uint16_t* d_out, uint16_t* dmin_out, uint8_
   }
 }
 
-void quant_q4_k(const float* x, BlockQ4_K* y, int64_t nb) {
+void quant_q4_k(const float* x, BlockQ4_K* y, int64_t nb, bool simd) {
   uint8_t L[QK_K];
   for (int64_t i = 0; i < nb; ++i, x += QK_K) {
-    quant_k4_common(x, &y[i].d, &y[i].dmin, y[i].scales, L, 15, -1.f, 0.1f, 20);
+    quant_k4_common(x, &y[i].d, &y[i].dmin, y[i].scales, L, 15, -1.f, 0.1f, 20, simd);
     uint8_t* q = y[i].qs;
     for (int j = 0; j < QK_K; j += 64, q += 32)
       for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
   }
 }
 
-void quant_q5_k(const float* x, BlockQ5_K* y, int64_t nb) {
+void quant_q5_k(const float* x, BlockQ5_K* y, int64_t nb, bool simd) {
   uint8_t L[QK_K];
   for (int64_t i = 0; i < nb; ++i, x += QK_K) {
-    quant_k4_common(x, &y[i].d, &y[i].dmin, y[i].scales, L, 31, -0.5f, 0.1f, 15);
+    quant_k4_common(x, &y[i].d, &y[i].dmin, y[i].scales, L, 31, -0.5f, 0.1f, 15, simd);
     uint8_t* qh = y[i].qh;
     uint8_t* ql = y[i].qs;
     std::memset(qh, 0, QK_K / 8);
@@ -877,13 +1117,13 @@ void quant_q5_k(const float* x, BlockQ5_K* y, int64_t nb) {
   }
 }
 
-void quant_q6_k(const float* x, BlockQ6_K* y, int64_t nb) {
+void quant_q6_k(const float* x, BlockQ6_K* y, int64_t nb, bool simd) {
   int8_t L[QK_K];
   float scales[QK_K / 16];
   for (int64_t i = 0; i < nb; ++i, x += QK_K) {
+    for (int h = 0; h < 2; ++h) search_sym_scale_x8(16, 32, x + 128 * h, L + 128 * h, scales + 8 * h, simd);
     float max_scale = 0, max_abs_scale = 0;
     for (int ib = 0; ib < QK_K / 16; ++ib) {
-      scales[ib] = search_sym_scale(16, 32, x + 16 * ib, L + 16 * ib);
       const float a = std::fabs(scales[ib]);
       if (a > max_abs_scale) {
         max_abs_scale = a;
@@ -896,8 +1136,7 @@ void quant_q6_k(const float* x, BlockQ6_K* y, int64_t nb) {
     }
     const float iscale = -128.f / max_scale;
     y[i].d = f32_to_fp16(1 / iscale);
-    for (int ib = 0; ib < QK_K / 16; ++ib)
-      y[i].scales[ib] = static_cast<int8_t>(std::min(127, nearest_int(iscale * scales[ib])));
+    for (int ib = 0; ib < QK_K / 16; ++ib) y[i].scales[ib] = static_cast<int8_t>(std::min(127, nearest_int(iscale * scales[ib])));
     const float dd = fp16_to_f32(y[i].d);
     for (int j = 0; j < QK_K / 16; ++j) {
       const float d = dd * static_cast<float>(y[i].scales[j]);
@@ -920,20 +1159,30 @@ void quant_q6_k(const float* x, BlockQ6_K* y, int64_t nb) {
 
 // ---- IQ4_NL / IQ4_XS ----------------------------------------------------------------------------
 
-// Index of the IQ4_NL level nearest to v (ties toward the upper level unless strictly closer below).
-inline int nearest_level(float v) {
-  const int8_t* val = kIQ4NLValues;
-  if (v <= val[0]) return 0;
-  if (v >= val[15]) return 15;
-  int lo = 0, hi = 15;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (v < val[mid])
-      hi = mid;
-    else
-      lo = mid;
+// For each integer v in [-127, 113]: the index of the largest level <= v. The levels are integers, so
+// for a float x in that range the largest level <= x is the one for floor(x).
+struct LevelTables {
+  uint8_t floor_idx[241];
+  float value[16];
+  constexpr LevelTables() : floor_idx(), value() {
+    for (int v = -127; v <= 113; ++v) {
+      int k = 0;
+      while (k < 15 && kLevelValues[k + 1] <= v) ++k;
+      floor_idx[v + 127] = static_cast<uint8_t>(k);
+    }
+    for (int k = 0; k < 16; ++k) value[k] = static_cast<float>(kLevelValues[k]);
   }
-  return v - val[hi - 1] < val[hi] - v ? hi - 1 : hi;
+};
+constexpr LevelTables kLevels;
+
+// Index of the IQ4_NL level nearest to v, with ggml's tie rule (the lower level only when strictly
+// closer). Equal to ggml's binary search for every input, but a table lookup and a branch-free choice:
+// the scale searches call this hundreds of times per element and the search's branches mispredict.
+inline int nearest_level(float v) {
+  if (v <= kLevels.value[0]) return 0;
+  if (v >= kLevels.value[15] || !(v == v)) return 15;  // NaN: where ggml's search ends up
+  const int lo = kLevels.floor_idx[static_cast<int>(std::floor(v)) + 127];
+  return lo + static_cast<int>(!(v - kLevels.value[lo] < kLevels.value[lo + 1] - v));
 }
 
 // Best scale of one 32-element group for the non-linear levels (ggml quantize_row_iq4_nl_impl, no
@@ -956,7 +1205,7 @@ float iq4_group_scale(const float* xb, uint8_t* Lb, int ntry) {
   for (int j = 0; j < 32; ++j) {
     const int l = nearest_level(id * xb[j]);
     Lb[j] = static_cast<uint8_t>(l);
-    const float q = static_cast<float>(kIQ4NLValues[l]);
+    const float q = kLevels.value[l];
     const float w = xb[j] * xb[j];
     sumqx += w * q * xb[j];
     sumq2 += w * q * q;
@@ -967,7 +1216,7 @@ float iq4_group_scale(const float* xb, uint8_t* Lb, int ntry) {
     id = static_cast<float>(itry + kIQ4NLValues[0]) / max;
     sumqx = sumq2 = 0;
     for (int j = 0; j < 32; ++j) {
-      const float q = static_cast<float>(kIQ4NLValues[nearest_level(id * xb[j])]);
+      const float q = kLevels.value[nearest_level(id * xb[j])];
       const float w = xb[j] * xb[j];
       sumqx += w * q * xb[j];
       sumq2 += w * q * q;
@@ -1058,10 +1307,14 @@ void quantize_impl(DType t, const float* src, void* dst, int64_t n, bool simd, b
       for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(src[i]);
       return;
     }
-    case DType::Q4_0: return quant_q4_0(src, static_cast<BlockQ4_0*>(dst), nb);
-    case DType::Q4_1: return quant_q4_1(src, static_cast<BlockQ4_1*>(dst), nb);
-    case DType::Q5_0: return quant_q5_0(src, static_cast<BlockQ5_0*>(dst), nb);
-    case DType::Q5_1: return quant_q5_1(src, static_cast<BlockQ5_1*>(dst), nb);
+    case DType::Q4_0:
+      return quant_q4_0(src, static_cast<BlockQ4_0*>(dst), nb);
+    case DType::Q4_1:
+      return quant_q4_1(src, static_cast<BlockQ4_1*>(dst), nb);
+    case DType::Q5_0:
+      return quant_q5_0(src, static_cast<BlockQ5_0*>(dst), nb);
+    case DType::Q5_1:
+      return quant_q5_1(src, static_cast<BlockQ5_1*>(dst), nb);
     case DType::Q8_0:
       if (weights) return quant_q8_0_ref(src, static_cast<BlockQ8_0*>(dst), nb);
       if (simd) return quant_q8_0_act(src, static_cast<BlockQ8_0*>(dst), nb);
@@ -1070,15 +1323,24 @@ void quantize_impl(DType t, const float* src, void* dst, int64_t n, bool simd, b
       if (weights) return quant_q8_1_ref(src, static_cast<BlockQ8_1*>(dst), nb);
       if (simd) return quant_q8_1_act(src, static_cast<BlockQ8_1*>(dst), nb);
       return quant_q8_1_act_scalar(src, static_cast<BlockQ8_1*>(dst), nb);
-    case DType::Q8_K: return quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb);
-    case DType::Q2_K: return quant_q2_k(src, static_cast<BlockQ2_K*>(dst), nb);
-    case DType::Q3_K: return quant_q3_k(src, static_cast<BlockQ3_K*>(dst), nb);
-    case DType::Q4_K: return quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb);
-    case DType::Q5_K: return quant_q5_k(src, static_cast<BlockQ5_K*>(dst), nb);
-    case DType::Q6_K: return quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb);
-    case DType::IQ4_NL: return quant_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), nb, weights ? 7 : -1);
-    case DType::IQ4_XS: return quant_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), nb);
-    default: break;
+    case DType::Q8_K:
+      return quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb);
+    case DType::Q2_K:
+      return quant_q2_k(src, static_cast<BlockQ2_K*>(dst), nb, simd);
+    case DType::Q3_K:
+      return quant_q3_k(src, static_cast<BlockQ3_K*>(dst), nb);
+    case DType::Q4_K:
+      return quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb, simd);
+    case DType::Q5_K:
+      return quant_q5_k(src, static_cast<BlockQ5_K*>(dst), nb, simd);
+    case DType::Q6_K:
+      return quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb, simd);
+    case DType::IQ4_NL:
+      return quant_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), nb, weights ? 7 : -1);
+    case DType::IQ4_XS:
+      return quant_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), nb);
+    default:
+      break;
   }
   throw Error("cannot quantize to " + std::string(dtype_name(t)));
 }
@@ -1103,8 +1365,10 @@ bool can_quantize(DType t) {
     case DType::Q5_K:
     case DType::Q6_K:
     case DType::IQ4_NL:
-    case DType::IQ4_XS: return true;
-    default: return false;
+    case DType::IQ4_XS:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -1138,7 +1402,12 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return;
     case DType::F16: {
       const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(h[i]);
+      int64_t i = 0;
+#if PG_QUANT_AVX2
+      for (; i + 8 <= n; i += 8)  // exact conversion, identical to fp16_to_f32
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+#endif
+      for (; i < n; ++i) dst[i] = fp16_to_f32(h[i]);
       return;
     }
     case DType::BF16: {
@@ -1146,21 +1415,36 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
       return;
     }
-    case DType::Q4_0: return dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, nb);
-    case DType::Q4_1: return dequant_q4_1(static_cast<const BlockQ4_1*>(src), dst, nb);
-    case DType::Q5_0: return dequant_q5_0(static_cast<const BlockQ5_0*>(src), dst, nb);
-    case DType::Q5_1: return dequant_q5_1(static_cast<const BlockQ5_1*>(src), dst, nb);
-    case DType::Q8_0: return dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, nb);
-    case DType::Q8_1: return dequant_q8_1(static_cast<const BlockQ8_1*>(src), dst, nb);
-    case DType::Q8_K: return dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb);
-    case DType::Q2_K: return dequant_q2_k(static_cast<const BlockQ2_K*>(src), dst, nb);
-    case DType::Q3_K: return dequant_q3_k(static_cast<const BlockQ3_K*>(src), dst, nb);
-    case DType::Q4_K: return dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb);
-    case DType::Q5_K: return dequant_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb);
-    case DType::Q6_K: return dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb);
-    case DType::IQ4_NL: return dequant_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, nb);
-    case DType::IQ4_XS: return dequant_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, nb);
-    default: break;
+    case DType::Q4_0:
+      return dequant_q4_0(static_cast<const BlockQ4_0*>(src), dst, nb);
+    case DType::Q4_1:
+      return dequant_q4_1(static_cast<const BlockQ4_1*>(src), dst, nb);
+    case DType::Q5_0:
+      return dequant_q5_0(static_cast<const BlockQ5_0*>(src), dst, nb);
+    case DType::Q5_1:
+      return dequant_q5_1(static_cast<const BlockQ5_1*>(src), dst, nb);
+    case DType::Q8_0:
+      return dequant_q8_0(static_cast<const BlockQ8_0*>(src), dst, nb);
+    case DType::Q8_1:
+      return dequant_q8_1(static_cast<const BlockQ8_1*>(src), dst, nb);
+    case DType::Q8_K:
+      return dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb);
+    case DType::Q2_K:
+      return dequant_q2_k(static_cast<const BlockQ2_K*>(src), dst, nb);
+    case DType::Q3_K:
+      return dequant_q3_k(static_cast<const BlockQ3_K*>(src), dst, nb);
+    case DType::Q4_K:
+      return dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb);
+    case DType::Q5_K:
+      return dequant_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb);
+    case DType::Q6_K:
+      return dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb);
+    case DType::IQ4_NL:
+      return dequant_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, nb);
+    case DType::IQ4_XS:
+      return dequant_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, nb);
+    default:
+      break;
   }
   throw Error("cannot dequantize " + std::string(dtype_name(t)));
 }

@@ -356,8 +356,9 @@ void File::parse() {
   // A tensor record is at least 8 (name len) + 4 (n_dims) + 8 (one dim) + 4 (type) + 8 (offset) bytes;
   // a kv at least 8 (key len) + 1 (key) + 4 (type) + 1 (value). Counts the file cannot hold are
   // rejected before anything is reserved.
-  if (n_tensors > c.remaining() / 32) c.fail("tensor count " + std::to_string(n_tensors) + " exceeds the file");
-  if (n_kv > c.remaining() / 14) c.fail("metadata count " + std::to_string(n_kv) + " exceeds the file");
+  const std::string left = " cannot fit in the " + std::to_string(c.remaining()) + " bytes that follow (truncated or corrupt file)";
+  if (n_tensors > c.remaining() / 32) c.fail("tensor count " + std::to_string(n_tensors) + left);
+  if (n_kv > c.remaining() / 14) c.fail("metadata count " + std::to_string(n_kv) + left);
 
   uint64_t element_budget = kMaxArrayElements;
   kv_.reserve(static_cast<size_t>(n_kv));

@@ -32,10 +32,10 @@ std::string pad_cols(const std::string& s, size_t w) {
   return c >= w ? s : s + std::string(w - c, ' ');
 }
 
-}  // namespace
-
 // Whole numbers print in full ("10000", "1000000" for rope bases) rather than as "1e+04".
 bool print_whole(double x) { return std::isfinite(x) && x == std::trunc(x) && std::fabs(x) < 1e16; }
+
+}  // namespace
 
 std::string format_f32(float x) {
   char buf[64];

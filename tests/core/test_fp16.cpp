@@ -157,7 +157,8 @@ TEST(Bf16, RoundsToNearestEven) {
     const uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;  // same sign, next magnitude
     const double a = std::fabs(static_cast<double>(f)), vl = std::fabs(static_cast<double>(bits_to_f32(lo)));
     // hi may be the infinity pattern; treat its magnitude as 2^128 (the overflow point of IEEE rounding).
-    const double vh = ((hi & 0x7fffffffu) == 0x7f800000u) ? std::ldexp(1.0, 128) : std::fabs(static_cast<double>(bits_to_f32(hi)));
+    const double vh =
+        ((hi & 0x7fffffffu) == 0x7f800000u) ? std::ldexp(1.0, 128) : std::fabs(static_cast<double>(bits_to_f32(hi)));
     uint16_t want;
     if (std::isinf(f) || a - vl < vh - a)
       want = static_cast<uint16_t>(lo >> 16);
@@ -167,8 +168,8 @@ TEST(Bf16, RoundsToNearestEven) {
       want = static_cast<uint16_t>(((lo >> 16) & 1) ? hi >> 16 : lo >> 16);
     ASSERT_EQ(f32_to_bf16(f), want) << std::hex << u;
   }
-  EXPECT_EQ(f32_to_bf16(1.00390625f), 0x3f80);  // 1 + 2^-8: tie between 1 and 1+2^-7 -> 1 (even)
-  EXPECT_EQ(f32_to_bf16(1.01171875f), 0x3f82);  // 1 + 3·2^-8: tie -> 1 + 2^-6 (even)
+  EXPECT_EQ(f32_to_bf16(1.00390625f), 0x3f80);    // 1 + 2^-8: tie between 1 and 1+2^-7 -> 1 (even)
+  EXPECT_EQ(f32_to_bf16(1.01171875f), 0x3f82);    // 1 + 3·2^-8: tie -> 1 + 2^-6 (even)
   EXPECT_EQ(f32_to_bf16(3.4028235e38f), 0x7f80);  // FLT_MAX rounds up to inf
   EXPECT_EQ(f32_to_bf16(std::nanf("")) & 0x7fc0, 0x7fc0);
 }

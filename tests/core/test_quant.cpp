@@ -27,8 +27,8 @@ using test::read_text;
 using test::shared_path;
 
 // Every weight type with a dot product.
-const std::vector<DType> kDotTypes = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,
-                                      DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,
+const std::vector<DType> kDotTypes = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,   DType::Q4_1,
+                                      DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,   DType::Q3_K,
                                       DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
 
 std::string type_param_name(const testing::TestParamInfo<DType>& info) { return std::string(dtype_name(info.param)); }
@@ -118,9 +118,9 @@ TEST_P(GoldenKernel, ActivationBytesAndDotProductsMatchGgml) {
   EXPECT_EQ(vec_dot_type(m.wt), m.vt);
   ASSERT_EQ(row_bytes(m.vt, m.n_in), static_cast<size_t>(m.act_row_bytes));
 
-  const auto x = read_f32(shared_path("golden/kernels/x.f32"));  // [4][512]
+  const auto x = read_f32(shared_path("golden/kernels/x.f32"));                   // [4][512]
   const auto xq = read_bytes(shared_path("golden/kernels/" + name + ".xq.bin"));  // [4][act_row_bytes]
-  const auto y = read_f32(shared_path("golden/kernels/" + name + ".y.f32"));  // [4][rows]
+  const auto y = read_f32(shared_path("golden/kernels/" + name + ".y.f32"));      // [4][rows]
   ASSERT_EQ(x.size(), 4u * 512);
   ASSERT_EQ(xq.size(), 4u * static_cast<size_t>(m.act_row_bytes));
   ASSERT_EQ(y.size(), 4u * static_cast<size_t>(m.rows));
@@ -178,18 +178,19 @@ TEST_P(GoldenKernel, ActivationBytesAndDotProductsMatchGgml) {
       max_scalar = std::max(max_scalar, std::fabs(got_s - ref) / denom);
       max_f64 = std::max(max_f64, std::fabs(exact - ref) / denom);
       max_simd_vs_scalar = std::max(max_simd_vs_scalar, std::fabs(got - got_s) / denom);
-      ASSERT_LE(std::fabs(got - ref), kDotRelTol * scale) << name << " row " << r << " x" << k << " simd " << got << " ggml " << ref;
+      ASSERT_LE(std::fabs(got - ref), kDotRelTol * scale)
+          << name << " row " << r << " x" << k << " simd " << got << " ggml " << ref;
       ASSERT_LE(std::fabs(got_s - ref), kDotRelTol * scale) << name << " row " << r << " x" << k << " scalar " << got_s;
       ASSERT_LE(std::fabs(exact - ref), kDotRelTol * scale) << name << " row " << r << " x" << k << " f64 " << exact;
     }
   }
-  std::printf("[ kernel   ] %-6s max |err|/S: simd %.2e  scalar %.2e  simd-scalar %.2e  f64(dequant)-ggml %.2e%s\n",
-              name.c_str(), max_simd, max_scalar, max_simd_vs_scalar, max_f64, vec_dot_has_simd(m.wt) ? "" : " (no simd)");
+  std::printf("[ kernel   ] %-6s max |err|/S: simd %.2e  scalar %.2e  simd-scalar %.2e  f64(dequant)-ggml %.2e%s\n", name.c_str(),
+              max_simd, max_scalar, max_simd_vs_scalar, max_f64, vec_dot_has_simd(m.wt) ? "" : " (no simd)");
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, GoldenKernel,
-                         testing::Values("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
-                                         "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"),
+                         testing::Values("F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                                         "Q6_K", "IQ4_NL", "IQ4_XS"),
                          [](const testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 TEST(GoldenKernel, EveryKernelCaseIsCovered) {
@@ -227,7 +228,9 @@ void random_blocks(DType t, uint8_t* p, int64_t n, std::mt19937& rng) {
         break;
       }
       case DType::F16:
-      case DType::BF16: put(b, 0, sc(rng) * 40); break;
+      case DType::BF16:
+        put(b, 0, sc(rng) * 40);
+        break;
       case DType::Q4_1:
       case DType::Q5_1:
       case DType::Q4_K:
@@ -239,9 +242,15 @@ void random_blocks(DType t, uint8_t* p, int64_t n, std::mt19937& rng) {
         put(b, offsetof(BlockQ2_K, d), sc(rng));
         put(b, offsetof(BlockQ2_K, dmin), sc(rng));
         break;
-      case DType::Q3_K: put(b, offsetof(BlockQ3_K, d), sc(rng)); break;
-      case DType::Q6_K: put(b, offsetof(BlockQ6_K, d), sc(rng)); break;
-      default: put(b, 0, sc(rng)); break;  // Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS: d first
+      case DType::Q3_K:
+        put(b, offsetof(BlockQ3_K, d), sc(rng));
+        break;
+      case DType::Q6_K:
+        put(b, offsetof(BlockQ6_K, d), sc(rng));
+        break;
+      default:
+        put(b, 0, sc(rng));
+        break;  // Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS: d first
     }
   }
 }
@@ -317,16 +326,191 @@ TEST(DotPaths, OddLengthsUseTheTailsCorrectly) {
   }
 }
 
+// ---- dequantization: exact float operation order ------------------------------------------------
+
+// One float32 operation, rounded once: done in double (exact for these operands, or correctly rounded
+// twice with p' >= 2p+2, which equals rounding once), so no FMA can be formed whatever the compiler flags.
+float mul(float a, float b) { return static_cast<float>(static_cast<double>(a) * b); }
+float sub(float a, float b) { return static_cast<float>(static_cast<double>(a) - b); }
+float add(float a, float b) { return static_cast<float>(static_cast<double>(a) + b); }
+
+float h16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_f32(h);
+}
+float nib(const uint8_t* qs, int e) { return static_cast<float>(e < 16 ? (qs[e] & 0xF) : (qs[e - 16] >> 4)); }
+
+// Element e of one block, written from the format description (ggml's dequantization expressions):
+// the result must equal dequantize_row bit for bit.
+float element(DType t, const uint8_t* b, int e) {
+  switch (t) {
+    case DType::Q4_0:
+      return mul(nib(b + 2, e) - 8, h16(b));
+    case DType::Q4_1:
+      return add(mul(nib(b + 4, e), h16(b)), h16(b + 2));
+    case DType::Q5_0:
+    case DType::Q5_1: {
+      const bool one = t == DType::Q5_1;
+      uint32_t qh;
+      std::memcpy(&qh, b + (one ? 4 : 2), 4);
+      const float v = nib(b + (one ? 8 : 6), e) + static_cast<float>(((qh >> e) & 1) << 4);
+      return one ? add(mul(v, h16(b)), h16(b + 2)) : mul(v - 16, h16(b));
+    }
+    case DType::Q8_0:
+      return mul(static_cast<float>(static_cast<int8_t>(b[2 + e])), h16(b));
+    case DType::Q8_K: {
+      float d;
+      std::memcpy(&d, b, 4);
+      return mul(d, static_cast<float>(static_cast<int8_t>(b[4 + e])));
+    }
+    case DType::Q2_K: {
+      const auto* k = reinterpret_cast<const BlockQ2_K*>(b);
+      const int q = (k->qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+      const int sc = k->scales[e / 16];
+      return sub(mul(mul(fp16_to_f32(k->d), static_cast<float>(sc & 15)), static_cast<float>(q)),
+                 mul(fp16_to_f32(k->dmin), static_cast<float>(sc >> 4)));
+    }
+    case DType::Q3_K: {
+      const auto* k = reinterpret_cast<const BlockQ3_K*>(b);
+      const int q = (k->qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+      const int hb = (k->hmask[e % 32] >> (e / 32)) & 1;
+      const int j = e / 16;
+      const int lo = j < 8 ? (k->scales[j] & 15) : (k->scales[j - 8] >> 4);
+      const int sc = (lo | (((k->scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+      return mul(mul(fp16_to_f32(k->d), static_cast<float>(sc)), static_cast<float>(q - (hb ? 0 : 4)));
+    }
+    case DType::Q4_K:
+    case DType::Q5_K: {
+      const bool five = t == DType::Q5_K;
+      const uint8_t* s = b + 4;  // scales follow d, dmin in both
+      const uint8_t* qs = five ? b + 16 + 32 : b + 16;
+      const int j = e / 32;
+      int sc, m;
+      if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+      } else {
+        sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      }
+      const uint8_t byte = qs[32 * (e / 64) + e % 32];
+      int q = (e % 64) < 32 ? (byte & 15) : (byte >> 4);
+      if (five) q += ((b[16 + e % 32] >> (e / 32)) & 1) << 4;
+      return sub(mul(mul(h16(b), static_cast<float>(sc)), static_cast<float>(q)), mul(h16(b + 2), static_cast<float>(m)));
+    }
+    case DType::Q6_K: {
+      const auto* k = reinterpret_cast<const BlockQ6_K*>(b);
+      const int h = e / 128, l = e % 32, part = (e % 128) / 32;
+      const uint8_t lb = k->ql[64 * h + 32 * (part & 1) + l];
+      const int low = part < 2 ? (lb & 15) : (lb >> 4);
+      const int q = (low | (((k->qh[32 * h + l] >> (2 * part)) & 3) << 4)) - 32;
+      return mul(mul(fp16_to_f32(k->d), static_cast<float>(k->scales[e / 16])), static_cast<float>(q));
+    }
+    case DType::IQ4_NL:
+      return mul(h16(b), static_cast<float>(kIQ4NLValues[static_cast<int>(nib(b + 2, e))]));
+    case DType::IQ4_XS: {
+      const auto* k = reinterpret_cast<const BlockIQ4_XS*>(b);
+      const int ib = e / 32;
+      const int ls = ((k->scales_l[ib / 2] >> (4 * (ib % 2))) & 15) | (((k->scales_h >> (2 * ib)) & 3) << 4);
+      const float v = static_cast<float>(kIQ4NLValues[static_cast<int>(nib(k->qs + 16 * ib, e % 32))]);
+      return mul(mul(fp16_to_f32(k->d), static_cast<float>(ls - 32)), v);
+    }
+    default:
+      throw std::runtime_error("no element formula");
+  }
+}
+
+TEST(Dequantize, BitExactWithElementFormulas) {
+  constexpr int64_t n = 4096;
+  std::mt19937 rng(77);
+  for (DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q8_K, DType::Q2_K, DType::Q3_K,
+                  DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS}) {
+    const auto& tr = traits(t);
+    std::vector<uint8_t> q(row_bytes(t, n));
+    std::vector<float> y(n);
+    for (int trial = 0; trial < 6; ++trial) {
+      if (t == DType::Q8_K) {
+        quantize_row(t, gaussian(n, 500 + trial).data(), q.data(), n);
+      } else if (trial % 2) {
+        quantize_weights(t, gaussian(n, 600 + trial).data(), q.data(), n);
+      } else {
+        random_blocks(t, q.data(), n, rng);
+      }
+      dequantize_row(t, q.data(), y.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* blk = q.data() + static_cast<size_t>(i / tr.block_size) * tr.type_size;
+        const float want = element(t, blk, static_cast<int>(i % tr.block_size));
+        ASSERT_EQ(f32_to_bits(y[i]), f32_to_bits(want)) << dtype_name(t) << " element " << i << ": " << y[i] << " vs " << want;
+      }
+    }
+  }
+  // Plain types: exact conversions.
+  for (uint32_t h = 0; h < 65536; h += 7) {
+    const uint16_t hv = static_cast<uint16_t>(h);
+    float f;
+    dequantize_row(DType::F16, &hv, &f, 1);
+    EXPECT_EQ(f32_to_bits(f), f32_to_bits(fp16_to_f32(hv)));
+    dequantize_row(DType::BF16, &hv, &f, 1);
+    EXPECT_EQ(f32_to_bits(f), h << 16);
+  }
+}
+
 // ---- activation converters ---------------------------------------------------------------------
 
-TEST(ActivationQuant, SimdAndScalarGiveIdenticalBytes) {
-  constexpr int64_t n = 4096;
-  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q8_1, DType::Q8_K}) {
-    for (uint32_t seed = 0; seed < 20; ++seed) {
-      auto x = gaussian(n, seed, seed % 2 ? 1e-3f : 3.f);
+// Inputs that reach every branch of the scale searches: zero, constant (negative: the affine search's
+// early exit) and sparse groups, exact rounding ties, outliers, and groups of wildly different scale.
+std::vector<float> adversarial_row(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t g = 0; g < n / 16; ++g) {
+    float* p = x.data() + 16 * g;
+    const int kind = static_cast<int>(u(rng) * 9);
+    const float mag = std::pow(10.f, -4.f + 6.f * u(rng));
+    for (int i = 0; i < 16; ++i) {
+      switch (kind) {
+        case 0:
+          p[i] = 0.f;
+          break;
+        case 1:
+          p[i] = -0.75f * mag;
+          break;
+        case 2:
+          p[i] = 0.5f * mag;
+          break;
+        case 3:
+          p[i] = u(rng) < 0.85f ? 0.f : nd(rng) * mag;
+          break;
+        case 4:
+          p[i] = static_cast<float>(static_cast<int>(u(rng) * 16) - 8) * 0.5f;
+          break;  // ties
+        case 5:
+          p[i] = (i == 5 ? 50.f : 0.01f) * nd(rng);
+          break;
+        case 6:
+          p[i] = nd(rng) * nd(rng) * nd(rng) * mag;
+          break;
+        default:
+          p[i] = nd(rng) * mag;
+          break;
+      }
+    }
+  }
+  return x;
+}
+
+TEST(QuantizeRow, SimdAndScalarGiveIdenticalBytes) {
+  // The vectorised paths (activation converters, F16, and the K-quant scale searches that run 8 groups
+  // per AVX2 register) must produce exactly the scalar bytes.
+  constexpr int64_t n = 8192;
+  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q8_1, DType::Q8_K, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                  DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS}) {
+    for (uint32_t seed = 0; seed < 12; ++seed) {
+      auto x = seed % 3 == 0 ? gaussian(n, seed, seed % 2 ? 1e-3f : 3.f) : adversarial_row(n, seed);
       // Exact ties for the 127/amax multiplier: a block holding ±127 and k + 0.5 values.
       for (int j = 0; j < 32; ++j) x[static_cast<size_t>(j)] = j == 0 ? 127.f : static_cast<float>(j % 20) - 9.5f;
-      for (int j = 64; j < 96; ++j) x[static_cast<size_t>(j)] = 0.f;  // a zero block
       std::vector<uint8_t> a(row_bytes(t, n)), b(a.size());
       quantize_row(t, x.data(), a.data(), n);
       quantize_row_scalar(t, x.data(), b.data(), n);
@@ -390,9 +574,9 @@ struct RoundTripBound {
 // Bounds are ~1.15x what ggml's algorithms reach on this N(0,1) data (the measured values are printed;
 // quantize_row and quantize_weights only differ for Q8_0/Q8_1 ties and IQ4_NL's scale search).
 const RoundTripBound kRoundTrip[] = {
-    {DType::F16, 2.4e-4},   {DType::BF16, 1.9e-3},  {DType::Q8_0, 6.2e-3},   {DType::Q8_1, 6.2e-3},
-    {DType::Q8_K, 8.0e-3},  {DType::Q6_K, 2.05e-2}, {DType::Q5_0, 4.9e-2},   {DType::Q5_1, 4.4e-2},
-    {DType::Q5_K, 4.2e-2},  {DType::Q4_0, 9.9e-2},  {DType::Q4_1, 9.0e-2},   {DType::Q4_K, 8.2e-2},
+    {DType::F16, 2.4e-4},    {DType::BF16, 1.9e-3},   {DType::Q8_0, 6.2e-3},  {DType::Q8_1, 6.2e-3},
+    {DType::Q8_K, 8.0e-3},   {DType::Q6_K, 2.05e-2},  {DType::Q5_0, 4.9e-2},  {DType::Q5_1, 4.4e-2},
+    {DType::Q5_K, 4.2e-2},   {DType::Q4_0, 9.9e-2},   {DType::Q4_1, 9.0e-2},  {DType::Q4_K, 8.2e-2},
     {DType::IQ4_NL, 9.1e-2}, {DType::IQ4_XS, 8.9e-2}, {DType::Q3_K, 1.74e-1}, {DType::Q2_K, 3.45e-1},
 };
 
@@ -467,8 +651,7 @@ TEST(RoundTrip, DegenerateBlocks) {
   inputs.push_back(gaussian(n, 8, 1e-6f));
   inputs.push_back(gaussian(n, 9, 1e-30f));
   for (DType t : {DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q8_1,
-                  DType::Q8_K, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL,
-                  DType::IQ4_XS}) {
+                  DType::Q8_K, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS}) {
     for (size_t c = 0; c < inputs.size(); ++c) {
       std::vector<uint8_t> q(row_bytes(t, n));
       std::vector<float> back(n);
@@ -512,9 +695,9 @@ TEST(QuantApi, IQ4NLTable) {
 }
 
 TEST(QuantApi, CanQuantize) {
-  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
-                  DType::Q8_1, DType::Q8_K, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL,
-                  DType::IQ4_XS})
+  for (DType t :
+       {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q8_1,
+        DType::Q8_K, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS})
     EXPECT_TRUE(can_quantize(t)) << dtype_name(t);
   for (DType t : {DType::IQ2_XXS, DType::IQ1_S, DType::I8, DType::I32, DType::F64, DType::TQ1_0, DType::MXFP4})
     EXPECT_FALSE(can_quantize(t)) << dtype_name(t);

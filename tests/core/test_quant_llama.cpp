@@ -37,7 +37,9 @@ int64_t compare_quantized(DType t, const std::vector<float>& src, const uint8_t*
       ++bad;
     }
   }
-  if (bad) ADD_FAILURE() << what << " (" << dtype_name(t) << "): " << bad << " of " << got.size() / bs << " blocks differ, first " << first;
+  if (bad)
+    ADD_FAILURE() << what << " (" << dtype_name(t) << "): " << bad << " of " << got.size() / bs << " blocks differ, first "
+                  << first;
   return bad;
 }
 

@@ -53,6 +53,25 @@ TEST(GgufCorpus, IsCompleteAndSmall) {
   EXPECT_LT(total, 200u * 1024);
 }
 
+// The committed files are exactly what make_corpus.py writes, so the script stays their documentation.
+TEST(GgufCorpus, MatchesItsGenerator) {
+  test::TempDir dir;
+  const auto out = dir.path() / "corpus";
+  const auto r = test::run_command(
+      {"/usr/bin/python3", (std::filesystem::path(PG_GGUF_TEST_DIR) / "make_corpus.py").string(), out.string()}, "", 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(out)) {
+    const auto committed = kDir / e.path().filename();
+    ASSERT_TRUE(std::filesystem::exists(committed)) << committed << " is not committed";
+    EXPECT_EQ(test::read_bytes(e.path()), test::read_bytes(committed)) << e.path().filename();
+    ++n;
+  }
+  EXPECT_EQ(n, corpus_files().size() + 1);  // + expected.tsv
+  EXPECT_EQ(test::read_bytes(dir.path() / "valid_base.gguf"),
+            test::read_bytes(std::filesystem::path(PG_GGUF_TEST_DIR) / "valid_base.gguf"));
+}
+
 TEST(GgufCorpus, ValidBaseLoads) {
   // The files are mutations of this one, so it must load: otherwise they would prove nothing.
   const auto f = File::open((std::filesystem::path(PG_GGUF_TEST_DIR) / "valid_base.gguf").string());
@@ -74,7 +93,9 @@ TEST(GgufCorpus, EveryFileFailsWithOneClearError) {
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
       EXPECT_EQ(msg.rfind(p.string(), 0), 0u) << "message does not start with the path: " << msg;
       const auto it = exp.find(p.filename().string());
-      if (it != exp.end()) EXPECT_NE(msg.find(it->second), std::string::npos) << "expected '" << it->second << "' in: " << msg;
+      if (it != exp.end()) {
+        EXPECT_NE(msg.find(it->second), std::string::npos) << "expected '" << it->second << "' in: " << msg;
+      }
     }
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
   }
@@ -103,7 +124,7 @@ TEST(GgufCorpusCli, InspectPrintsOneErrorLineForEveryFile) {
 
 TEST(GgufCorpusCli, InspectMissingFileAndDirectory) {
   const auto exe = test::peregrine_exe().string();
-  for (const std::string path : {std::string("/nonexistent/x.gguf"), kDir.string()}) {
+  for (const std::string& path : {std::string("/nonexistent/x.gguf"), kDir.string()}) {
     const auto r = test::run_command({exe, "gguf", "inspect", path}, "", 10);
     EXPECT_EQ(r.exit_code, 1) << path;
     EXPECT_EQ(r.out, "");

@@ -8,7 +8,8 @@ the C++ writer, from the GGUF v3 layout:
   kv          = string key | u32 type | value
   tensor_info = string name | u32 n_dims | i64 ne[n_dims] | u32 ggml type | u64 offset (from data start)
   string      = u64 length | bytes
-Usage: /usr/bin/python3 tests/gguf/make_corpus.py [OUT_DIR]
+Usage: /usr/bin/python3 tests/gguf/make_corpus.py [OUT_DIR]   (default tests/gguf/corpus; valid_base.gguf goes
+beside OUT_DIR)
 """
 import os
 import struct
@@ -86,8 +87,11 @@ def cases():
     yield "big_endian", b"GGUF" + struct.pack(">IQQ", 3, 1, 1) + v[24:], "big-endian"
     yield "truncated_version", v[:6], "truncated"
     yield "truncated_counts", v[:20], "truncated"
-    yield "truncated_kv_key", v[:24 + 10], "truncated"
-    yield "truncated_kv_value", v[:24 + len(ARCH) - 2], "truncated"
+    yield "truncated_kv_key", v[:24 + 10], "tensor count 2 cannot fit in the 10 bytes"
+    yield "truncated_kv_value", v[:24 + len(ARCH) - 2], "tensor count 2 cannot fit"
+    # One tensor and a kv count of 2 that the bytes can hold, cut inside the second key.
+    yield "truncated_second_key", model([ARCH, kv_u32("llama.block_count", 1)], one, one_data)[:24 + len(ARCH) + 12], "truncated file while reading metadata key"
+    yield "truncated_in_array", header(0, 1) + kv("k", ARR, arr(STR, 3, s("a") + s("b") + s("cdefgh")))[:-3], "truncated file while reading string value"
     yield "truncated_tensor_info", v[:head_len + 12], "truncated"
     yield "truncated_tensor_offset", v[:head_len + info_len - 3], "truncated"
     yield "truncated_before_data", v[:head_len + info_len], "starts past the end"
@@ -150,7 +154,7 @@ def cases():
     yield "tensor_name_64", model([ARCH], [tinfo("t" * 64, [8], T_F32, 0)], one_data), "longer than 63"
     yield "tensor_name_empty", model([ARCH], [tinfo("", [8], T_F32, 0)], one_data), "empty name"
     yield "tensor_name_huge_length", header(1, 0) + struct.pack("<Q", 1 << 62) + b"n" * 64, "tensor name length"
-    yield "tensor_count_lies", header(3, 1) + ARCH + one[0] + b"\0" * 96, "truncated"
+    yield "tensor_count_lies", header(3, 1) + ARCH + one[0] + s("b.weight") + b"\1\0", "truncated file while reading tensor dimension count"
 
 
 def main():
@@ -158,7 +162,7 @@ def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "corpus")
     os.makedirs(out, exist_ok=True)
     # The valid base really is valid: the corpus test loads it as a control (it is not in the corpus).
-    with open(os.path.join(here, "valid_base.gguf"), "wb") as f:
+    with open(os.path.join(os.path.dirname(os.path.abspath(out)), "valid_base.gguf"), "wb") as f:
         f.write(valid())
     names = set()
     lines = []

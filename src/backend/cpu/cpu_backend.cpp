@@ -1,6 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +10,11 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/quant.h"
+#include "core/quant_dot.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace pg {
 namespace {
@@ -25,6 +31,27 @@ void* aligned_zalloc(size_t bytes) {
 
 inline float load_f(const Tensor& t, size_t i) {
   return t.type == DType::F16 ? fp16_to_f32(t.as<uint16_t>()[i]) : t.as<float>()[i];
+}
+
+// Calls body(chunk, thread) for every chunk in [0, n_chunks) on the pool's threads, handing chunks out
+// one at a time: on a machine shared with other work a descheduled thread then delays only the chunk it
+// holds, where a static split would make everyone wait for its whole share. One chunk runs inline.
+template <class F>
+void for_chunks(ThreadPool& pool, int64_t n_chunks, F&& body) {
+  if (n_chunks <= 1 || pool.size() <= 1) {
+    for (int64_t c = 0; c < n_chunks; ++c) body(c, 0);
+    return;
+  }
+  struct Ctx {
+    std::atomic<int64_t> next{0};
+    int64_t n;
+    F* body;
+  } ctx{{0}, n_chunks, &body};
+  Ctx* p = &ctx;  // the only capture, so std::function stores the callable without allocating
+  pool.parallel_for(std::min<int64_t>(pool.size(), n_chunks), 1, [p](int64_t, int64_t, int tid) {
+    for (int64_t c = p->next.fetch_add(1, std::memory_order_relaxed); c < p->n; c = p->next.fetch_add(1, std::memory_order_relaxed))
+      (*p->body)(c, tid);
+  });
 }
 
 void check_f32(const Tensor& t, const char* op) { PG_CHECK(t.type == DType::F32, std::string(op) + ": expected an F32 tensor"); }
@@ -89,46 +116,61 @@ void CpuBackend::get_rows(const Tensor& table, const Tensor& ids, Tensor& out) {
 }
 
 void CpuBackend::matmul_rows(const Tensor& w, const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride) {
+  if (n <= 0) return;
+  const int64_t in = w.ne[0];
+  // --exact (and F32 weights): weight rows dequantized to F32, F32 dot products; else the native kernels
+  // on activations converted the way llama.cpp converts them.
+  const bool dequant = opt_.exact_f32 && w.type != DType::F32;
+  const DType kt = dequant ? DType::F32 : w.type;
+  auto& xp = xptr_;
+  xp.resize(static_cast<size_t>(n));
+  if (kt == DType::F32) {
+    for (int64_t t = 0; t < n; ++t) xp[static_cast<size_t>(t)] = x + t * x_stride;
+  } else {
+    const size_t xrow = gemm_x_row_bytes(kt, in);
+    uint8_t* xq = scratch(xrow * static_cast<size_t>(n), pool_.size()).data();  // (n, xrow bytes)
+    for (int64_t t = 0; t < n; ++t) xp[static_cast<size_t>(t)] = xq + static_cast<size_t>(t) * xrow;
+    const int64_t rows_per_chunk = n * in < 65536 ? n : std::max<int64_t>(1, 8192 / in);
+    const int64_t chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
+    for_chunks(pool_, chunks, [&](int64_t c, int) {
+      const int64_t t1 = std::min(n, (c + 1) * rows_per_chunk);
+      for (int64_t t = c * rows_per_chunk; t < t1; ++t) gemm_prepare_x(kt, x + t * x_stride, xq + static_cast<size_t>(t) * xrow, in);
+    });
+  }
+  matmul_blocks(w, kt, xp.data(), n, y, y_stride);
+}
+
+void CpuBackend::matmul_blocks(const Tensor& w, DType kt, const void* const* x, int64_t n, float* y, int64_t y_stride) {
   const int64_t in = w.ne[0], out = w.ne[1];
   const size_t w_row = w.row_bytes();
   const auto* wp = static_cast<const uint8_t*>(w.data);
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(n, 1));
-
-  if (opt_.exact_f32 || w.type == DType::F32) {
-    // F32 path: dequantize each weight row once and dot it with every activation row.
-    pool_.parallel_for(out, grain, [&](int64_t o0, int64_t o1, int tid) {
-      auto& buf = scratch(static_cast<size_t>(in) * sizeof(float), tid);
-      float* wf = reinterpret_cast<float*>(buf.data());
-      for (int64_t o = o0; o < o1; ++o) {
-        const float* wr;
-        if (w.type == DType::F32) {
-          wr = reinterpret_cast<const float*>(wp + static_cast<size_t>(o) * w_row);
-        } else {
-          dequantize_row(w.type, wp + static_cast<size_t>(o) * w_row, wf, in);
-          wr = wf;
-        }
-        for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = vec_dot(DType::F32, in, wr, x + t * x_stride);
-      }
-    });
-    return;
-  }
-
-  // Native path: convert activations to vec_dot_type once, then integer / half dot products.
-  const DType vt = vec_dot_type(w.type);
-  const size_t xq_row = row_bytes(vt, in);
-  auto& xq = scratch(xq_row * static_cast<size_t>(n), pool_.size());
-  pool_.parallel_for(n, 1, [&](int64_t t0, int64_t t1, int) {
-    for (int64_t t = t0; t < t1; ++t) quantize_row(vt, x + t * x_stride, xq.data() + static_cast<size_t>(t) * xq_row, in);
-  });
-  // Tiles of weight rows × activation rows keep a weight tile in cache while it meets every activation.
-  constexpr int64_t kTileT = 16;
-  pool_.parallel_for(out, grain, [&](int64_t o0, int64_t o1, int) {
-    for (int64_t t0 = 0; t0 < n; t0 += kTileT) {
-      const int64_t t1 = std::min(n, t0 + kTileT);
-      for (int64_t o = o0; o < o1; ++o) {
-        const uint8_t* wr = wp + static_cast<size_t>(o) * w_row;
-        for (int64_t t = t0; t < t1; ++t) y[t * y_stride + o] = vec_dot(w.type, in, wr, xq.data() + static_cast<size_t>(t) * xq_row);
-      }
+  const bool dequant = kt != w.type;
+  // 2-D blocks: a block of weight rows small enough to stay in L1 while up to 64 activation rows (a few
+  // hundred KB of quantized rows at most, in L2) pass over it, four at a time. Enough blocks that a thread
+  // slowed by other load on the machine hands its share to the others.
+  const int64_t nth = pool_.size();
+  const size_t kbytes = dequant ? static_cast<size_t>(in) * sizeof(float) : w_row;
+  int64_t wb = std::max<int64_t>(1, static_cast<int64_t>((16u << 10) / std::max<size_t>(kbytes, 1)));
+  wb = std::max<int64_t>(1, std::min(wb, (out + 4 * nth - 1) / (4 * nth)));
+  constexpr int64_t kXBlock = 64;
+  const int64_t n_wb = (out + wb - 1) / wb, n_xb = (n + kXBlock - 1) / kXBlock;
+  // Below ~256K multiply-adds a matmul takes less time than waking the pool.
+  const bool serial = static_cast<double>(in) * static_cast<double>(out) * static_cast<double>(n) < 262144.0;
+  const int64_t chunks = serial ? 1 : n_wb * n_xb;
+  for_chunks(pool_, chunks, [&](int64_t c, int tid) {
+    // Consecutive chunks share an activation block and walk the weight blocks.
+    const int64_t xb0 = serial ? 0 : (c / n_wb) * kXBlock, xb1 = serial ? n : std::min(n, xb0 + kXBlock);
+    const int64_t o0 = serial ? 0 : (c % n_wb) * wb, o1 = serial ? out : std::min(out, o0 + wb);
+    if (!dequant) {
+      gemm_rows(kt, in, wp + static_cast<size_t>(o0) * w_row, w_row, o1 - o0, x + xb0, xb1 - xb0, y + xb0 * y_stride + o0, y_stride);
+      return;
+    }
+    const int64_t step = serial ? std::max<int64_t>(1, std::min<int64_t>(out, wb)) : o1 - o0;
+    float* wf = reinterpret_cast<float*>(scratch(static_cast<size_t>(step * in) * sizeof(float), tid).data());  // (step, in)
+    for (int64_t b0 = o0; b0 < o1; b0 += step) {
+      const int64_t b1 = std::min(o1, b0 + step);
+      for (int64_t o = b0; o < b1; ++o) dequantize_row(w.type, wp + static_cast<size_t>(o) * w_row, wf + (o - b0) * in, in);
+      gemm_rows(DType::F32, in, wf, static_cast<size_t>(in) * sizeof(float), b1 - b0, x + xb0, xb1 - xb0, y + xb0 * y_stride + b0, y_stride);
     }
   });
 }
@@ -193,7 +235,9 @@ void CpuBackend::glu(const Tensor& gate, const Tensor& up, Tensor& y, Activation
   const int64_t n = gate.n_elements();
   const float *g = gate.as<float>(), *u = up.as<float>();
   float* yp = y.as<float>();
-  pool_.parallel_for(n, 16384, [&](int64_t i0, int64_t i1, int) {
+  constexpr int64_t kChunk = 16384;
+  for_chunks(pool_, (n + kChunk - 1) / kChunk, [&](int64_t c, int) {
+    const int64_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
     if (act == Activation::Silu) {
       for (int64_t i = i0; i < i1; ++i) yp[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     } else {
@@ -248,62 +292,217 @@ void CpuBackend::kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const A
   }
 }
 
+namespace {
+
+// One attention item: query row r against one KV head, for the query heads that share that KV head.
+struct AttnItem {
+  const float* q;       // row r's queries (n_head·hd)
+  float* out;           // row r's output (n_head·hd)
+  const size_t* off;    // (len) element offset of each visible key/value row of this KV head
+  int len;              // visible keys
+};
+
+struct AttnShape {
+  int hd;
+  float scale, softcap;
+};
+
+// Scale, soft-cap, then softmax in place over sc[0..len): exp(s - max) with a double sum, as the
+// reference always did. Returns 1/sum, which the caller applies to the weighted V sum.
+inline float attn_softmax(const AttnShape& a, float* sc, int len) {
+  float mx = -INFINITY;
+  for (int i = 0; i < len; ++i) {
+    float s = sc[i] * a.scale;
+    if (a.softcap > 0) s = a.softcap * std::tanh(s / a.softcap);
+    sc[i] = s;
+    mx = std::max(mx, s);
+  }
+  double sum = 0;
+  for (int i = 0; i < len; ++i) {
+    sc[i] = std::exp(sc[i] - mx);
+    sum += sc[i];
+  }
+  return static_cast<float>(1.0 / sum);
+}
+
+// The reference form: one query head, scalar loops (F32 scores through vec_dot). Builds without AVX2,
+// F32 caches and head sizes that are not a multiple of 8 use it. Every sum is an explicit FMA in key (or
+// dimension) order, which is also what the vector form computes lane by lane, so both give the same bits.
+void attn_head_ref(const AttnShape& a, const AttnItem& it, int h, const KvLayer& kv, float* scores, float* acc) {
+  const int hd = a.hd;
+  const bool f16 = kv.k.type == DType::F16;
+  const float* qr = it.q + static_cast<int64_t>(h) * hd;
+  for (int j = 0; j < it.len; ++j) {
+    float s = 0;
+    if (f16) {
+      const uint16_t* kr = kv.k.as<uint16_t>() + it.off[j];
+      for (int d = 0; d < hd; ++d) s = std::fma(qr[d], fp16_to_f32(kr[d]), s);
+    } else {
+      s = vec_dot(DType::F32, hd, kv.k.as<float>() + it.off[j], qr);
+    }
+    scores[j] = s;
+  }
+  const float inv = attn_softmax(a, scores, it.len);
+  std::fill(acc, acc + hd, 0.0f);
+  for (int j = 0; j < it.len; ++j) {
+    const float w = scores[j];
+    if (f16) {
+      const uint16_t* vr = kv.v.as<uint16_t>() + it.off[j];
+      for (int d = 0; d < hd; ++d) acc[d] = std::fma(w, fp16_to_f32(vr[d]), acc[d]);
+    } else {
+      const float* vr = kv.v.as<float>() + it.off[j];
+      for (int d = 0; d < hd; ++d) acc[d] = std::fma(w, vr[d], acc[d]);
+    }
+  }
+  float* o = it.out + static_cast<int64_t>(h) * hd;
+  for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define PG_ATTN_AVX2 1
+
+// 8 keys × 8 dims → 8 vectors of one dim each (lane i = key i): the layout in which each key's score
+// accumulates over d in order, as in the reference, while 8 keys run side by side.
+inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+inline __m256 load_h8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// NG query heads h0.. of one item against an F16 cache, hd a multiple of 8: bit-identical to
+// attn_head_ref per head. Each block of 8 keys is converted and transposed once for all NG heads, and each
+// V row converted once for all NG accumulators. (Kept beside attn_head_ref, which it replaced on this path:
+// about 17x fewer CPU samples in attention on pp512 of the 1B Q4_K_M model, where the scalar F16 conversions
+// had made attention a third of the time.)
+template <int NG>
+void attn_heads_f16(const AttnShape& a, const AttnItem& it, int h0, const KvLayer& kv, float* scores) {
+  const int hd = a.hd, len = it.len;
+  const uint16_t* kbase = kv.k.as<uint16_t>();
+  const uint16_t* vbase = kv.v.as<uint16_t>();
+  const float* q[NG];
+  float* sc[NG];  // (NG, len) scores, then probabilities
+  for (int g = 0; g < NG; ++g) {
+    q[g] = it.q + static_cast<int64_t>(h0 + g) * hd;
+    sc[g] = scores + static_cast<size_t>(g) * static_cast<size_t>(len);
+  }
+  int j = 0;
+  for (; j + 8 <= len; j += 8) {
+    __m256 s[NG];
+    for (int g = 0; g < NG; ++g) s[g] = _mm256_setzero_ps();
+    for (int d0 = 0; d0 < hd; d0 += 8) {
+      __m256 c[8];
+      for (int i = 0; i < 8; ++i) c[i] = load_h8(kbase + it.off[j + i] + d0);
+      transpose8(c);
+      for (int e = 0; e < 8; ++e)
+        for (int g = 0; g < NG; ++g) s[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(q[g] + d0 + e), c[e], s[g]);
+    }
+    for (int g = 0; g < NG; ++g) _mm256_storeu_ps(sc[g] + j, s[g]);
+  }
+  for (; j < len; ++j) {
+    const uint16_t* kr = kbase + it.off[j];
+    for (int g = 0; g < NG; ++g) {
+      float s = 0;
+      for (int d = 0; d < hd; ++d) s = std::fma(q[g][d], _cvtsh_ss(kr[d]), s);
+      sc[g][j] = s;
+    }
+  }
+  float inv[NG];
+  for (int g = 0; g < NG; ++g) inv[g] = attn_softmax(a, sc[g], len);
+  // V in blocks of 16 dims (then 8), so that the NG×2 accumulators and the converted row stay in registers.
+  for (int d0 = 0; d0 < hd; d0 += 16) {
+    const bool two = d0 + 16 <= hd;
+    __m256 ac[NG][2];
+    for (int g = 0; g < NG; ++g) ac[g][0] = ac[g][1] = _mm256_setzero_ps();
+    for (int jj = 0; jj < len; ++jj) {
+      const uint16_t* vr = vbase + it.off[jj] + d0;
+      const __m256 v0 = load_h8(vr), v1 = two ? load_h8(vr + 8) : v0;
+      for (int g = 0; g < NG; ++g) {
+        const __m256 w = _mm256_broadcast_ss(sc[g] + jj);
+        ac[g][0] = _mm256_fmadd_ps(w, v0, ac[g][0]);
+        if (two) ac[g][1] = _mm256_fmadd_ps(w, v1, ac[g][1]);
+      }
+    }
+    for (int g = 0; g < NG; ++g) {
+      float* o = it.out + static_cast<int64_t>(h0 + g) * hd + d0;
+      const __m256 iv = _mm256_set1_ps(inv[g]);
+      _mm256_storeu_ps(o, _mm256_mul_ps(ac[g][0], iv));
+      if (two) _mm256_storeu_ps(o + 8, _mm256_mul_ps(ac[g][1], iv));
+    }
+  }
+}
+#endif
+
+}  // namespace
+
 void CpuBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBatch& batch, const AttentionParams& p,
                            Tensor& out) {
-  const int n = batch.n_tokens, hd = p.head_dim;
-  const int group = p.n_head / p.n_head_kv;  // consecutive query heads share a KV head
+  const int n = batch.n_tokens, hd = p.head_dim, group = p.n_head / p.n_head_kv;  // consecutive query heads share a KV head
+  const AttnShape a{hd, p.scale, p.logit_softcap};
   const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * hd;
   const int32_t* pos = batch.positions.as<int32_t>();
   const int32_t* seq = batch.seq.as<int32_t>();
   const int32_t* bt = batch.block_table.as<int32_t>();
-  const bool f16 = kv.k.type == DType::F16;
-  pool_.parallel_for(static_cast<int64_t>(n) * p.n_head, 1, [&](int64_t i0, int64_t i1, int tid) {
-    auto& buf = scratch((static_cast<size_t>(batch.max_kv_len) + static_cast<size_t>(hd)) * sizeof(float) * 2, tid);
-    float* scores = reinterpret_cast<float*>(buf.data());
-    float* acc = scores + batch.max_kv_len;
+#if PG_ATTN_AVX2
+  const bool vec = kv.k.type == DType::F16 && kv.v.type == DType::F16 && hd % 8 == 0;
+#endif
+  // Items are (row, KV head), longest rows first so that handing them out one by one ends balanced.
+  const int64_t n_items = static_cast<int64_t>(n) * p.n_head_kv;
+  double work = 0;
+  for (int r = 0; r < n; ++r) work += static_cast<double>(pos[r] + 1);
+  const bool serial = work * p.n_head * hd < 65536.0;
+  std::vector<int>& order = attn_order_;
+  order.resize(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return pos[x] > pos[y]; });
+  const size_t max_len = static_cast<size_t>(std::max(batch.max_kv_len, 1));
+  // Per thread: scores (group, max_len) floats, V accumulator (hd) floats, key offsets (max_len) size_t.
+  const size_t slot_bytes = (max_len * static_cast<size_t>(group) + static_cast<size_t>(hd)) * sizeof(float) + max_len * sizeof(size_t);
+  for_chunks(pool_, serial ? 1 : n_items, [&](int64_t c, int tid) {
+    const int64_t i0 = serial ? 0 : c, i1 = serial ? n_items : c + 1;
+    uint8_t* buf = scratch(slot_bytes, tid).data();
+    auto* offs = reinterpret_cast<size_t*>(buf);
+    float* scores = reinterpret_cast<float*>(buf + max_len * sizeof(size_t));
+    float* acc = scores + max_len * static_cast<size_t>(group);
     for (int64_t i = i0; i < i1; ++i) {
-      const int r = static_cast<int>(i / p.n_head), h = static_cast<int>(i % p.n_head), hk = h / group;
-      const float* qr = q.as<float>() + static_cast<int64_t>(r) * q.cols() + static_cast<int64_t>(h) * hd;
+      const int r = order[static_cast<size_t>(i / p.n_head_kv)], hk = static_cast<int>(i % p.n_head_kv);
       const int end = pos[r] + 1;
       const int begin = p.sliding_window > 0 ? std::max(0, end - p.sliding_window) : 0;
       const int32_t* table = bt + static_cast<int64_t>(seq[r]) * batch.max_blocks;
-      float mx = -INFINITY;
-      for (int j = begin; j < end; ++j) {
-        const int64_t cell = static_cast<int64_t>(table[j / batch.block_size]) * batch.block_size + j % batch.block_size;
-        const size_t off = static_cast<size_t>(cell * kv_w + static_cast<int64_t>(hk) * hd);
-        float s = 0;
-        if (f16) {
-          const uint16_t* kr = kv.k.as<uint16_t>() + off;
-          for (int d = 0; d < hd; ++d) s += qr[d] * fp16_to_f32(kr[d]);
-        } else {
-          s = vec_dot(DType::F32, hd, kv.k.as<float>() + off, qr);
-        }
-        s *= p.scale;
-        if (p.logit_softcap > 0) s = p.logit_softcap * std::tanh(s / p.logit_softcap);
-        scores[j - begin] = s;
-        mx = std::max(mx, s);
+      const size_t head_off = static_cast<size_t>(hk) * static_cast<size_t>(hd);
+      for (int j = begin; j < end;) {  // walk the blocks of the paged cache
+        const int blk = j / batch.block_size, j1 = std::min(end, (blk + 1) * batch.block_size);
+        const int64_t cell0 = static_cast<int64_t>(table[blk]) * batch.block_size - static_cast<int64_t>(blk) * batch.block_size;
+        for (; j < j1; ++j) offs[j - begin] = static_cast<size_t>((cell0 + j) * kv_w) + head_off;
       }
-      double sum = 0;
-      for (int j = 0; j < end - begin; ++j) {
-        scores[j] = std::exp(scores[j] - mx);
-        sum += scores[j];
+      AttnItem it{q.as<float>() + static_cast<int64_t>(r) * q.cols(), out.as<float>() + static_cast<int64_t>(r) * out.cols(), offs,
+                  end - begin};
+      const int h0 = hk * group;
+#if PG_ATTN_AVX2
+      if (vec) {
+        int g = 0;
+        for (; g + 4 <= group; g += 4) attn_heads_f16<4>(a, it, h0 + g, kv, scores);
+        if (group - g == 3) attn_heads_f16<3>(a, it, h0 + g, kv, scores);
+        if (group - g == 2) attn_heads_f16<2>(a, it, h0 + g, kv, scores);
+        if (group - g == 1) attn_heads_f16<1>(a, it, h0 + g, kv, scores);
+        continue;
       }
-      const float inv = static_cast<float>(1.0 / sum);
-      std::fill(acc, acc + hd, 0.0f);
-      for (int j = begin; j < end; ++j) {
-        const int64_t cell = static_cast<int64_t>(table[j / batch.block_size]) * batch.block_size + j % batch.block_size;
-        const size_t off = static_cast<size_t>(cell * kv_w + static_cast<int64_t>(hk) * hd);
-        const float w = scores[j - begin];
-        if (f16) {
-          const uint16_t* vr = kv.v.as<uint16_t>() + off;
-          for (int d = 0; d < hd; ++d) acc[d] += w * fp16_to_f32(vr[d]);
-        } else {
-          const float* vr = kv.v.as<float>() + off;
-          for (int d = 0; d < hd; ++d) acc[d] += w * vr[d];
-        }
-      }
-      float* o = out.as<float>() + static_cast<int64_t>(r) * out.cols() + static_cast<int64_t>(h) * hd;
-      for (int d = 0; d < hd; ++d) o[d] = acc[d] * inv;
+#endif
+      for (int g = 0; g < group; ++g) attn_head_ref(a, it, h0 + g, kv, scores, acc);
     }
   });
 }
@@ -373,29 +572,46 @@ void CpuBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weigh
       PG_CHECK(e >= 0 && e < n_exp, "moe_ffn: expert id out of range");
       routed[static_cast<size_t>(e)].push_back({r, weights.as<float>()[r * k + j]});
     }
+  // The rows of x are converted to the kernels' format once and shared by every expert's gate and up
+  // matmuls, instead of being gathered and converted again per expert and per projection.
+  const bool dequant = opt_.exact_f32 && gate_exps.type != DType::F32;
+  const DType kt = dequant ? DType::F32 : gate_exps.type;
+  PG_CHECK(fused || up_exps.type == gate_exps.type, "moe_ffn: gate and up experts must have the same type");
+  std::vector<const void*> xrow(static_cast<size_t>(n)), xe(static_cast<size_t>(n));  // all rows; one expert's rows
+  if (kt == DType::F32) {
+    for (int64_t r = 0; r < n; ++r) xrow[static_cast<size_t>(r)] = x.as<float>() + r * d;
+  } else {
+    const size_t xb = gemm_x_row_bytes(kt, d);
+    uint8_t* xq = scratch(xb * static_cast<size_t>(n), pool_.size() + 2).data();  // (n, xb bytes)
+    for (int64_t r = 0; r < n; ++r) xrow[static_cast<size_t>(r)] = xq + static_cast<size_t>(r) * xb;
+    for_chunks(pool_, n * d < 65536 ? 1 : n, [&](int64_t c, int) {
+      const int64_t r0 = n * d < 65536 ? 0 : c, r1 = n * d < 65536 ? n : c + 1;
+      for (int64_t r = r0; r < r1; ++r) gemm_prepare_x(kt, x.as<float>() + r * d, xq + static_cast<size_t>(r) * xb, d);
+    });
+  }
   const int slot = pool_.size() + 1;
   for (int64_t e = 0; e < n_exp; ++e) {
     const auto& rows = routed[static_cast<size_t>(e)];
     if (rows.empty()) continue;
     const int64_t m = static_cast<int64_t>(rows.size());
-    auto& buf = scratch(static_cast<size_t>(m * (d + 3 * ff + d)) * sizeof(float), slot);
-    float* xs = reinterpret_cast<float*>(buf.data());  // (m, d)
-    float* g = xs + m * d;                             // (m, ff)
-    float* u = g + m * ff;                             // (m, ff)
-    float* h = u + m * ff;                             // (m, ff)
+    auto& buf = scratch(static_cast<size_t>(m * (3 * ff + d)) * sizeof(float), slot);
+    float* gu = reinterpret_cast<float*>(buf.data());  // (m, 2·ff): gate | up
+    float* h = gu + m * 2 * ff;                        // (m, ff)
     float* o = h + m * ff;                             // (m, d)
-    for (int64_t i = 0; i < m; ++i) std::memcpy(xs + i * d, x.as<float>() + rows[static_cast<size_t>(i)].first * d, static_cast<size_t>(d) * 4);
-    Tensor ge = gate_exps.slice3(e), ue;
+    for (int64_t i = 0; i < m; ++i) xe[static_cast<size_t>(i)] = xrow[static_cast<size_t>(rows[static_cast<size_t>(i)].first)];
     if (fused) {
-      ue = ge;
-      ue.data = static_cast<uint8_t*>(ge.data) + static_cast<size_t>(ff) * ge.row_bytes();
-      ue.ne[1] = ge.ne[1] = ff;
+      matmul_blocks(gate_exps.slice3(e), kt, xe.data(), m, gu, 2 * ff);  // gate and up rows in one pass
     } else {
-      ue = up_exps.slice3(e);
+      Tensor ge = gate_exps.slice3(e), ue = up_exps.slice3(e);
+      matmul_blocks(ge, kt, xe.data(), m, gu, 2 * ff);
+      matmul_blocks(ue, kt, xe.data(), m, gu + ff, 2 * ff);
     }
-    matmul_rows(ge, xs, m, d, g, ff);
-    matmul_rows(ue, xs, m, d, u, ff);
-    for (int64_t i = 0; i < m * ff; ++i) h[i] = (act == Activation::Silu ? g[i] / (1.0f + std::exp(-g[i])) : gelu_ggml(g[i])) * u[i];
+    for (int64_t i = 0; i < m; ++i) {
+      const float* g = gu + i * 2 * ff;
+      const float* u = g + ff;
+      float* hr = h + i * ff;
+      for (int64_t c = 0; c < ff; ++c) hr[c] = (act == Activation::Silu ? g[c] / (1.0f + std::exp(-g[c])) : gelu_ggml(g[c])) * u[c];
+    }
     matmul_rows(down_exps.slice3(e), h, m, ff, o, d);
     for (int64_t i = 0; i < m; ++i) {
       float* dst = out.as<float>() + rows[static_cast<size_t>(i)].first * d;

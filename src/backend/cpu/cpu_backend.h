@@ -70,11 +70,15 @@ class CpuBackend final : public Backend {
  private:
   // y = x·Wᵀ on raw pointers; used by matmul and by the MoE expert loop.
   void matmul_rows(const Tensor& w, const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride);
+  // y (n, out) = W · x[t] for activation rows x[t] already in gemm_x_type(kt) (kt = F32 with exact_f32).
+  void matmul_blocks(const Tensor& w, DType kt, const void* const* x, int64_t n, float* y, int64_t y_stride);
   std::vector<uint8_t>& scratch(size_t bytes, int slot);
 
   CpuOptions opt_;
   ThreadPool pool_;
   std::vector<std::vector<uint8_t>> scratch_;
+  std::vector<const void*> xptr_;  // (n) activation rows of the current matmul
+  std::vector<int> attn_order_;    // (n) attention rows, longest first
 };
 
 }  // namespace pg

@@ -60,6 +60,12 @@ const Value* DictObj::find(const Value& key) const {
   return nullptr;
 }
 
+const Value* DictObj::find_str(std::string_view key) const {
+  for (const auto& kv : items)
+    if (kv.first.is_str() && kv.first.str() == key) return &kv.second;
+  return nullptr;
+}
+
 Value* DictObj::find(const Value& key) { return const_cast<Value*>(static_cast<const DictObj*>(this)->find(key)); }
 
 void DictObj::set(const Value& key, Value v) {
@@ -209,21 +215,58 @@ std::string Value::to_str() const {
   }
 }
 
-static void repr_into(const Value& v, std::string& out, int depth);
+namespace {
 
-static void repr_seq(const std::vector<Value>& items, std::string& out, int depth, char open, char close, bool tuple) {
+// Containers being printed on this thread: like CPython's Py_ReprEnter, a container met again
+// inside itself prints as [...] / {...}; the depth cap bounds the C++ recursion.
+thread_local std::vector<const void*> g_repr_stack;
+
+struct ReprGuard {
+  bool recursive = false;
+  explicit ReprGuard(const void* p) {
+    for (const void* q : g_repr_stack)
+      if (q == p) recursive = true;
+    if (!recursive) {
+      if (g_repr_stack.size() > 200) throw Error(ErrorKind::kLimit, "value nested too deeply to print");
+      g_repr_stack.push_back(p);
+    }
+  }
+  ~ReprGuard() {
+    if (!recursive) g_repr_stack.pop_back();
+  }
+};
+
+void repr_into(const Value& v, std::string& out);
+
+void repr_seq(const std::vector<Value>& items, std::string& out, char open, char close, bool tuple) {
   out.push_back(open);
   for (size_t i = 0; i < items.size(); ++i) {
     if (i) out += ", ";
-    repr_into(items[i], out, depth + 1);
+    repr_into(items[i], out);
   }
   if (tuple && items.size() == 1) out.push_back(',');
   out.push_back(close);
 }
 
-static void repr_into(const Value& v, std::string& out, int depth) {
-  // Self-referencing structures are impossible without mutation; the depth cap is a backstop.
-  if (depth > 200) throw Error(ErrorKind::kLimit, "value nested too deeply to print");
+void repr_dict_into(const DictObj& d, std::string& out) {
+  ReprGuard g(&d);
+  if (g.recursive) {
+    out += "{...}";
+    return;
+  }
+  out.push_back('{');
+  bool first = true;
+  for (const auto& kv : d.items) {
+    if (!first) out += ", ";
+    first = false;
+    repr_into(kv.first, out);
+    out += ": ";
+    repr_into(kv.second, out);
+  }
+  out.push_back('}');
+}
+
+void repr_into(const Value& v, std::string& out) {
   switch (v.kind()) {
     case Value::Kind::kUndefined: out += "Undefined"; return;
     case Value::Kind::kNone: out += "None"; return;
@@ -239,22 +282,27 @@ static void repr_into(const Value& v, std::string& out, int depth) {
       return;
     case Value::Kind::kList: {
       const ListObj& l = v.list_obj();
+      ReprGuard g(&l);
+      if (g.recursive) {
+        out += l.kind == ListKind::kTuple ? "(...)" : "[...]";
+        return;
+      }
       switch (l.kind) {
-        case ListKind::kList: repr_seq(l.items, out, depth, '[', ']', false); return;
-        case ListKind::kTuple: repr_seq(l.items, out, depth, '(', ')', true); return;
+        case ListKind::kList: repr_seq(l.items, out, '[', ']', false); return;
+        case ListKind::kTuple: repr_seq(l.items, out, '(', ')', true); return;
         case ListKind::kDictItems:
           out += "dict_items(";
-          repr_seq(l.items, out, depth, '[', ']', false);
+          repr_seq(l.items, out, '[', ']', false);
           out += ")";
           return;
         case ListKind::kDictKeys:
           out += "dict_keys(";
-          repr_seq(l.items, out, depth, '[', ']', false);
+          repr_seq(l.items, out, '[', ']', false);
           out += ")";
           return;
         case ListKind::kDictValues:
           out += "dict_values(";
-          repr_seq(l.items, out, depth, '[', ']', false);
+          repr_seq(l.items, out, '[', ']', false);
           out += ")";
           return;
         case ListKind::kRange:
@@ -265,26 +313,22 @@ static void repr_into(const Value& v, std::string& out, int depth) {
       }
       return;
     }
-    case Value::Kind::kDict: {
-      out.push_back('{');
-      bool first = true;
-      for (const auto& kv : v.dict_obj().items) {
-        if (!first) out += ", ";
-        first = false;
-        repr_into(kv.first, out, depth + 1);
-        out += ": ";
-        repr_into(kv.second, out, depth + 1);
-      }
-      out.push_back('}');
-      return;
-    }
+    case Value::Kind::kDict: repr_dict_into(v.dict_obj(), out); return;
     case Value::Kind::kObject: out += v.obj().repr(); return;
   }
 }
 
+}  // namespace
+
+std::string repr_dict(const DictObj& d) {
+  std::string out;
+  repr_dict_into(d, out);
+  return out;
+}
+
 std::string Value::repr() const {
   std::string out;
-  repr_into(*this, out, 0);
+  repr_into(*this, out);
   return out;
 }
 

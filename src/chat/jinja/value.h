@@ -18,8 +18,11 @@ namespace pg::jinja {
 class Interp;
 class Value;
 
-struct HeapObj {
+struct HeapObj : std::enable_shared_from_this<HeapObj> {
   virtual ~HeapObj() = default;
+  // Nesting depth of containers and generator chains, kept small so that printing and
+  // destruction (both recursive) cannot exhaust the stack.
+  uint32_t depth = 0;
 };
 
 struct StrObj final : HeapObj {
@@ -34,6 +37,7 @@ enum class ListKind : uint8_t { kList, kTuple, kDictItems, kDictKeys, kDictValue
 struct ListObj final : HeapObj {
   std::vector<Value> items;
   ListKind kind = ListKind::kList;
+  bool group = false;  // groupby's (grouper, list) namedtuple: also has .grouper and .list
   int64_t r_start = 0, r_stop = 0, r_step = 1;  // kRange only, for repr
 };
 
@@ -41,6 +45,7 @@ struct DictObj final : HeapObj {
   // Insertion ordered; lookups are linear, which is fine for the small dicts of chat messages.
   std::vector<std::pair<Value, Value>> items;
   const Value* find(const Value& key) const;
+  const Value* find_str(std::string_view key) const;
   Value* find(const Value& key);
   void set(const Value& key, Value v);
   bool erase(const Value& key, Value* out);
@@ -168,6 +173,8 @@ class Value {
 bool py_eq(const Value& a, const Value& b);
 // Python < ; throws TypeError for unorderable types, UndefinedError for Undefined.
 bool py_lt(const Value& a, const Value& b);
+// repr() of a dict (namespaces print their attributes with it).
+std::string repr_dict(const DictObj& d);
 // object_type_repr of jinja2 ("dict object", "None").
 std::string object_type_repr(const Value& v);
 // Values usable as dict keys (hashable in Python).
