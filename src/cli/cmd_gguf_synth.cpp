@@ -4,10 +4,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <optional>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "cli/args.h"
@@ -64,13 +64,18 @@ int cmd_gguf_synth(int argc, char** argv) {
             "converter writes them), in any llama.cpp file type. Start from a preset and override fields, or give every shape "
             "flag with --arch.");
   args.opt("--preset", &preset, "model preset: " + join(gguf::synth_preset_names()), "NAME")
-      .opt("--type", &type, "file type: mixtures like Q4_K_M (llama-quantize's per-tensor rules) or plain types like Q4_K "
-                            "(every matmul that type); one of " + join(gguf::synth_file_type_names()), "TYPE")
+      .opt("--type", &type,
+           "file type: mixtures like Q4_K_M (llama-quantize's per-tensor rules) or plain types like Q4_K "
+           "(every matmul that type); one of " +
+               join(gguf::synth_file_type_names()),
+           "TYPE")
       .opt("-o,--output", &out, "output GGUF file", "FILE")
       .opt("--vocab-from", &vocab_from, "copy every tokenizer.* key from this GGUF (sets the vocabulary size)", "GGUF")
       .opt("--seed", &seed, "random seed")
-      .opt("--arch", &arch, "architecture: llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe (the hybrids take their Gated "
-                            "DeltaNet sizes from the published models)", "ARCH")
+      .opt("--arch", &arch,
+           "architecture: llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe (the hybrids take their Gated "
+           "DeltaNet sizes from the published models)",
+           "ARCH")
       .opt("--layers", &layers, "number of blocks", "N")
       .opt("--dim", &dim, "embedding width", "N")
       .opt("--ffn", &ffn, "feed-forward width", "N")
@@ -88,10 +93,11 @@ int cmd_gguf_synth(int argc, char** argv) {
       .flag("--untied", &untied, "write a separate output.weight")
       .opt("--name", &name, "general.name", "TEXT")
       .opt("-t,--threads", &threads, "threads (default: all cores)", "N")
-      .footer("Weights are N(0, 1/fan_in) (norms near 1), assembled from a pool of quantized random tiles and streamed to the "
-              "file, so a 32B Q4_K_M model takes about 15 s on 16 cores (at disk speed). Example:\n"
-              "  peregrine gguf synth --preset qwen3-8b --type Q4_K_M -o qwen3-8b-synth.gguf \\\n"
-              "      --vocab-from shared/testdata/tokenizer/ggml-vocab-qwen3.gguf");
+      .footer(
+          "Weights are N(0, 1/fan_in) (norms near 1), assembled from a pool of quantized random tiles and streamed to the "
+          "file, so a 32B Q4_K_M model takes about 15 s on 16 cores (at disk speed). Example:\n"
+          "  peregrine gguf synth --preset qwen3-8b --type Q4_K_M -o qwen3-8b-synth.gguf \\\n"
+          "      --vocab-from shared/testdata/tokenizer/ggml-vocab-qwen3.gguf");
   if (!args.parse(argc, argv)) return 0;
   if (out.empty()) throw Error("gguf synth: -o FILE is required");
   if (type.empty()) throw Error("gguf synth: --type is required (e.g. Q4_K_M, Q8_0, F16)");

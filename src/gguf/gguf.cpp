@@ -90,23 +90,45 @@ Value read_value(Cursor& c, ValueType type, int depth, uint64_t& element_budget)
   Value v;
   v.type = type;
   switch (type) {
-    case ValueType::UINT8: v.v = static_cast<uint64_t>(c.read<uint8_t>("u8 value")); break;
-    case ValueType::INT8: v.v = static_cast<int64_t>(c.read<int8_t>("i8 value")); break;
-    case ValueType::UINT16: v.v = static_cast<uint64_t>(c.read<uint16_t>("u16 value")); break;
-    case ValueType::INT16: v.v = static_cast<int64_t>(c.read<int16_t>("i16 value")); break;
-    case ValueType::UINT32: v.v = static_cast<uint64_t>(c.read<uint32_t>("u32 value")); break;
-    case ValueType::INT32: v.v = static_cast<int64_t>(c.read<int32_t>("i32 value")); break;
-    case ValueType::UINT64: v.v = c.read<uint64_t>("u64 value"); break;
-    case ValueType::INT64: v.v = c.read<int64_t>("i64 value"); break;
-    case ValueType::FLOAT32: v.v = static_cast<double>(c.read<float>("f32 value")); break;
-    case ValueType::FLOAT64: v.v = c.read<double>("f64 value"); break;
+    case ValueType::UINT8:
+      v.v = static_cast<uint64_t>(c.read<uint8_t>("u8 value"));
+      break;
+    case ValueType::INT8:
+      v.v = static_cast<int64_t>(c.read<int8_t>("i8 value"));
+      break;
+    case ValueType::UINT16:
+      v.v = static_cast<uint64_t>(c.read<uint16_t>("u16 value"));
+      break;
+    case ValueType::INT16:
+      v.v = static_cast<int64_t>(c.read<int16_t>("i16 value"));
+      break;
+    case ValueType::UINT32:
+      v.v = static_cast<uint64_t>(c.read<uint32_t>("u32 value"));
+      break;
+    case ValueType::INT32:
+      v.v = static_cast<int64_t>(c.read<int32_t>("i32 value"));
+      break;
+    case ValueType::UINT64:
+      v.v = c.read<uint64_t>("u64 value");
+      break;
+    case ValueType::INT64:
+      v.v = c.read<int64_t>("i64 value");
+      break;
+    case ValueType::FLOAT32:
+      v.v = static_cast<double>(c.read<float>("f32 value"));
+      break;
+    case ValueType::FLOAT64:
+      v.v = c.read<double>("f64 value");
+      break;
     case ValueType::BOOL: {
       const uint8_t b = c.read<uint8_t>("bool value");
       if (b > 1) c.fail("bool value " + std::to_string(b) + " is neither 0 nor 1");
       v.v = b != 0;
       break;
     }
-    case ValueType::STRING: v.v = c.read_string("string value"); break;
+    case ValueType::STRING:
+      v.v = c.read_string("string value");
+      break;
     case ValueType::ARRAY: {
       if (depth >= kMaxArrayNesting) c.fail("arrays nested deeper than " + std::to_string(kMaxArrayNesting));
       const uint32_t et = c.read<uint32_t>("array element type");
@@ -285,12 +307,18 @@ std::string Value::to_display(size_t max_items) const {
       os << "]";
       break;
     }
-    case ValueType::BOOL: os << (as_bool() ? "true" : "false"); break;
+    case ValueType::BOOL:
+      os << (as_bool() ? "true" : "false");
+      break;
     case ValueType::FLOAT32:
-    case ValueType::FLOAT64: os << as_float(); break;
+    case ValueType::FLOAT64:
+      os << as_float();
+      break;
     default:
-      if (const auto* u = std::get_if<uint64_t>(&v)) os << *u;
-      else os << std::get<int64_t>(v);
+      if (const auto* u = std::get_if<uint64_t>(&v))
+        os << *u;
+      else
+        os << std::get<int64_t>(v);
   }
   return os.str();
 }
@@ -356,7 +384,8 @@ void File::parse() {
   // A tensor record is at least 8 (name len) + 4 (n_dims) + 8 (one dim) + 4 (type) + 8 (offset) bytes;
   // a kv at least 8 (key len) + 1 (key) + 4 (type) + 1 (value). Counts the file cannot hold are
   // rejected before anything is reserved.
-  const std::string left = " cannot fit in the " + std::to_string(c.remaining()) + " bytes that follow (truncated or corrupt file)";
+  const std::string left =
+      " cannot fit in the " + std::to_string(c.remaining()) + " bytes that follow (truncated or corrupt file)";
   if (n_tensors > c.remaining() / 32) c.fail("tensor count " + std::to_string(n_tensors) + left);
   if (n_kv > c.remaining() / 14) c.fail("metadata count " + std::to_string(n_kv) + left);
 
@@ -376,8 +405,7 @@ void File::parse() {
   if (const Value* a = find("general.alignment")) {
     // The spec (and ggml) require a u32; a power of two keeps offsets cheap to check. 1 MiB is far
     // beyond any real alignment (32 is the default, 64 or 4096 are seen).
-    if (a->type != ValueType::UINT32)
-      c.fail(std::string("general.alignment must be a u32, found ") + value_type_name(a->type));
+    if (a->type != ValueType::UINT32) c.fail(std::string("general.alignment must be a u32, found ") + value_type_name(a->type));
     const uint64_t al = a->as_uint();
     if (al == 0 || (al & (al - 1)) != 0 || al > (1u << 20))
       c.fail("general.alignment " + std::to_string(al) + " is not a power of two between 1 and 1048576");

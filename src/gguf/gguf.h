@@ -54,9 +54,9 @@ struct Value {
 
   bool is_integer() const;
   bool is_float() const { return type == ValueType::FLOAT32 || type == ValueType::FLOAT64; }
-  int64_t as_int() const;      // integer or bool; throws otherwise
-  uint64_t as_uint() const;    // non-negative integer
-  double as_float() const;     // any number
+  int64_t as_int() const;    // integer or bool; throws otherwise
+  uint64_t as_uint() const;  // non-negative integer
+  double as_float() const;   // any number
   bool as_bool() const;
   const std::string& as_string() const;
   const Array& as_array() const;
@@ -65,8 +65,8 @@ struct Value {
 
 constexpr int kMaxDims = 4;
 // Limits shared by the reader and the writer.
-constexpr int kMaxArrayNesting = 4;           // arrays of arrays of ... (real files use 1)
-constexpr size_t kMaxTensorNameLength = 63;   // ggml keeps names in char[64] with a NUL
+constexpr int kMaxArrayNesting = 4;          // arrays of arrays of ... (real files use 1)
+constexpr size_t kMaxTensorNameLength = 63;  // ggml keeps names in char[64] with a NUL
 constexpr size_t kMaxKeyLength = 65536;
 
 struct TensorInfo {
@@ -74,7 +74,7 @@ struct TensorInfo {
   int n_dims = 0;
   int64_t ne[kMaxDims] = {1, 1, 1, 1};  // ggml order: ne[0] is the contiguous (input) dimension
   DType type = DType::F32;
-  uint64_t offset = 0;       // relative to the start of the data section
+  uint64_t offset = 0;  // relative to the start of the data section
   const uint8_t* data = nullptr;
   uint64_t nbytes = 0;
 

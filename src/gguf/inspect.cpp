@@ -87,9 +87,12 @@ std::string format_value(const Value& v, const InspectOptions& opt) {
       if (shown < n) out += (shown ? ", ... (" : "... (") + std::to_string(n) + " items)";
       return out + "]";
     }
-    case ValueType::BOOL: return v.as_bool() ? "true" : "false";
-    case ValueType::FLOAT32: return format_f32(static_cast<float>(v.as_float()));
-    case ValueType::FLOAT64: return format_f64(v.as_float());
+    case ValueType::BOOL:
+      return v.as_bool() ? "true" : "false";
+    case ValueType::FLOAT32:
+      return format_f32(static_cast<float>(v.as_float()));
+    case ValueType::FLOAT64:
+      return format_f64(v.as_float());
     default:
       if (const auto* u = std::get_if<uint64_t>(&v.v)) return std::to_string(*u);
       return std::to_string(std::get<int64_t>(v.v));
@@ -178,8 +181,8 @@ void print_inspect(const File& f, std::ostream& os, const InspectOptions& opt) {
     }
     const size_t iw = std::max<size_t>(1, std::to_string(f.tensors().size() - 1).size());
     os << "\ntensors (offsets from the data section start):\n  " << pad_left("#", iw) << "  " << pad_right("name", nw) << "  "
-       << pad_right("type", 7) << "  " << pad_right("shape", sw) << "  " << pad_left("offset", 14) << "  " << pad_left("bytes", 14)
-       << "\n";
+       << pad_right("type", 7) << "  " << pad_right("shape", sw) << "  " << pad_left("offset", 14) << "  "
+       << pad_left("bytes", 14) << "\n";
     for (size_t i = 0; i < f.tensors().size(); ++i) {
       const auto& t = f.tensors()[i];
       os << "  " << pad_left(std::to_string(i), iw) << "  " << pad_cols(names[i], nw) << "  "

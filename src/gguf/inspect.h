@@ -12,9 +12,9 @@
 namespace pg::gguf {
 
 struct InspectOptions {
-  size_t max_array_items = 8;     // array items shown before "... (N items)"; 0 shows all
-  size_t max_string_bytes = 80;   // string bytes shown before "..."; 0 shows all
-  bool tensors = true;            // print the tensor table
+  size_t max_array_items = 8;    // array items shown before "... (N items)"; 0 shows all
+  size_t max_string_bytes = 80;  // string bytes shown before "..."; 0 shows all
+  bool tensors = true;           // print the tensor table
 };
 
 // "u32", "str", "arr[str,151936]", "arr[arr[i32,2],3]" (nested arrays show their first item's length).
@@ -39,9 +39,9 @@ struct TensorTotals {
 };
 TensorTotals tensor_totals(const File& f);
 
-std::string with_commas(uint64_t n);     // 1234567 -> "1,234,567"
-std::string human_bytes(uint64_t n);     // "1.50 GiB"
-std::string human_count(uint64_t n);     // 8190735360 -> "8.19B"
+std::string with_commas(uint64_t n);  // 1234567 -> "1,234,567"
+std::string human_bytes(uint64_t n);  // "1.50 GiB"
+std::string human_count(uint64_t n);  // 8190735360 -> "8.19B"
 
 void print_inspect(const File& f, std::ostream& os, const InspectOptions& opt = {});
 std::string inspect(const File& f, const InspectOptions& opt = {});

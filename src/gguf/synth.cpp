@@ -16,11 +16,11 @@
 #include "gguf/synth.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <map>
@@ -109,13 +109,13 @@ struct FtypeEntry {
 // LLAMA_FTYPE_* ids from llama.h. Plain K-type names map to the mixture's id with the rules off, as
 // `llama-quantize --pure` writes them.
 const FtypeEntry kFtypes[] = {
-    {"F32", 0, DType::F32, true},       {"F16", 1, DType::F16, true},       {"BF16", 32, DType::BF16, true},
-    {"Q4_0", 2, DType::Q4_0, true},     {"Q4_1", 3, DType::Q4_1, true},     {"Q5_0", 8, DType::Q5_0, true},
-    {"Q5_1", 9, DType::Q5_1, true},     {"Q8_0", 7, DType::Q8_0, true},     {"Q2_K", 10, DType::Q2_K, true},
-    {"Q3_K_S", 11, DType::Q3_K, true},  {"Q3_K_M", 12, DType::Q3_K, true},  {"Q3_K_L", 13, DType::Q3_K, true},
-    {"Q4_K_S", 14, DType::Q4_K, true},  {"Q4_K_M", 15, DType::Q4_K, true},  {"Q5_K_S", 16, DType::Q5_K, true},
-    {"Q5_K_M", 17, DType::Q5_K, true},  {"Q6_K", 18, DType::Q6_K, true},    {"Q3_K", 12, DType::Q3_K, false},
-    {"Q4_K", 15, DType::Q4_K, false},   {"Q5_K", 17, DType::Q5_K, false},   {"IQ4_NL", 25, DType::IQ4_NL, true},
+    {"F32", 0, DType::F32, true},        {"F16", 1, DType::F16, true},      {"BF16", 32, DType::BF16, true},
+    {"Q4_0", 2, DType::Q4_0, true},      {"Q4_1", 3, DType::Q4_1, true},    {"Q5_0", 8, DType::Q5_0, true},
+    {"Q5_1", 9, DType::Q5_1, true},      {"Q8_0", 7, DType::Q8_0, true},    {"Q2_K", 10, DType::Q2_K, true},
+    {"Q3_K_S", 11, DType::Q3_K, true},   {"Q3_K_M", 12, DType::Q3_K, true}, {"Q3_K_L", 13, DType::Q3_K, true},
+    {"Q4_K_S", 14, DType::Q4_K, true},   {"Q4_K_M", 15, DType::Q4_K, true}, {"Q5_K_S", 16, DType::Q5_K, true},
+    {"Q5_K_M", 17, DType::Q5_K, true},   {"Q6_K", 18, DType::Q6_K, true},   {"Q3_K", 12, DType::Q3_K, false},
+    {"Q4_K", 15, DType::Q4_K, false},    {"Q5_K", 17, DType::Q5_K, false},  {"IQ4_NL", 25, DType::IQ4_NL, true},
     {"IQ4_XS", 30, DType::IQ4_XS, true},
 };
 
@@ -131,12 +131,23 @@ DType fallback_type(DType t, int64_t ne0) {
   DType f = t;
   switch (t) {
     case DType::Q2_K:
-    case DType::Q3_K: f = DType::Q4_0; break;
-    case DType::Q4_K: f = DType::Q5_0; break;
-    case DType::Q5_K: f = DType::Q5_1; break;
-    case DType::Q6_K: f = DType::Q8_0; break;
-    case DType::IQ4_XS: f = DType::IQ4_NL; break;
-    default: break;
+    case DType::Q3_K:
+      f = DType::Q4_0;
+      break;
+    case DType::Q4_K:
+      f = DType::Q5_0;
+      break;
+    case DType::Q5_K:
+      f = DType::Q5_1;
+      break;
+    case DType::Q6_K:
+      f = DType::Q8_0;
+      break;
+    case DType::IQ4_XS:
+      f = DType::IQ4_NL;
+      break;
+    default:
+      break;
   }
   return ne0 % traits(f).block_size == 0 ? f : DType::F16;
 }
@@ -157,8 +168,7 @@ int layer_of(const std::string& name) {
 // Not covered: imatrix-dependent choices and the IQ1/IQ2/IQ3 mixtures (not offered).
 class TypeChooser {
  public:
-  TypeChooser(const SynthConfig& cfg, const SynthFileType& ft, int64_t n_attn_v)
-      : cfg_(cfg), ft_(ft), n_attn_v_(n_attn_v) {}
+  TypeChooser(const SynthConfig& cfg, const SynthFileType& ft, int64_t n_attn_v) : cfg_(cfg), ft_(ft), n_attn_v_(n_attn_v) {}
 
   DType choose(const std::string& name, const std::vector<int64_t>& shape) {
     const bool quantizable = shape.size() >= 2 && ends_with(name, "weight") && name.find("_norm.weight") == std::string::npos &&
@@ -186,12 +196,18 @@ class TypeChooser {
     if (name.find("attn_v.weight") != std::string::npos || name.find("attn_qkv.weight") != std::string::npos) {
       const int64_t i = i_attn_v_++;
       const int64_t gqa = cfg_.n_head_kv ? cfg_.n_head / cfg_.n_head_kv : 1;
-      if (f == "Q2_K") t = gqa >= 4 ? DType::Q4_K : DType::Q3_K;
-      else if (f == "Q3_K_M") t = i < 2 ? DType::Q5_K : DType::Q4_K;
-      else if (f == "Q3_K_L") t = DType::Q5_K;
-      else if ((f == "IQ4_NL" || f == "IQ4_XS") && gqa >= 4) t = DType::Q5_K;
-      else if ((f == "Q4_K_M" || f == "Q5_K_M") && use_more_bits(i, n_attn_v_)) t = DType::Q6_K;
-      else if (f == "Q4_K_S" && i < 4) t = DType::Q5_K;
+      if (f == "Q2_K")
+        t = gqa >= 4 ? DType::Q4_K : DType::Q3_K;
+      else if (f == "Q3_K_M")
+        t = i < 2 ? DType::Q5_K : DType::Q4_K;
+      else if (f == "Q3_K_L")
+        t = DType::Q5_K;
+      else if ((f == "IQ4_NL" || f == "IQ4_XS") && gqa >= 4)
+        t = DType::Q5_K;
+      else if ((f == "Q4_K_M" || f == "Q5_K_M") && use_more_bits(i, n_attn_v_))
+        t = DType::Q6_K;
+      else if (f == "Q4_K_S" && i < 4)
+        t = DType::Q5_K;
       // llama.cpp's LLM_TYPE_70B: an 80-layer GQA llama.
       if (cfg_.arch == "llama" && n_layer == 80 && cfg_.n_head != cfg_.n_head_kv && (t == DType::Q3_K || t == DType::Q4_K))
         t = DType::Q5_K;
@@ -203,13 +219,20 @@ class TypeChooser {
       // Dense models count ffn_down tensors; MoE models read the layer from the name (llama.cpp's
       // layer_info), so ffn_down_exps and ffn_down_shexp of one layer share its index.
       const int64_t i = cfg_.n_expert > 1 ? layer_of(name) : i_ffn_down_++;
-      if (f == "Q2_K") t = DType::Q3_K;
-      else if (f == "Q3_K_M") t = i < n_layer / 16 ? DType::Q5_K : DType::Q4_K;
-      else if (f == "Q3_K_L") t = DType::Q5_K;
-      else if (f == "Q4_K_M" && use_more_bits(i, n_layer)) t = DType::Q6_K;
-      else if ((f == "IQ4_NL" || f == "IQ4_XS") && i < n_layer / 8) t = DType::Q5_K;
-      else if (f == "Q5_K_M" && use_more_bits(i, n_layer)) t = DType::Q6_K;
-      else if (f == "Q4_K_S" && i < n_layer / 8) t = DType::Q5_K;
+      if (f == "Q2_K")
+        t = DType::Q3_K;
+      else if (f == "Q3_K_M")
+        t = i < n_layer / 16 ? DType::Q5_K : DType::Q4_K;
+      else if (f == "Q3_K_L")
+        t = DType::Q5_K;
+      else if (f == "Q4_K_M" && use_more_bits(i, n_layer))
+        t = DType::Q6_K;
+      else if ((f == "IQ4_NL" || f == "IQ4_XS") && i < n_layer / 8)
+        t = DType::Q5_K;
+      else if (f == "Q5_K_M" && use_more_bits(i, n_layer))
+        t = DType::Q6_K;
+      else if (f == "Q4_K_S" && i < n_layer / 8)
+        t = DType::Q5_K;
       return t;
     }
     if (name.find("attn_output.weight") != std::string::npos) {
@@ -277,11 +300,12 @@ struct SpecialToken {
 std::vector<SpecialToken> special_tokens(const std::string& family, int64_t n, int64_t first_id) {
   std::vector<SpecialToken> out;
   if (family == "qwen") {
-    const char* named[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                           "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-                           "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-                           "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-                           "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>"};
+    const char* named[] = {"<|endoftext|>",  "<|im_start|>",   "<|im_end|>",      "<|object_ref_start|>", "<|object_ref_end|>",
+                           "<|box_start|>",  "<|box_end|>",    "<|quad_start|>",  "<|quad_end|>",         "<|vision_start|>",
+                           "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",   "<|video_pad|>",        "<tool_call>",
+                           "</tool_call>",   "<|fim_prefix|>", "<|fim_middle|>",  "<|fim_suffix|>",       "<|fim_pad|>",
+                           "<|repo_name|>",  "<|file_sep|>",   "<tool_response>", "</tool_response>",     "<think>",
+                           "</think>"};
     for (int64_t i = 0; i < n; ++i) {
       if (i < static_cast<int64_t>(std::size(named))) {
         const std::string t = named[i];
@@ -295,12 +319,23 @@ std::vector<SpecialToken> special_tokens(const std::string& family, int64_t n, i
     for (int64_t i = 0; i < n; ++i) {
       std::string t;
       switch (i) {
-        case 0: t = "<|begin_of_text|>"; break;
-        case 1: t = "<|end_of_text|>"; break;
-        case 6: t = "<|start_header_id|>"; break;
-        case 7: t = "<|end_header_id|>"; break;
-        case 9: t = "<|eot_id|>"; break;
-        default: t = "<|reserved_special_token_" + std::to_string(reserved++) + "|>";
+        case 0:
+          t = "<|begin_of_text|>";
+          break;
+        case 1:
+          t = "<|end_of_text|>";
+          break;
+        case 6:
+          t = "<|start_header_id|>";
+          break;
+        case 7:
+          t = "<|end_header_id|>";
+          break;
+        case 9:
+          t = "<|eot_id|>";
+          break;
+        default:
+          t = "<|reserved_special_token_" + std::to_string(reserved++) + "|>";
       }
       out.push_back({t, 3});
     }
@@ -329,9 +364,12 @@ std::vector<int> merge_char_order(const std::vector<std::pair<int, std::string>>
 std::string size_label(uint64_t params) {
   const double p = static_cast<double>(params);
   char buf[32];
-  if (p >= 1e9) std::snprintf(buf, sizeof buf, "%.*fB", p >= 1e10 ? 0 : 1, p / 1e9);
-  else if (p >= 1e6) std::snprintf(buf, sizeof buf, "%.*fM", p >= 1e7 ? 0 : 1, p / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.1fK", p / 1e3);
+  if (p >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.*fB", p >= 1e10 ? 0 : 1, p / 1e9);
+  else if (p >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.*fM", p >= 1e7 ? 0 : 1, p / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fK", p / 1e3);
   return buf;
 }
 
@@ -432,7 +470,8 @@ struct Preset {
   SynthConfig cfg;
 };
 
-SynthConfig qwen3(const char* name, const char* label, int64_t layers, int64_t embd, int64_t ff, int64_t heads, int64_t kv, bool tied) {
+SynthConfig qwen3(const char* name, const char* label, int64_t layers, int64_t embd, int64_t ff, int64_t heads, int64_t kv,
+                  bool tied) {
   SynthConfig c;
   c.arch = "qwen3";
   c.name = name;
@@ -823,15 +862,14 @@ void synth_metadata(Writer& w, SynthConfig& c, const SynthFileType& ft, const st
   }
 }
 
-
-
 SynthResult synth_write(SynthOptions opt, const std::string& path) {
   Writer w;
   synth_metadata(w, opt.cfg, opt.file_type, opt.vocab_from, opt.seed);
   const auto plan = synth_tensors(opt.cfg, opt.file_type);
   for (const auto& t : plan)
     if (!can_quantize(t.type))
-      throw Error("synth: tensor " + t.name + " needs type " + std::string(dtype_name(t.type)) + ", which cannot be quantized yet");
+      throw Error("synth: tensor " + t.name + " needs type " + std::string(dtype_name(t.type)) +
+                  ", which cannot be quantized yet");
 
   uint64_t total = 0;
   for (const auto& t : plan) total += Writer::tensor_bytes(t.type, t.shape);

@@ -42,14 +42,30 @@ void validate_value(const std::string& key, const Value& v, int depth) {
     if (*i < min || *i > max) bad("value " + std::to_string(*i) + " does not fit " + value_type_name(v.type));
   };
   switch (v.type) {
-    case ValueType::UINT8: need_uint(UINT8_MAX); break;
-    case ValueType::UINT16: need_uint(UINT16_MAX); break;
-    case ValueType::UINT32: need_uint(UINT32_MAX); break;
-    case ValueType::UINT64: need_uint(UINT64_MAX); break;
-    case ValueType::INT8: need_int(INT8_MIN, INT8_MAX); break;
-    case ValueType::INT16: need_int(INT16_MIN, INT16_MAX); break;
-    case ValueType::INT32: need_int(INT32_MIN, INT32_MAX); break;
-    case ValueType::INT64: need_int(INT64_MIN, INT64_MAX); break;
+    case ValueType::UINT8:
+      need_uint(UINT8_MAX);
+      break;
+    case ValueType::UINT16:
+      need_uint(UINT16_MAX);
+      break;
+    case ValueType::UINT32:
+      need_uint(UINT32_MAX);
+      break;
+    case ValueType::UINT64:
+      need_uint(UINT64_MAX);
+      break;
+    case ValueType::INT8:
+      need_int(INT8_MIN, INT8_MAX);
+      break;
+    case ValueType::INT16:
+      need_int(INT16_MIN, INT16_MAX);
+      break;
+    case ValueType::INT32:
+      need_int(INT32_MIN, INT32_MAX);
+      break;
+    case ValueType::INT64:
+      need_int(INT64_MIN, INT64_MAX);
+      break;
     case ValueType::FLOAT32:
     case ValueType::FLOAT64:
       if (!std::holds_alternative<double>(v.v)) bad("float value must hold a double");
@@ -93,18 +109,42 @@ class Buf {
   }
   void put_value(const Value& v) {
     switch (v.type) {
-      case ValueType::UINT8: put<uint8_t>(static_cast<uint8_t>(std::get<uint64_t>(v.v))); break;
-      case ValueType::UINT16: put<uint16_t>(static_cast<uint16_t>(std::get<uint64_t>(v.v))); break;
-      case ValueType::UINT32: put<uint32_t>(static_cast<uint32_t>(std::get<uint64_t>(v.v))); break;
-      case ValueType::UINT64: put<uint64_t>(std::get<uint64_t>(v.v)); break;
-      case ValueType::INT8: put<int8_t>(static_cast<int8_t>(std::get<int64_t>(v.v))); break;
-      case ValueType::INT16: put<int16_t>(static_cast<int16_t>(std::get<int64_t>(v.v))); break;
-      case ValueType::INT32: put<int32_t>(static_cast<int32_t>(std::get<int64_t>(v.v))); break;
-      case ValueType::INT64: put<int64_t>(std::get<int64_t>(v.v)); break;
-      case ValueType::FLOAT32: put<float>(static_cast<float>(std::get<double>(v.v))); break;
-      case ValueType::FLOAT64: put<double>(std::get<double>(v.v)); break;
-      case ValueType::BOOL: put<uint8_t>(std::get<bool>(v.v) ? 1 : 0); break;
-      case ValueType::STRING: put_string(std::get<std::string>(v.v)); break;
+      case ValueType::UINT8:
+        put<uint8_t>(static_cast<uint8_t>(std::get<uint64_t>(v.v)));
+        break;
+      case ValueType::UINT16:
+        put<uint16_t>(static_cast<uint16_t>(std::get<uint64_t>(v.v)));
+        break;
+      case ValueType::UINT32:
+        put<uint32_t>(static_cast<uint32_t>(std::get<uint64_t>(v.v)));
+        break;
+      case ValueType::UINT64:
+        put<uint64_t>(std::get<uint64_t>(v.v));
+        break;
+      case ValueType::INT8:
+        put<int8_t>(static_cast<int8_t>(std::get<int64_t>(v.v)));
+        break;
+      case ValueType::INT16:
+        put<int16_t>(static_cast<int16_t>(std::get<int64_t>(v.v)));
+        break;
+      case ValueType::INT32:
+        put<int32_t>(static_cast<int32_t>(std::get<int64_t>(v.v)));
+        break;
+      case ValueType::INT64:
+        put<int64_t>(std::get<int64_t>(v.v));
+        break;
+      case ValueType::FLOAT32:
+        put<float>(static_cast<float>(std::get<double>(v.v)));
+        break;
+      case ValueType::FLOAT64:
+        put<double>(std::get<double>(v.v));
+        break;
+      case ValueType::BOOL:
+        put<uint8_t>(std::get<bool>(v.v) ? 1 : 0);
+        break;
+      case ValueType::STRING:
+        put_string(std::get<std::string>(v.v));
+        break;
       case ValueType::ARRAY: {
         const auto& a = *std::get<std::shared_ptr<Array>>(v.v);
         put<uint32_t>(static_cast<uint32_t>(a.elem_type));
@@ -251,7 +291,8 @@ bool Writer::remove(const std::string& key) {
 
 uint64_t Writer::tensor_bytes(DType type, const std::vector<int64_t>& shape) {
   if (shape.empty() || shape.size() > static_cast<size_t>(kMaxDims))
-    throw Error("gguf writer: a tensor needs 1.." + std::to_string(kMaxDims) + " dimensions, got " + std::to_string(shape.size()));
+    throw Error("gguf writer: a tensor needs 1.." + std::to_string(kMaxDims) + " dimensions, got " +
+                std::to_string(shape.size()));
   const auto& tr = traits(type);
   int64_t total = 1;
   for (int64_t ne : shape) {
@@ -269,7 +310,8 @@ uint64_t Writer::tensor_bytes(DType type, const std::vector<int64_t>& shape) {
 void Writer::add(Tensor t) {
   if (t.name.empty()) throw Error("gguf writer: empty tensor name");
   if (t.name.size() > kMaxTensorNameLength)
-    throw Error("gguf writer: tensor name " + printable(t.name) + " is longer than " + std::to_string(kMaxTensorNameLength) + " bytes");
+    throw Error("gguf writer: tensor name " + printable(t.name) + " is longer than " + std::to_string(kMaxTensorNameLength) +
+                " bytes");
   if (tensor_index_.count(t.name)) throw Error("gguf writer: duplicate tensor name " + printable(t.name));
   try {
     t.nbytes = tensor_bytes(t.type, t.shape);
@@ -294,7 +336,8 @@ void Writer::add_tensor(const std::string& name, DType type, const std::vector<i
   added.view = std::span<const uint8_t>(added.owned.data(), added.owned.size());
 }
 
-void Writer::add_tensor_view(const std::string& name, DType type, const std::vector<int64_t>& shape, std::span<const uint8_t> data) {
+void Writer::add_tensor_view(const std::string& name, DType type, const std::vector<int64_t>& shape,
+                             std::span<const uint8_t> data) {
   const uint64_t want = tensor_bytes(type, shape);
   if (want != data.size())
     throw Error("gguf writer: tensor " + printable(name) + " needs " + std::to_string(want) + " bytes, got " +

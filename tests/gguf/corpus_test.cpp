@@ -139,9 +139,9 @@ TEST(GgufCorpusCli, InspectAValidModel) {
   const auto r = test::run_command({exe, "gguf", "inspect", model}, "", 30);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
-  for (const char* want : {"version:     3", "alignment:   32", "general.architecture", "\"qwen3\"", "arr[str,512]",
-                           "... (512 items)]", "blk.1.ffn_down.weight", "Q6_K", "{512, 256}", "tensors:    24",
-                           "parameters: 1,312,256"})
+  for (const char* want :
+       {"version:     3", "alignment:   32", "general.architecture", "\"qwen3\"", "arr[str,512]", "... (512 items)]",
+        "blk.1.ffn_down.weight", "Q6_K", "{512, 256}", "tensors:    24", "parameters: 1,312,256"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
   const auto no_t = test::run_command({exe, "gguf", "inspect", "--no-tensors", model}, "", 30);
   EXPECT_EQ(no_t.exit_code, 0);

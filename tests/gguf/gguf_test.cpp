@@ -1,4 +1,6 @@
 // Reader hardening, writer round trips and inspect formatting.
+#include "gguf/gguf.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <random>
 
 #include "core/error.h"
-#include "gguf/gguf.h"
 #include "gguf/inspect.h"
 #include "gguf/writer.h"
 #include "testutil.h"
@@ -292,7 +293,9 @@ TEST(GgufReader, RejectsArraysBeyondTheElementBudget) {
   // One u8 array of 2^23 + 1 elements: the file holds it, the budget does not.
   const uint64_t n = (uint64_t{1} << 23) + 1;
   std::vector<uint8_t> b;
-  auto put = [&](const void* p, size_t k) { b.insert(b.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + k); };
+  auto put = [&](const void* p, size_t k) {
+    b.insert(b.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + k);
+  };
   const uint32_t magic = 0x46554747u, version = 3, type_arr = 9, type_u8 = 0;
   const uint64_t nt = 0, nkv = 1, klen = 1;
   put(&magic, 4);
@@ -341,9 +344,9 @@ TEST(GgufReader, EscapesTextForMessages) {
   EXPECT_EQ(escape_text("a\nb\tc\r"), "a\\nb\\tc\\r");
   EXPECT_EQ(escape_text(std::string("\x01\x7f", 2)), "\\x01\\x7f");
   EXPECT_EQ(escape_text("ü🙂"), "ü🙂");
-  EXPECT_EQ(escape_text("\xff\xc3"), "\\xff\\xc3");          // invalid / truncated UTF-8
+  EXPECT_EQ(escape_text("\xff\xc3"), "\\xff\\xc3");           // invalid / truncated UTF-8
   EXPECT_EQ(escape_text("\xed\xa0\x80"), "\\xed\\xa0\\x80");  // a surrogate
-  EXPECT_EQ(escape_text("\xc0\xaf"), "\\xc0\\xaf");          // overlong
+  EXPECT_EQ(escape_text("\xc0\xaf"), "\\xc0\\xaf");           // overlong
   bool cut = false;
   EXPECT_EQ(escape_text(std::string(100, 'x'), 10, &cut), std::string(10, 'x') + "...");
   EXPECT_TRUE(cut);

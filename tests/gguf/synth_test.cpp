@@ -1,6 +1,8 @@
 // `gguf synth`: tensor sets, shapes and metadata keys per architecture, checked against the golden
 // models llama.cpp's tools wrote; llama-quantize's type mixes (against the golden quantized files and
 // the use_more_bits pattern at real depth); weight statistics; determinism; vocabularies; the CLI.
+#include "gguf/synth.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 #include "core/quant.h"
 #include "gguf/gguf.h"
 #include "gguf/inspect.h"
-#include "gguf/synth.h"
 #include "testutil.h"
 
 namespace pg::gguf {
@@ -41,6 +42,34 @@ SynthConfig tiny(const std::string& arch) {
     c.n_expert_used = 2;
     c.n_ff_exp = 32;
   }
+  if (arch == "qwen35" || arch == "qwen35moe") {
+    // shared/golden/README.md §4.5 and §4.7.
+    c = synth_preset(arch == "qwen35" ? "qwen35-0.8b" : "qwen35moe-35b-a3b");
+    c.n_layer = 4;
+    c.n_embd = 256;
+    c.n_ff = 256;
+    c.n_head = 4;
+    c.n_head_kv = 2;
+    c.head_dim = 64;
+    c.n_vocab = 512;
+    c.n_ctx = 4096;
+    c.tied = true;
+    auto& h = *c.hybrid;
+    h.n_rot = 16;
+    h.rope_sections[0] = 3;
+    h.rope_sections[1] = 3;
+    h.rope_sections[2] = 2;
+    h.rope_sections[3] = 0;
+    h.ssm_state = 64;
+    h.ssm_groups = 2;
+    h.ssm_dt_rank = 4;
+    if (arch == "qwen35moe") {
+      c.n_expert = 8;
+      c.n_expert_used = 2;
+      c.n_ff_exp = 16;
+      h.n_ff_shexp = 32;
+    }
+  }
   return c;
 }
 
@@ -54,7 +83,7 @@ std::unique_ptr<File> synth_file(const test::TempDir& dir, const SynthConfig& cf
   opt.vocab_from = vocab_from;
   opt.threads = threads;
   const auto path = (dir.path() / (cfg.arch + "-" + type + "-" + std::to_string(seed) + "-" + std::to_string(threads) + "-" +
-                                 std::to_string(chunk_bytes) + ".gguf"))
+                                   std::to_string(chunk_bytes) + ".gguf"))
                         .string();
   const SynthResult r = synth_write(opt, path);
   EXPECT_EQ(r.file_size, std::filesystem::file_size(path));
@@ -86,10 +115,9 @@ std::vector<float> dequant(const TensorInfo& t) {
 // model's tensors (names, shapes, types) and architecture keys, and the values the golden keys hold.
 TEST(GgufSynth, MatchesGoldenTensorSetsAndKeys) {
   test::TempDir dir;
-  const std::map<std::string, std::string> golden = {{"llama", "tiny-llama-f16.gguf"},
-                                                     {"qwen2", "tiny-qwen2-f16.gguf"},
-                                                     {"qwen3", "tiny-qwen3-f16.gguf"},
-                                                     {"qwen3moe", "tiny-qwen3moe-f16.gguf"}};
+  const std::map<std::string, std::string> golden = {
+      {"llama", "tiny-llama-f16.gguf"},       {"qwen2", "tiny-qwen2-f16.gguf"},   {"qwen3", "tiny-qwen3-f16.gguf"},
+      {"qwen3moe", "tiny-qwen3moe-f16.gguf"}, {"qwen35", "tiny-qwen35-f16.gguf"}, {"qwen35moe", "tiny-qwen35moe-f16.gguf"}};
   for (const auto& [arch, file] : golden) {
     SCOPED_TRACE(arch);
     const auto g = File::open(test::shared_path("golden/models/" + file).string());
@@ -98,11 +126,17 @@ TEST(GgufSynth, MatchesGoldenTensorSetsAndKeys) {
     for (const auto& gt : g->tensors()) {
       const auto* st = s->find_tensor(gt.name);
       ASSERT_NE(st, nullptr) << gt.name;
-      EXPECT_EQ(st->type, gt.type) << gt.name;
+      // The golden generator stored the hybrids' small ssm_alpha / ssm_beta projections in F32;
+      // llama.cpp's converter writes them in the file type like any matrix, and so does synth.
+      const bool converter_differs =
+          gt.name.find("ssm_alpha") != std::string::npos || gt.name.find("ssm_beta") != std::string::npos;
+      EXPECT_EQ(st->type, converter_differs ? DType::F16 : gt.type) << gt.name;
       EXPECT_EQ(st->shape_string(), gt.shape_string()) << gt.name;
     }
     std::set<std::string> gk = arch_keys(*g), sk = arch_keys(*s);
-    for (const char* optional : {".attention.key_length", ".attention.value_length"}) {
+    // key/value_length are optional for the dense archs; the converter also writes the hybrids'
+    // per-layer recurrent flags, which the golden generator did not.
+    for (const char* optional : {".attention.key_length", ".attention.value_length", ".attention.recurrent_layers"}) {
       gk.erase(arch + optional);
       sk.erase(arch + optional);
     }
@@ -116,6 +150,9 @@ TEST(GgufSynth, MatchesGoldenTensorSetsAndKeys) {
       }
       if (gv.is_float()) {
         EXPECT_FLOAT_EQ(static_cast<float>(sv.as_float()), static_cast<float>(gv.as_float())) << k;
+      }
+      if (gv.type == ValueType::ARRAY) {
+        EXPECT_EQ(format_value(sv, {}), format_value(gv, {})) << k;
       }
     }
     EXPECT_EQ(s->get_int("general.file_type"), 1);
@@ -208,8 +245,45 @@ TEST(GgufSynth, Q4KMUsesQ6KOnTheUseMoreBitsLayers) {
   }
 }
 
+// The Qwen3.5 hybrids: presets come from gguf/synth_qwen35.h, data and types from synth. llama-quantize
+// counts the Gated DeltaNet layers' fused attn_qkv with the attention layers' attn_v, so Q4_K_M's Q6_K
+// pattern runs over both (checked against llama-quantize itself when this was written).
+TEST(GgufSynth, HybridPresetsAndTypes) {
+  for (const auto& name : qwen35_synth_preset_names()) {
+    EXPECT_NO_THROW(synth_preset(name)) << name;
+    EXPECT_TRUE(synth_preset(name).is_hybrid());
+  }
+  const auto plan = synth_tensors(synth_preset("qwen35-9b"), synth_file_type("Q4_K_M"));
+  std::vector<int> six;  // layers whose attn_v / attn_qkv is Q6_K
+  for (const auto& t : plan) {
+    const bool v = t.name.find("attn_v.weight") != std::string::npos || t.name.find("attn_qkv.weight") != std::string::npos;
+    if (v && t.type == DType::Q6_K) six.push_back(std::atoi(t.name.c_str() + 4));
+    const bool ssm_a = t.name.size() > 6 && t.name.compare(t.name.size() - 6, 6, ".ssm_a") == 0;
+    if (t.name.find("ssm_conv1d") != std::string::npos || ssm_a || t.name.find("norm") != std::string::npos) {
+      EXPECT_EQ(t.type, DType::F32) << t.name;
+    }
+    if (ssm_a) {
+      EXPECT_LT(t.mean + 6 * t.sigma, 0.0f);
+    }
+  }
+  const std::vector<int> want = {0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31};  // use_more_bits of 32
+  EXPECT_EQ(six, want);
+
+  test::TempDir dir;
+  const auto f = synth_file(dir, tiny("qwen35moe"), "Q4_K_M");
+  for (const auto& t : f->tensors()) {
+    const auto v = dequant(t);
+    for (float x : v) ASSERT_TRUE(std::isfinite(x)) << t.name;
+    if (t.name.size() > 6 && t.name.compare(t.name.size() - 6, 6, ".ssm_a") == 0) {
+      for (float x : v) EXPECT_LT(x, 0.0f) << t.name;
+    }
+  }
+  EXPECT_EQ(f->find_tensor("blk.0.ffn_gate_inp_shexp.weight")->type, DType::F32);
+  EXPECT_EQ(f->get_string("tokenizer.ggml.pre"), "qwen35");
+}
+
 TEST(GgufSynth, PresetsHaveTheirPublishedSizes) {
-  const std::map<std::string, double> billions = {{"llama3-8b", 8.03},  {"qwen3-8b", 8.19},  {"qwen3-32b", 32.76},
+  const std::map<std::string, double> billions = {{"llama3-8b", 8.03},      {"qwen3-8b", 8.19},    {"qwen3-32b", 32.76},
                                                   {"qwen3-30b-a3b", 30.53}, {"qwen3-0.6b", 0.596}, {"qwen3-14b", 14.77}};
   for (const auto& [name, want] : billions) {
     uint64_t params = 0;
@@ -356,9 +430,10 @@ TEST(GgufSynthCli, WritesAModelAndReportsBadFlags) {
   test::TempDir dir;
   const auto exe = test::peregrine_exe().string();
   const auto out = (dir.path() / "m.gguf").string();
-  const auto r = test::run_command({exe, "gguf", "synth", "--arch", "qwen3moe", "--layers", "2", "--dim", "256", "--heads", "4",
-                                    "--kv-heads", "2", "--head-dim", "64", "--vocab", "600", "--experts", "4", "--experts-used",
-                                    "2", "--expert-ffn", "256", "--ffn", "512", "--type", "Q4_K_M", "--seed", "3", "-o", out},
+  const auto r = test::run_command({exe,   "gguf",      "synth",  "--arch",         "qwen3moe", "--layers",     "2",   "--dim",
+                                    "256", "--heads",   "4",      "--kv-heads",     "2",        "--head-dim",   "64",  "--vocab",
+                                    "600", "--experts", "4",      "--experts-used", "2",        "--expert-ffn", "256", "--ffn",
+                                    "512", "--type",    "Q4_K_M", "--seed",         "3",        "-o",           out},
                                    "", 120);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("wrote " + out), std::string::npos) << r.out;
@@ -368,9 +443,8 @@ TEST(GgufSynthCli, WritesAModelAndReportsBadFlags) {
   EXPECT_EQ(f->find_tensor("blk.1.ffn_down_exps.weight")->type, DType::Q6_K);
   EXPECT_EQ(f->find_tensor("blk.0.ffn_gate_exps.weight")->shape_string(), "{256, 256, 4}");
 
-  const auto preset = test::run_command({exe, "gguf", "synth", "--preset", "qwen3-0.6b", "--layers", "1", "--vocab", "512",
-                                         "--type", "q8_0", "-o", out},
-                                        "", 120);
+  const auto preset = test::run_command(
+      {exe, "gguf", "synth", "--preset", "qwen3-0.6b", "--layers", "1", "--vocab", "512", "--type", "q8_0", "-o", out}, "", 120);
   ASSERT_EQ(preset.exit_code, 0) << preset.err;
   const auto p = File::open(out);
   EXPECT_EQ(p->get_int("qwen3.embedding_length"), 1024);
