@@ -1,11 +1,10 @@
 // Chat templates: turn an OpenAI-style conversation into the prompt text a model was trained on,
 // exactly as Hugging Face's tokenizer.apply_chat_template renders it (see chat/jinja/jinja.h).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "chat/jinja/jinja.h"
 
@@ -27,8 +26,7 @@ class ChatTemplate {
   // strftime_now(); by default it is the current local time.
   // Throws pg::jinja::Error when the template raises or fails; for raise_exception() the error's
   // message is the template's text.
-  std::string render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                     bool add_generation_prompt,
+  std::string render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools, bool add_generation_prompt,
                      const nlohmann::ordered_json& extra_vars = nlohmann::ordered_json::object(),
                      std::optional<jinja::DateTime> now = std::nullopt) const;
 

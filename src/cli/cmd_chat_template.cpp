@@ -4,9 +4,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "chat/chat_template.h"
 #include "cli/args.h"
@@ -42,8 +41,7 @@ int cmd_chat_template(int argc, char** argv) {
             "Render a Jinja chat template with a conversation, like transformers' apply_chat_template, and print the "
             "text exactly (no newline added).");
   args.opt("--template", &template_path, "chat template file (Jinja)", "FILE")
-      .opt("--messages", &messages_path, "conversation: {\"messages\": [...], \"tools\": [...]} (tools optional)",
-           "CONV.json")
+      .opt("--messages", &messages_path, "conversation: {\"messages\": [...], \"tools\": [...]} (tools optional)", "CONV.json")
       .flag("--no-generation-prompt", &no_gen, "render with add_generation_prompt=false")
       .opt("--now", &now_text, "fix strftime_now() to this time (default: current local time)", "ISO8601")
       .opt("--vars", &vars_text,

@@ -1,12 +1,13 @@
 // ChatTemplate API (render arguments like transformers), chat template selection from GGUF
 // metadata, and the `peregrine chat-template` command.
+#include "chat/chat_template.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "chat/chat_template.h"
 #include "gguf/gguf.h"
 #include "testutil.h"
 
@@ -36,8 +37,7 @@ TEST(ChatTemplate, RenderArgumentsLikeTransformers) {
 }
 
 TEST(ChatTemplate, FixedNowAndErrors) {
-  ChatTemplate t("{{ strftime_now('%d %b %Y') }}{% if messages|length == 0 %}{{ raise_exception('empty!') }}{% endif %}",
-                 "", "");
+  ChatTemplate t("{{ strftime_now('%d %b %Y') }}{% if messages|length == 0 %}{{ raise_exception('empty!') }}{% endif %}", "", "");
   auto now = pg::jinja::parse_iso8601("2024-07-04T12:00:00");
   EXPECT_EQ(t.render(json::parse(R"([{"role":"user","content":"x"}])"), json(), true, json::object(), now), "04 Jul 2024");
   try {
@@ -168,15 +168,15 @@ TEST(ChatTemplateCli, RendersExactly) {
   write(tpl, std::string(kProbe) + "|{{ strftime_now('%Y-%m-%d') }}\n");
   write(conv, R"({"messages": [{"role": "user", "content": "héllo"}], "tools": [{"type": "function"}]})");
   auto exe = pg::test::peregrine_exe().string();
-  auto r = pg::test::run_command({exe, "chat-template", "--template", tpl.string(), "--messages", conv.string(), "--now",
-                                  "2025-01-31T08:00:00"});
+  auto r = pg::test::run_command(
+      {exe, "chat-template", "--template", tpl.string(), "--messages", conv.string(), "--now", "2025-01-31T08:00:00"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // The template's final newline is dropped (keep_trailing_newline=False) and none is added.
   EXPECT_EQ(r.out, "<s>|False|True|True|user=héllo;|unset|</s>|2025-01-31");
 
   r = pg::test::run_command({exe, "chat-template", "--template", tpl.string(), "--messages", conv.string(),
-                             "--no-generation-prompt", "--vars", R"({"enable_thinking": false, "bos_token": "B"})",
-                             "--now", "2025-01-31"});
+                             "--no-generation-prompt", "--vars", R"({"enable_thinking": false, "bos_token": "B"})", "--now",
+                             "2025-01-31"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "B|False|True|False|user=héllo;|False|</s>|2025-01-31");
 }
@@ -197,8 +197,7 @@ TEST(ChatTemplateCli, ErrorsExitNonZero) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("TemplateSyntaxError"), std::string::npos) << r.err;
 
-  r = pg::test::run_command({exe, "chat-template", "--template", (tmp.path() / "missing").string(), "--messages",
-                             conv.string()});
+  r = pg::test::run_command({exe, "chat-template", "--template", (tmp.path() / "missing").string(), "--messages", conv.string()});
   EXPECT_NE(r.exit_code, 0);
   write(conv, "{not json");
   r = pg::test::run_command({exe, "chat-template", "--template", tpl.string(), "--messages", conv.string()});

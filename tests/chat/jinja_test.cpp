@@ -1,5 +1,7 @@
 // Unit tests of the Jinja engine: golden cases from Python's jinja2 (gen_jinja_cases.py), plus
 // API behaviour, error reporting and the sandbox limits.
+#include "chat/jinja/jinja.h"
+
 #include <gtest/gtest.h>
 #include <pthread.h>
 
@@ -8,7 +10,6 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "chat/jinja/jinja.h"
 #include "testutil.h"
 
 namespace {
@@ -71,8 +72,8 @@ TEST(JinjaGolden, MatchesPythonJinja2) {
       if (c.contains("expect")) {
         ADD_FAILURE() << "unexpected error: " << e.what();
       } else {
-        EXPECT_EQ(e.kind(), kind_for_python(c["error"])) << "ours: " << e.what() << "\njinja2: " << c["error"] << ": "
-                                                          << c["message"];
+        EXPECT_EQ(e.kind(), kind_for_python(c["error"]))
+            << "ours: " << e.what() << "\njinja2: " << c["error"] << ": " << c["message"];
         if (c["error"] == "TemplateError") {
           EXPECT_EQ(e.message(), c["message"].get<std::string>());
         }
@@ -88,8 +89,7 @@ TEST(JinjaGolden, MatchesPythonJinja2) {
 TEST(Jinja, ParseOnceRenderMany) {
   Template t("{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}{{ extra | default('-') }}");
   json a = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
-  json b = {{"messages", json::array({{{"role", "a"}, {"content", "x"}}, {{"role", "b"}, {"content", "y"}}})},
-            {"extra", "E"}};
+  json b = {{"messages", json::array({{{"role", "a"}, {"content", "x"}}, {{"role", "b"}, {"content", "y"}}})}, {"extra", "E"}};
   EXPECT_EQ(t.render(a), "user:hi;-");
   EXPECT_EQ(t.render(b), "a:x;b:y;E");
   EXPECT_EQ(t.render(a), "user:hi;-");
@@ -151,8 +151,7 @@ TEST(Jinja, StrftimeNow) {
 
 TEST(JinjaLimits, InfiniteMacroRecursion) {
   std::string what;
-  EXPECT_EQ(render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", json::object(), {}, &what),
-            ErrorKind::kLimit);
+  EXPECT_EQ(render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", json::object(), {}, &what), ErrorKind::kLimit);
   EXPECT_NE(what.find("recursion"), std::string::npos) << what;
   EXPECT_EQ(render_error("{% macro a() %}{{ b() }}{% endmacro %}{% macro b() %}{{ a() }}{% endmacro %}{{ a() }}"),
             ErrorKind::kLimit);
@@ -171,8 +170,9 @@ TEST(JinjaLimits, RecursionFitsInSmallStack) {
   auto fn = [](void* p) -> void* {
     auto* c = static_cast<Ctx*>(p);
     try {
-      Template("{% macro f(n) %}{% for i in [1] %}{% if true %}{{ (f(n + 1) ~ [n, {'k': n}]|tojson)|trim }}{% endif %}"
-               "{% endfor %}{% endmacro %}{{ f(0) }}")
+      Template(
+          "{% macro f(n) %}{% for i in [1] %}{% if true %}{{ (f(n + 1) ~ [n, {'k': n}]|tojson)|trim }}{% endif %}"
+          "{% endfor %}{% endmacro %}{{ f(0) }}")
           .render(json::object());
     } catch (const Error& e) {
       c->limit = e.kind() == ErrorKind::kLimit;
@@ -189,9 +189,9 @@ TEST(JinjaLimits, HugeLoops) {
   RenderOptions opts;
   opts.limits.max_steps = 2'000'000;
   auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(render_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-                         json::object(), opts),
-            ErrorKind::kLimit);
+  EXPECT_EQ(
+      render_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", json::object(), opts),
+      ErrorKind::kLimit);
   EXPECT_EQ(render_error("{% for i in range(100000) %}{% for j in range(100000) %}{{ j is odd }}{% endfor %}{% endfor %}"),
             ErrorKind::kLimit);  // default limits
   auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -206,8 +206,7 @@ TEST(JinjaLimits, HugeOutputAndStrings) {
   EXPECT_EQ(render_error("{% for i in range(100000) %}{{ 'xxxxxxxxxxxxxxxxxxxx' }}{% endfor %}", json::object(), opts),
             ErrorKind::kLimit);
   // Output captured by a macro or set block is bounded too.
-  EXPECT_EQ(render_error("{% set s %}{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}{% endset %}", json::object(),
-                         opts),
+  EXPECT_EQ(render_error("{% set s %}{% for i in range(100000) %}{{ 'x' * 100 }}{% endfor %}{% endset %}", json::object(), opts),
             ErrorKind::kLimit);
   // Repetition and doubling cannot allocate without bound.
   EXPECT_NE(render_error("{{ 'x' * 100000000000 }}"), ErrorKind::kRaised);

@@ -10,14 +10,16 @@ Single render (same flags as `peregrine chat-template`):
 Batch (used by test_chat_template_parity):
     render_jinja2.py --batch JOBS.json --out RESULTS.json
 JOBS.json is a list of {"template": path, "conversation": {...}, "add_generation_prompt": bool,
-"vars": {...}, "now": iso8601}; RESULTS.json gets one {"ok": true, "text": ...} or
-{"ok": false, "error": "..."} per job.
+"vars": {...}, "now": iso8601} (a chat render) or {"source": text, "vars": {...}, "now": iso8601}
+(a bare template); RESULTS.json gets one {"ok": true, "text": ...} or {"ok": false, "error": "..."}
+per job.
 
 Needs Debian's python3-jinja2; exits with status 3 when it is missing (the C++ test then fails).
 """
 import argparse
 import json
 import re
+import signal
 import sys
 from datetime import datetime
 
@@ -66,6 +68,19 @@ def make_env(now):
     return env
 
 
+def compile_template(env_cache, key, source, now):
+    if key not in env_cache:
+        env = make_env(now)
+        try:
+            env_cache[key] = env.from_string(source)
+        except Exception as e:  # compile errors are recorded per job
+            env_cache[key] = e
+    tpl = env_cache[key]
+    if isinstance(tpl, Exception):
+        raise tpl
+    return tpl
+
+
 def render(env_cache, template_path, conversation, add_generation_prompt, extra_vars, now):
     key = (template_path, now)
     if key not in env_cache:
@@ -97,6 +112,17 @@ def parse_now(s):
 SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+class JobTimeout(BaseException):
+    """A bare template ran past its job's "timeout" (seconds)."""
+
+
+def _on_alarm(signum, frame):
+    raise JobTimeout("render timed out")
+
+
+signal.signal(signal.SIGALRM, _on_alarm)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--template")
@@ -114,11 +140,20 @@ def main():
         results = []
         for job in jobs:
             try:
-                text = render(cache, job["template"], job["conversation"], job["add_generation_prompt"],
-                              job.get("vars"), parse_now(job.get("now")))
+                if "source" in job:  # a bare template rendered with job["vars"] as its variables
+                    now = parse_now(job.get("now"))
+                    signal.alarm(int(job.get("timeout", 0)))
+                    try:
+                        tpl = compile_template({}, None, job["source"], now)
+                        text = tpl.render(**job.get("vars", {}))
+                    finally:
+                        signal.alarm(0)
+                else:
+                    text = render(cache, job["template"], job["conversation"], job["add_generation_prompt"],
+                                  job.get("vars"), parse_now(job.get("now")))
                 # Lone surrogates cannot be UTF-8; the C++ engine writes U+FFFD for them.
                 results.append({"ok": True, "text": SURROGATE.sub("\ufffd", text)})
-            except Exception as e:
+            except (Exception, JobTimeout) as e:
                 results.append({"ok": False, "error": f"{type(e).__name__}: {e}"})
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump(results, f, ensure_ascii=False)

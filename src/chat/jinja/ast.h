@@ -66,7 +66,7 @@ struct Expr {
 };
 
 enum class StmtKind : uint8_t {
-  kOutput,   // text or expression
+  kOutput,  // text or expression
   kIf,
   kFor,
   kSet,
@@ -77,7 +77,7 @@ enum class StmtKind : uint8_t {
   kWith,
   kBreak,
   kContinue,
-  kScope,    // {% generation %} and {% block %}: body rendered in its own scope
+  kScope,        // {% generation %} and {% block %}: body rendered in its own scope
   kUnsupported,  // {% include %} & co: fail when executed, like jinja2 without a loader
 };
 
@@ -100,15 +100,15 @@ struct MacroDef {
 struct Stmt {
   StmtKind kind;
   int line = 0;
-  std::string text;          // kOutput data; kUnsupported message
-  ExprP expr;                // kOutput expression, kIf test, kFor iterable, kSet value, kCallBlock call
-  ExprP test;                // kFor filter
-  ExprP filter;              // kSetBlock / kFilterBlock filter chain (innermost node has a==nullptr)
-  Target target;             // kFor, kSet, kSetBlock
-  Body body, else_body;      // kIf: else_body holds elif chain as a nested kIf
-  bool recursive = false;    // kFor
-  bool block_scope = false;  // kScope: {% block %} sees only template-level names
-  std::shared_ptr<MacroDef> macro;  // kMacro, kCallBlock (the caller)
+  std::string text;                  // kOutput data; kUnsupported message
+  ExprP expr;                        // kOutput expression, kIf test, kFor iterable, kSet value, kCallBlock call
+  ExprP test;                        // kFor filter
+  ExprP filter;                      // kSetBlock / kFilterBlock filter chain (innermost node has a==nullptr)
+  Target target;                     // kFor, kSet, kSetBlock
+  Body body, else_body;              // kIf: else_body holds elif chain as a nested kIf
+  bool recursive = false;            // kFor
+  bool block_scope = false;          // kScope: {% block %} sees only template-level names
+  std::shared_ptr<MacroDef> macro;   // kMacro, kCallBlock (the caller)
   std::vector<Target> with_targets;  // kWith
   std::vector<ExprP> with_values;
   Stmt(StmtKind k, int l) : kind(k), line(l) {}

@@ -23,8 +23,8 @@ class Params {
   Params(Args& a, const std::string& fname, std::initializer_list<const char*> names, bool kw_ok = true)
       : fname_(fname), names_(names), vals_(names.size()) {
     if (a.pos.size() > names_.size())
-      type_error(fname + "() takes at most " + std::to_string(names_.size()) + " argument" +
-                 (names_.size() == 1 ? "" : "s") + " (" + std::to_string(a.pos.size()) + " given)");
+      type_error(fname + "() takes at most " + std::to_string(names_.size()) + " argument" + (names_.size() == 1 ? "" : "s") +
+                 " (" + std::to_string(a.pos.size()) + " given)");
     for (size_t i = 0; i < a.pos.size(); ++i) vals_[i] = &a.pos[i];
     if (!a.kw.empty() && !kw_ok) type_error(fname + "() takes no keyword arguments");
     for (auto& kv : a.kw) {
@@ -72,11 +72,16 @@ const std::string& need_str(const Value& v, const char* what) {
 
 int64_t py_len(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: return 0;
-    case Value::Kind::kStr: return v.str_len();
-    case Value::Kind::kList: return static_cast<int64_t>(v.items().size());
-    case Value::Kind::kDict: return static_cast<int64_t>(v.dict_obj().items.size());
-    default: type_error("object of type " + py::repr(v.type_name()) + " has no len()");
+    case Value::Kind::kUndefined:
+      return 0;
+    case Value::Kind::kStr:
+      return v.str_len();
+    case Value::Kind::kList:
+      return static_cast<int64_t>(v.items().size());
+    case Value::Kind::kDict:
+      return static_cast<int64_t>(v.dict_obj().items.size());
+    default:
+      type_error("object of type " + py::repr(v.type_name()) + " has no len()");
   }
 }
 
@@ -176,14 +181,19 @@ Value bound(const std::string& name, const Value& self, std::function<Value(Inte
 
 // ------------------------------------------------------------------------------------------------
 // json.dumps
-void dumps_into(Interp& in, const Value& v, std::string& out, bool ensure_ascii, const std::string* indent,
-                int level, const std::string& item_sep, const std::string& key_sep, bool sort_keys,
-                std::vector<const void*>& stack) {
+void dumps_into(Interp& in, const Value& v, std::string& out, bool ensure_ascii, const std::string* indent, int level,
+                const std::string& item_sep, const std::string& key_sep, bool sort_keys, std::vector<const void*>& stack) {
   in.step();
   switch (v.kind()) {
-    case Value::Kind::kNone: out += "null"; return;
-    case Value::Kind::kBool: out += v.get_bool() ? "true" : "false"; return;
-    case Value::Kind::kInt: out += std::to_string(v.get_int()); return;
+    case Value::Kind::kNone:
+      out += "null";
+      return;
+    case Value::Kind::kBool:
+      out += v.get_bool() ? "true" : "false";
+      return;
+    case Value::Kind::kInt:
+      out += std::to_string(v.get_int());
+      return;
     case Value::Kind::kFloat: {
       double d = v.get_float();
       if (std::isnan(d)) {
@@ -195,7 +205,9 @@ void dumps_into(Interp& in, const Value& v, std::string& out, bool ensure_ascii,
       }
       return;
     }
-    case Value::Kind::kStr: py::json_quote(out, v.str(), ensure_ascii); return;
+    case Value::Kind::kStr:
+      py::json_quote(out, v.str(), ensure_ascii);
+      return;
     case Value::Kind::kList: {
       ListKind k = v.list_obj().kind;
       if (k != ListKind::kList && k != ListKind::kTuple)
@@ -278,7 +290,8 @@ void dumps_into(Interp& in, const Value& v, std::string& out, bool ensure_ascii,
       stack.pop_back();
       return;
     }
-    default: type_error("Object of type " + std::string(v.type_name()) + " is not JSON serializable");
+    default:
+      type_error("Object of type " + std::string(v.type_name()) + " is not JSON serializable");
   }
 }
 
@@ -308,16 +321,21 @@ std::string json_dumps(Interp& in, const Value& v, bool ensure_ascii, const Valu
 Value from_json(Interp& in, const nlohmann::ordered_json& j, int depth) {
   if (depth > 900) throw Error(ErrorKind::kLimit, "input JSON nested too deeply");
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return Value::none();
-    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return Value::none();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value::integer(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       uint64_t u = j.get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) return Value::number(static_cast<double>(u));
       return Value::integer(static_cast<int64_t>(u));
     }
-    case nlohmann::ordered_json::value_t::number_float: return Value::number(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return in.make_str(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value::number(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return in.make_str(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
@@ -336,7 +354,8 @@ Value from_json(Interp& in, const nlohmann::ordered_json& j, int depth) {
       in.charge_bytes(d->items.size() * 2 * sizeof(Value));
       return Value::dict(std::move(d));
     }
-    default: throw Error(ErrorKind::kType, "unsupported JSON value (binary)");
+    default:
+      throw Error(ErrorKind::kType, "unsupported JSON value (binary)");
   }
 }
 
@@ -377,12 +396,10 @@ std::string percent_format(Interp& in, const std::string& fmt, const Value& args
   // arguments are then not an error.
   bool is_mapping = args.is_dict() || args.is_undefined() ||
                     (args.is_list() && (args.list_obj().kind == ListKind::kList || args.list_obj().kind == ListKind::kRange));
-  bool single = false;
   if (args.is_list() && args.list_obj().kind == ListKind::kTuple) {
     argv = args.items();
   } else {
     argv.push_back(args);
-    single = true;
   }
   size_t ai = 0;
   auto next_arg = [&]() -> Value {
@@ -391,7 +408,6 @@ std::string percent_format(Interp& in, const std::string& fmt, const Value& args
   };
   std::string out;
   size_t i = 0, n = fmt.size();
-  bool used_mapping = false;
   while (i < n) {
     char c = fmt[i];
     if (c != '%') {
@@ -420,18 +436,27 @@ std::string percent_format(Interp& in, const std::string& fmt, const Value& args
       if (!p) throw Error(ErrorKind::kValue, "KeyError: " + py::repr(key));
       arg = *p;
       have_arg = true;
-      used_mapping = true;
       ai = argv.size();  // CPython: the looked-up value replaces the arguments and is consumed
       i = k;
     }
     bool left = false, plus = false, space = false, alt = false, zero = false;
     while (i < n && std::string_view("-+ #0").find(fmt[i]) != std::string_view::npos) {
       switch (fmt[i]) {
-        case '-': left = true; break;
-        case '+': plus = true; break;
-        case ' ': space = true; break;
-        case '#': alt = true; break;
-        case '0': zero = true; break;
+        case '-':
+          left = true;
+          break;
+        case '+':
+          plus = true;
+          break;
+        case ' ':
+          space = true;
+          break;
+        case '#':
+          alt = true;
+          break;
+        case '0':
+          zero = true;
+          break;
       }
       ++i;
     }
@@ -556,15 +581,12 @@ std::string percent_format(Interp& in, const std::string& fmt, const Value& args
         char buf[96];
         std::snprintf(buf, sizeof buf, "unsupported format character '%c' (0x%x) at index %zu", conv,
                       static_cast<unsigned>(static_cast<unsigned char>(conv)), i - 1);
-        (void)start;
         value_error(buf);
       }
     }
   }
   // CPython: unconsumed arguments are an error unless the argument is a mapping.
   if (!is_mapping && ai < argv.size()) type_error("not all arguments converted during string formatting");
-  (void)single;
-  (void)used_mapping;
   in.charge_bytes(out.size());
   return out;
 }
@@ -655,17 +677,22 @@ std::string pad_spec(const std::string& sign_prefix, const std::string& body, co
     return r;
   };
   switch (align) {
-    case '<': return sign_prefix + body + rep(total);
-    case '^': return rep(total / 2) + sign_prefix + body + rep(total - total / 2);
-    case '=': return sign_prefix + rep(total) + body;
-    default: return rep(total) + sign_prefix + body;
+    case '<':
+      return sign_prefix + body + rep(total);
+    case '^':
+      return rep(total / 2) + sign_prefix + body + rep(total - total / 2);
+    case '=':
+      return sign_prefix + rep(total) + body;
+    default:
+      return rep(total) + sign_prefix + body;
   }
 }
 
 std::string format_number(Interp& in, const Value& v, const Spec& sp) {
   char type = sp.type;
   bool is_int = v.is_integral();
-  if (is_int && (type == 0 || type == 'd' || type == 'n' || type == 'b' || type == 'o' || type == 'x' || type == 'X' || type == 'c')) {
+  if (is_int &&
+      (type == 0 || type == 'd' || type == 'n' || type == 'b' || type == 'o' || type == 'x' || type == 'X' || type == 'c')) {
     if (sp.prec >= 0) value_error("Precision not allowed in integer format specifier");
     int64_t iv = v.get_int();
     if (type == 'c') {
@@ -701,11 +728,18 @@ std::string format_number(Interp& in, const Value& v, const Spec& sp) {
     case 'f':
     case 'F':
     case 'g':
-    case 'G': body = py::format_float(a, type, sp.prec < 0 ? 6 : static_cast<int>(sp.prec), sp.alt); break;
-    case 'n': body = py::format_float(a, 'g', sp.prec < 0 ? 6 : static_cast<int>(sp.prec), sp.alt); break;
-    case '%': body = py::format_float(a * 100, 'f', sp.prec < 0 ? 6 : static_cast<int>(sp.prec), sp.alt) + "%"; break;
+    case 'G':
+      body = py::format_float(a, type, sp.prec < 0 ? 6 : static_cast<int>(sp.prec), sp.alt);
+      break;
+    case 'n':
+      body = py::format_float(a, 'g', sp.prec < 0 ? 6 : static_cast<int>(sp.prec), sp.alt);
+      break;
+    case '%':
+      body = py::format_float(a * 100, 'f', sp.prec < 0 ? 6 : static_cast<int>(sp.prec), sp.alt) + "%";
+      break;
     default:
-      value_error(std::string("Unknown format code '") + type + "' for object of type " + py::repr(v.is_float() ? "float" : "int"));
+      value_error(std::string("Unknown format code '") + type + "' for object of type " +
+                  py::repr(v.is_float() ? "float" : "int"));
   }
   if (sp.grouping && std::isfinite(a)) {
     size_t dot = body.find_first_of(".e%");
@@ -713,7 +747,6 @@ std::string format_number(Interp& in, const Value& v, const Spec& sp) {
     std::string rest = dot == std::string::npos ? "" : body.substr(dot);
     body = group_digits(ip, sp.grouping, 3) + rest;
   }
-  (void)in;
   std::string prefix = neg ? "-" : sp.sign == '+' ? "+" : sp.sign == ' ' ? " " : "";
   return pad_spec(prefix, body, sp, '>');
 }
@@ -791,8 +824,8 @@ Value format_get_field(Interp& in, const std::string& field, const std::vector<V
   return obj;
 }
 
-std::string str_format_impl(Interp& in, const std::string& fmt, const std::vector<Value>& args, const Value& kwargs,
-                            int depth, int64_t& auto_idx) {
+std::string str_format_impl(Interp& in, const std::string& fmt, const std::vector<Value>& args, const Value& kwargs, int depth,
+                            int64_t& auto_idx) {
   if (depth < 0) value_error("Max string recursion exceeded");
   std::string out;
   size_t i = 0, n = fmt.size();
@@ -894,7 +927,6 @@ std::string str_format(Interp& in, const std::string& fmt, const std::vector<Val
 // Methods of str, list, tuple and dict reachable from templates.
 
 bool startsends(Interp& in, const Value& self, Args& a, bool ends) {
-  (void)in;
   const char* nm = ends ? "endswith" : "startswith";
   if (!a.kw.empty()) type_error(std::string(nm) + "() takes no keyword arguments");
   if (a.pos.empty() || a.pos.size() > 3) type_error(std::string(nm) + "() takes at least 1 argument");
@@ -915,8 +947,7 @@ bool startsends(Interp& in, const Value& self, Args& a, bool ends) {
   if (e < 0) e = std::max<int64_t>(0, e + n);
   if (e > n) e = n;
   for (const auto& c : cands) {
-    if (!c.is_str())
-      type_error(std::string(nm) + " first arg must be str or a tuple of str, not " + c.type_name());
+    if (!c.is_str()) type_error(std::string(nm) + " first arg must be str or a tuple of str, not " + c.type_name());
     if (b > n) continue;
     if (e < b) continue;
     size_t bb = ascii ? static_cast<size_t>(b) : py::cp_to_byte(s, static_cast<size_t>(b));
@@ -951,9 +982,9 @@ bool str_method(Interp& in, const Value& self, const std::string& name, Value& o
     fn = [self, name, mk](Interp& in, Args& a) {
       Params p(a, name, {}, false);
       const std::string& s = self.str();
-      std::string r = name == "upper"    ? py::upper(s)
-                      : name == "lower"  ? py::lower(s)
-                      : name == "title"  ? py::title(s)
+      std::string r = name == "upper"        ? py::upper(s)
+                      : name == "lower"      ? py::lower(s)
+                      : name == "title"      ? py::title(s)
                       : name == "capitalize" ? py::capitalize(s)
                                              : py::swapcase(s);
       return in.make_str(std::move(r), mk);
@@ -1065,23 +1096,34 @@ bool str_method(Interp& in, const Value& self, const std::string& name, Value& o
       return self;
     };
   } else if (name == "isalnum" || name == "isalpha" || name == "isascii" || name == "isdecimal" || name == "isdigit" ||
-             name == "isidentifier" || name == "islower" || name == "isnumeric" || name == "isprintable" ||
-             name == "isspace" || name == "istitle" || name == "isupper") {
+             name == "isidentifier" || name == "islower" || name == "isnumeric" || name == "isprintable" || name == "isspace" ||
+             name == "istitle" || name == "isupper") {
     fn = [self, name](Interp&, Args& a) {
       Params p(a, name, {}, false);
       const std::string& s = self.str();
       bool r = false;
-      if (name == "isalnum") r = py::str_isalnum(s);
-      else if (name == "isalpha") r = py::str_all(s, py::is_alpha);
-      else if (name == "isascii") r = py::is_ascii(s);
-      else if (name == "isdecimal") r = py::str_all(s, py::is_decimal);
-      else if (name == "isdigit") r = py::str_all(s, py::is_digit);
-      else if (name == "isnumeric") r = py::str_all(s, py::is_numeric);
-      else if (name == "isprintable") r = s.empty() || py::str_all(s, py::is_printable);
-      else if (name == "isspace") r = py::str_isspace(s);
-      else if (name == "islower") r = py::str_islower(s);
-      else if (name == "isupper") r = py::str_isupper(s);
-      else if (name == "istitle") r = py::str_istitle(s);
+      if (name == "isalnum")
+        r = py::str_isalnum(s);
+      else if (name == "isalpha")
+        r = py::str_all(s, py::is_alpha);
+      else if (name == "isascii")
+        r = py::is_ascii(s);
+      else if (name == "isdecimal")
+        r = py::str_all(s, py::is_decimal);
+      else if (name == "isdigit")
+        r = py::str_all(s, py::is_digit);
+      else if (name == "isnumeric")
+        r = py::str_all(s, py::is_numeric);
+      else if (name == "isprintable")
+        r = s.empty() || py::str_all(s, py::is_printable);
+      else if (name == "isspace")
+        r = py::str_isspace(s);
+      else if (name == "islower")
+        r = py::str_islower(s);
+      else if (name == "isupper")
+        r = py::str_isupper(s);
+      else if (name == "istitle")
+        r = py::str_istitle(s);
       else if (name == "isidentifier") {
         std::u32string u = py::decode(s);
         r = !u.empty() && (u[0] == '_' || py::is_alpha(u[0]));
@@ -1101,8 +1143,7 @@ bool str_method(Interp& in, const Value& self, const std::string& name, Value& o
       if (a.pos.size() != 1) type_error("format_map() takes exactly one argument (" + std::to_string(a.pos.size()) + " given)");
       return in.make_str(str_format(in, self.str(), {}, a.pos[0], 2));
     };
-  } else if (name == "encode" || name == "expandtabs" || name == "casefold" || name == "translate" ||
-             name == "maketrans") {
+  } else if (name == "encode" || name == "expandtabs" || name == "casefold" || name == "translate" || name == "maketrans") {
     // Real Python attributes this engine does not implement: calling them is an error.
     fn = [name](Interp&, Args&) -> Value { runtime_error("str." + name + "() is not supported by this template engine"); };
   } else {
@@ -1183,18 +1224,14 @@ bool list_method(Interp& in, const Value& self, const std::string& name, Value& 
     });
     return true;
   }
-  if (name == "append" || name == "extend" || name == "insert" || name == "remove" || name == "reverse" ||
-      name == "sort") {
-    out = Value::undefined_hint("access to attribute " + py::repr(name) + " of 'list' object is unsafe.",
-                                ErrorKind::kSecurity);
+  if (name == "append" || name == "extend" || name == "insert" || name == "remove" || name == "reverse" || name == "sort") {
+    out = Value::undefined_hint("access to attribute " + py::repr(name) + " of 'list' object is unsafe.", ErrorKind::kSecurity);
     return true;
   }
-  (void)in;
   return false;
 }
 
 bool dict_method(Interp& in, const Value& self, const std::string& name, Value& out) {
-  (void)in;
   if (name == "items" || name == "keys" || name == "values") {
     ListKind k = name == "items" ? ListKind::kDictItems : name == "keys" ? ListKind::kDictKeys : ListKind::kDictValues;
     out = bound(name, self, [self, k, name](Interp& in, Args& a) {
@@ -1223,8 +1260,7 @@ bool dict_method(Interp& in, const Value& self, const std::string& name, Value& 
     return true;
   }
   if (name == "clear" || name == "pop" || name == "popitem" || name == "setdefault" || name == "update") {
-    out = Value::undefined_hint("access to attribute " + py::repr(name) + " of 'dict' object is unsafe.",
-                                ErrorKind::kSecurity);
+    out = Value::undefined_hint("access to attribute " + py::repr(name) + " of 'dict' object is unsafe.", ErrorKind::kSecurity);
     return true;
   }
   if (name == "fromkeys") {
@@ -1247,10 +1283,14 @@ bool dict_method(Interp& in, const Value& self, const std::string& name, Value& 
 
 bool get_method(Interp& in, const Value& obj, const std::string& name, Value& out) {
   switch (obj.kind()) {
-    case Value::Kind::kStr: return str_method(in, obj, name, out);
-    case Value::Kind::kList: return list_method(in, obj, name, out);
-    case Value::Kind::kDict: return dict_method(in, obj, name, out);
-    default: return false;
+    case Value::Kind::kStr:
+      return str_method(in, obj, name, out);
+    case Value::Kind::kList:
+      return list_method(in, obj, name, out);
+    case Value::Kind::kDict:
+      return dict_method(in, obj, name, out);
+    default:
+      return false;
   }
 }
 
@@ -1467,18 +1507,11 @@ Value f_int(Interp&, const Value& v, Args& a) {
   Value dflt = p.get_or(0, Value::integer(0));
   Value base_v = p.get_or(1, Value::integer(10));
   // try: int(value, base) for str, int(value) otherwise; on TypeError/ValueError: int(float(value))
-  bool first_failed = false;
   if (v.is_str()) {
-    if (!base_v.is_integral()) {
-      first_failed = true;
-    } else {
+    if (base_v.is_integral()) {
       int64_t base = base_v.get_int();
-      if (base != 0 && (base < 2 || base > 36)) {
-        first_failed = true;
-      } else if (auto r = py::parse_int(v.str(), static_cast<int>(base))) {
-        return Value::integer(*r);
-      } else {
-        first_failed = true;
+      if (base == 0 || (base >= 2 && base <= 36)) {
+        if (auto r = py::parse_int(v.str(), static_cast<int>(base))) return Value::integer(*r);
       }
     }
   } else if (v.is_integral()) {
@@ -1491,10 +1524,7 @@ Value f_int(Interp&, const Value& v, Args& a) {
     return Value::integer(static_cast<int64_t>(d));
   } else if (v.is_undefined()) {
     v.fail_undefined();
-  } else {
-    first_failed = true;
   }
-  (void)first_failed;
   // int(float(value)): only strings get here with a chance of success.
   if (v.is_str()) {
     if (auto f = py::parse_float(v.str())) {
@@ -1844,7 +1874,8 @@ Value f_round(Interp& in, const Value& v, Args& a) {
   }
   // math.ceil/floor(value * 10 ** precision) / 10 ** precision
   double scale = std::pow(10.0, static_cast<double>(prec));
-  Value scaled = in.binop(BinOp::kMul, v, prec >= 0 && prec <= 18 ? Value::integer(static_cast<int64_t>(scale)) : Value::number(scale));
+  Value scaled =
+      in.binop(BinOp::kMul, v, prec >= 0 && prec <= 18 ? Value::integer(static_cast<int64_t>(scale)) : Value::number(scale));
   if (!scaled.is_number()) type_error("must be real number, not " + std::string(scaled.type_name()));
   double x = scaled.to_double();
   if (std::isinf(x)) throw Error(ErrorKind::kValue, "cannot convert float infinity to integer");
@@ -1951,8 +1982,8 @@ Value f_striptags(Interp& in, const Value& v, Args& a) {
   // html.unescape for numeric references and the common named ones (the legacy names also
   // without ';', as HTML5 allows).
   static const std::pair<const char*, const char*> kEnt[] = {
-      {"amp", "&"}, {"lt", "<"}, {"gt", ">"}, {"quot", "\""}, {"nbsp", "\xc2\xa0"}, {"copy", "\xc2\xa9"},
-      {"reg", "\xc2\xae"}, {"AMP", "&"}, {"LT", "<"}, {"GT", ">"}, {"QUOT", "\""}};
+      {"amp", "&"},        {"lt", "<"},  {"gt", ">"}, {"quot", "\""}, {"nbsp", "\xc2\xa0"}, {"copy", "\xc2\xa9"},
+      {"reg", "\xc2\xae"}, {"AMP", "&"}, {"LT", "<"}, {"GT", ">"},    {"QUOT", "\""}};
   std::string r;
   for (size_t i = 0; i < joined.size();) {
     if (joined[i] == '&' && i + 1 < joined.size()) {
@@ -1962,8 +1993,12 @@ Value f_striptags(Interp& in, const Value& v, Args& a) {
         if (hex) ++k;
         size_t d0 = k;
         uint32_t cp = 0;
-        while (k < joined.size() && (hex ? std::isxdigit(static_cast<unsigned char>(joined[k])) : std::isdigit(static_cast<unsigned char>(joined[k])))) {
-          cp = std::min<uint32_t>(cp * (hex ? 16 : 10) + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(joined[k])) ? joined[k] - '0' : (joined[k] | 0x20) - 'a' + 10), 0x110000);
+        while (k < joined.size() && (hex ? std::isxdigit(static_cast<unsigned char>(joined[k]))
+                                         : std::isdigit(static_cast<unsigned char>(joined[k])))) {
+          cp = std::min<uint32_t>(cp * (hex ? 16 : 10) + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(joined[k]))
+                                                                                   ? joined[k] - '0'
+                                                                                   : (joined[k] | 0x20) - 'a' + 10),
+                                  0x110000);
           ++k;
         }
         if (k > d0) {
@@ -2191,23 +2226,57 @@ Value f_xmlattr(Interp& in, const Value& v, Args& a) {
 
 const std::unordered_map<std::string, FilterFn>& filters() {
   static const std::unordered_map<std::string, FilterFn> kFilters = {
-      {"abs", f_abs},           {"attr", f_attr},         {"batch", f_batch},
-      {"capitalize", f_capitalize}, {"center", f_center}, {"count", f_length},
-      {"d", f_default},         {"default", f_default},   {"dictsort", f_dictsort},
-      {"e", f_escape},          {"escape", f_escape},     {"filesizeformat", f_filesizeformat},
-      {"first", f_first},       {"float", f_float},       {"forceescape", f_forceescape},
-      {"format", f_format},     {"groupby", f_groupby},   {"indent", f_indent},
-      {"int", f_int},           {"items", f_items},       {"join", f_join},
-      {"last", f_last},         {"length", f_length},     {"list", f_list},
-      {"lower", f_lower},       {"map", f_map},           {"max", f_max},
-      {"min", f_min},           {"random", f_random},     {"reject", f_reject},
-      {"rejectattr", f_rejectattr}, {"replace", f_replace}, {"reverse", f_reverse},
-      {"round", f_round},       {"safe", f_safe},         {"select", f_select},
-      {"selectattr", f_selectattr}, {"slice", f_slice},   {"sort", f_sort},
-      {"string", f_string},     {"striptags", f_striptags}, {"sum", f_sum},
-      {"title", f_title},       {"tojson", f_tojson},     {"trim", f_trim},
-      {"truncate", f_truncate}, {"unique", f_unique},     {"upper", f_upper},
-      {"urlencode", f_urlencode}, {"wordcount", f_wordcount}, {"xmlattr", f_xmlattr},
+      {"abs", f_abs},
+      {"attr", f_attr},
+      {"batch", f_batch},
+      {"capitalize", f_capitalize},
+      {"center", f_center},
+      {"count", f_length},
+      {"d", f_default},
+      {"default", f_default},
+      {"dictsort", f_dictsort},
+      {"e", f_escape},
+      {"escape", f_escape},
+      {"filesizeformat", f_filesizeformat},
+      {"first", f_first},
+      {"float", f_float},
+      {"forceescape", f_forceescape},
+      {"format", f_format},
+      {"groupby", f_groupby},
+      {"indent", f_indent},
+      {"int", f_int},
+      {"items", f_items},
+      {"join", f_join},
+      {"last", f_last},
+      {"length", f_length},
+      {"list", f_list},
+      {"lower", f_lower},
+      {"map", f_map},
+      {"max", f_max},
+      {"min", f_min},
+      {"random", f_random},
+      {"reject", f_reject},
+      {"rejectattr", f_rejectattr},
+      {"replace", f_replace},
+      {"reverse", f_reverse},
+      {"round", f_round},
+      {"safe", f_safe},
+      {"select", f_select},
+      {"selectattr", f_selectattr},
+      {"slice", f_slice},
+      {"sort", f_sort},
+      {"string", f_string},
+      {"striptags", f_striptags},
+      {"sum", f_sum},
+      {"title", f_title},
+      {"tojson", f_tojson},
+      {"trim", f_trim},
+      {"truncate", f_truncate},
+      {"unique", f_unique},
+      {"upper", f_upper},
+      {"urlencode", f_urlencode},
+      {"wordcount", f_wordcount},
+      {"xmlattr", f_xmlattr},
   };
   return kFilters;
 }
@@ -2333,19 +2402,45 @@ bool t_le(Interp&, const Value& v, Args& a) {
 
 const std::unordered_map<std::string, TestFn>& tests() {
   static const std::unordered_map<std::string, TestFn> kTests = {
-      {"odd", t_odd},         {"even", t_even},           {"divisibleby", t_divisibleby},
-      {"defined", t_defined}, {"undefined", t_undefined}, {"filter", t_filter},
-      {"test", t_test},       {"none", t_none},           {"boolean", t_boolean},
-      {"false", t_false},     {"true", t_true},           {"integer", t_integer},
-      {"float", t_float},     {"lower", t_lower},         {"upper", t_upper},
-      {"string", t_string},   {"mapping", t_mapping},     {"number", t_number},
-      {"sequence", t_sequence}, {"iterable", t_iterable}, {"callable", t_callable},
-      {"sameas", t_sameas},   {"escaped", t_escaped},     {"in", t_in},
-      {"==", t_eq},           {"eq", t_eq},               {"equalto", t_eq},
-      {"!=", t_ne},           {"ne", t_ne},               {">", t_gt},
-      {"gt", t_gt},           {"greaterthan", t_gt},      {"ge", t_ge},
-      {">=", t_ge},           {"<", t_lt},                {"lt", t_lt},
-      {"lessthan", t_lt},     {"<=", t_le},               {"le", t_le},
+      {"odd", t_odd},
+      {"even", t_even},
+      {"divisibleby", t_divisibleby},
+      {"defined", t_defined},
+      {"undefined", t_undefined},
+      {"filter", t_filter},
+      {"test", t_test},
+      {"none", t_none},
+      {"boolean", t_boolean},
+      {"false", t_false},
+      {"true", t_true},
+      {"integer", t_integer},
+      {"float", t_float},
+      {"lower", t_lower},
+      {"upper", t_upper},
+      {"string", t_string},
+      {"mapping", t_mapping},
+      {"number", t_number},
+      {"sequence", t_sequence},
+      {"iterable", t_iterable},
+      {"callable", t_callable},
+      {"sameas", t_sameas},
+      {"escaped", t_escaped},
+      {"in", t_in},
+      {"==", t_eq},
+      {"eq", t_eq},
+      {"equalto", t_eq},
+      {"!=", t_ne},
+      {"ne", t_ne},
+      {">", t_gt},
+      {"gt", t_gt},
+      {"greaterthan", t_gt},
+      {"ge", t_ge},
+      {">=", t_ge},
+      {"<", t_lt},
+      {"lt", t_lt},
+      {"lessthan", t_lt},
+      {"<=", t_le},
+      {"le", t_le},
   };
   return kTests;
 }
@@ -2419,16 +2514,19 @@ class CyclerObj final : public Object {
     if (name == "next" || name == "reset") {
       auto self = std::static_pointer_cast<CyclerObj>(shared_from_this());
       bool nxt = name == "next";
-      out = Value::object(std::make_shared<BuiltinFn>(name, [self, nxt](Interp&, Args& a) -> Value {
-        if (!a.pos.empty() || !a.kw.empty()) type_error("takes no arguments");
-        if (!nxt) {
-          self->pos_ = 0;
-          return Value::none();
-        }
-        Value rv = self->items_[self->pos_];
-        self->pos_ = (self->pos_ + 1) % self->items_.size();
-        return rv;
-      }, "Cycler"));
+      out = Value::object(std::make_shared<BuiltinFn>(
+          name,
+          [self, nxt](Interp&, Args& a) -> Value {
+            if (!a.pos.empty() || !a.kw.empty()) type_error("takes no arguments");
+            if (!nxt) {
+              self->pos_ = 0;
+              return Value::none();
+            }
+            Value rv = self->items_[self->pos_];
+            self->pos_ = (self->pos_ + 1) % self->items_.size();
+            return rv;
+          },
+          "Cycler"));
       return true;
     }
     return false;
@@ -2520,7 +2618,6 @@ Value dict_from(Interp& in, Args& a, const char* fname) {
 }  // namespace
 
 void install_globals(Interp& in, Scope& g) {
-  (void)in;
   auto fn = [](const char* name, BuiltinFn::Fn f) { return Value::object(std::make_shared<BuiltinFn>(name, std::move(f))); };
   g.set("range", fn("range", g_range));
   g.set("dict", fn("dict", [](Interp& in, Args& a) { return dict_from(in, a, "dict"); }));

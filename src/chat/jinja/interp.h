@@ -38,7 +38,8 @@ using ScopeP = std::shared_ptr<Scope>;
 class BuiltinFn final : public Object {
  public:
   using Fn = std::function<Value(Interp&, Args&)>;
-  BuiltinFn(std::string name, Fn fn, std::string owner = "") : name_(std::move(name)), owner_(std::move(owner)), fn_(std::move(fn)) {}
+  BuiltinFn(std::string name, Fn fn, std::string owner = "")
+      : name_(std::move(name)), owner_(std::move(owner)), fn_(std::move(fn)) {}
   const char* type_name() const override { return "builtin_function_or_method"; }
   std::string repr() const override;
   bool callable() const override { return true; }
@@ -134,7 +135,8 @@ class Interp {
   uint64_t bytes_ = 0;
   int call_depth_ = 0;
   Value filter_block_value_;
-  bool fold_mode_ = false;  // evaluating like jinja2's compile-time Node.as_const  // body text of the {% filter %} / {% set %} block being filtered
+  bool fold_mode_ = false;  // evaluating like jinja2's compile-time Node.as_const  // body text of the {% filter %} / {% set %}
+                            // block being filtered
   ScopeP globals_, root_;
   std::vector<std::weak_ptr<Scope>> captured_;
   std::vector<std::weak_ptr<NamespaceObj>> namespaces_;

@@ -24,21 +24,20 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "chat/jinja/error.h"
 
 namespace pg::jinja {
 
 struct Limits {
-  int64_t max_steps = 50'000'000;          // statements, loop iterations, calls, per-item work
-  uint64_t max_alloc_bytes = 256ull << 20; // cumulative bytes of strings/lists built by the template
-  size_t max_output_bytes = 64u << 20;     // rendered text, any captured block, any single string
-  int max_call_depth = 200;                // nested macro calls / recursive loops
+  int64_t max_steps = 50'000'000;           // statements, loop iterations, calls, per-item work
+  uint64_t max_alloc_bytes = 256ull << 20;  // cumulative bytes of strings/lists built by the template
+  size_t max_output_bytes = 64u << 20;      // rendered text, any captured block, any single string
+  int max_call_depth = 200;                 // nested macro calls / recursive loops
 };
 
 // A wall-clock time as Python's datetime sees it (naive unless tz_offset_min is set).

@@ -9,42 +9,78 @@ namespace pg::jinja {
 
 const char* describe(Tok t) {
   switch (t) {
-    case Tok::kData: return "template data / text";
-    case Tok::kVarBegin: return "begin of print statement";
-    case Tok::kVarEnd: return "end of print statement";
-    case Tok::kBlockBegin: return "begin of statement block";
-    case Tok::kBlockEnd: return "end of statement block";
-    case Tok::kName: return "name";
-    case Tok::kString: return "string";
-    case Tok::kInteger: return "integer";
-    case Tok::kFloat: return "float";
-    case Tok::kAdd: return "+";
-    case Tok::kSub: return "-";
-    case Tok::kDiv: return "/";
-    case Tok::kFloorDiv: return "//";
-    case Tok::kMul: return "*";
-    case Tok::kMod: return "%";
-    case Tok::kPow: return "**";
-    case Tok::kTilde: return "~";
-    case Tok::kLBracket: return "[";
-    case Tok::kRBracket: return "]";
-    case Tok::kLParen: return "(";
-    case Tok::kRParen: return ")";
-    case Tok::kLBrace: return "{";
-    case Tok::kRBrace: return "}";
-    case Tok::kEq: return "==";
-    case Tok::kNe: return "!=";
-    case Tok::kGt: return ">";
-    case Tok::kGe: return ">=";
-    case Tok::kLt: return "<";
-    case Tok::kLe: return "<=";
-    case Tok::kAssign: return "=";
-    case Tok::kDot: return ".";
-    case Tok::kColon: return ":";
-    case Tok::kPipe: return "|";
-    case Tok::kComma: return ",";
-    case Tok::kSemicolon: return ";";
-    case Tok::kEof: return "end of template";
+    case Tok::kData:
+      return "template data / text";
+    case Tok::kVarBegin:
+      return "begin of print statement";
+    case Tok::kVarEnd:
+      return "end of print statement";
+    case Tok::kBlockBegin:
+      return "begin of statement block";
+    case Tok::kBlockEnd:
+      return "end of statement block";
+    case Tok::kName:
+      return "name";
+    case Tok::kString:
+      return "string";
+    case Tok::kInteger:
+      return "integer";
+    case Tok::kFloat:
+      return "float";
+    case Tok::kAdd:
+      return "+";
+    case Tok::kSub:
+      return "-";
+    case Tok::kDiv:
+      return "/";
+    case Tok::kFloorDiv:
+      return "//";
+    case Tok::kMul:
+      return "*";
+    case Tok::kMod:
+      return "%";
+    case Tok::kPow:
+      return "**";
+    case Tok::kTilde:
+      return "~";
+    case Tok::kLBracket:
+      return "[";
+    case Tok::kRBracket:
+      return "]";
+    case Tok::kLParen:
+      return "(";
+    case Tok::kRParen:
+      return ")";
+    case Tok::kLBrace:
+      return "{";
+    case Tok::kRBrace:
+      return "}";
+    case Tok::kEq:
+      return "==";
+    case Tok::kNe:
+      return "!=";
+    case Tok::kGt:
+      return ">";
+    case Tok::kGe:
+      return ">=";
+    case Tok::kLt:
+      return "<";
+    case Tok::kLe:
+      return "<=";
+    case Tok::kAssign:
+      return "=";
+    case Tok::kDot:
+      return ".";
+    case Tok::kColon:
+      return ":";
+    case Tok::kPipe:
+      return "|";
+    case Tok::kComma:
+      return ",";
+    case Tok::kSemicolon:
+      return ";";
+    case Tok::kEof:
+      return "end of template";
   }
   return "?";
 }
@@ -203,17 +239,38 @@ std::string unescape(const std::string& body, int line) {
     char e = body[i + 1];
     i += 2;
     switch (e) {
-      case '\n': break;
-      case '\\': out.push_back('\\'); break;
-      case '\'': out.push_back('\''); break;
-      case '"': out.push_back('"'); break;
-      case 'a': out.push_back('\a'); break;
-      case 'b': out.push_back('\b'); break;
-      case 'f': out.push_back('\f'); break;
-      case 'n': out.push_back('\n'); break;
-      case 'r': out.push_back('\r'); break;
-      case 't': out.push_back('\t'); break;
-      case 'v': out.push_back('\v'); break;
+      case '\n':
+        break;
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '\'':
+        out.push_back('\'');
+        break;
+      case '"':
+        out.push_back('"');
+        break;
+      case 'a':
+        out.push_back('\a');
+        break;
+      case 'b':
+        out.push_back('\b');
+        break;
+      case 'f':
+        out.push_back('\f');
+        break;
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
+      case 'v':
+        out.push_back('\v');
+        break;
       case 'x':
       case 'u':
       case 'U': {
@@ -229,7 +286,8 @@ std::string unescape(const std::string& body, int line) {
         put(v);
         break;
       }
-      case 'N': syntax("named unicode escapes (\\N{...}) are not supported", line);
+      case 'N':
+        syntax("named unicode escapes (\\N{...}) are not supported", line);
       default:
         if (e >= '0' && e <= '7') {
           uint32_t v = static_cast<uint32_t>(e - '0');
@@ -384,7 +442,8 @@ struct Lexer {
           }
           ++q;
         }
-        if (!closed) syntax("unexpected char " + py::repr(std::string(1, static_cast<char>(c))) + " at " + std::to_string(pos), line);
+        if (!closed)
+          syntax("unexpected char " + py::repr(std::string(1, static_cast<char>(c))) + " at " + std::to_string(pos), line);
         Token tok{Tok::kString, line, unescape(src.substr(pos + 1, q - pos - 1), line)};
         out.push_back(std::move(tok));
         line += count_nl(std::string_view(src).substr(pos, q - pos));
@@ -394,12 +453,12 @@ struct Lexer {
       static const struct {
         const char* s;
         Tok t;
-      } kOps[] = {{"//", Tok::kFloorDiv}, {"**", Tok::kPow}, {"==", Tok::kEq}, {"!=", Tok::kNe}, {">=", Tok::kGe},
-                  {"<=", Tok::kLe},       {"+", Tok::kAdd},  {"-", Tok::kSub}, {"/", Tok::kDiv},  {"*", Tok::kMul},
-                  {"%", Tok::kMod},       {"~", Tok::kTilde}, {"[", Tok::kLBracket}, {"]", Tok::kRBracket},
-                  {"(", Tok::kLParen},    {")", Tok::kRParen}, {"{", Tok::kLBrace}, {"}", Tok::kRBrace},
-                  {">", Tok::kGt},        {"<", Tok::kLt},   {"=", Tok::kAssign}, {".", Tok::kDot},
-                  {":", Tok::kColon},     {"|", Tok::kPipe}, {",", Tok::kComma}, {";", Tok::kSemicolon}};
+      } kOps[] = {{"//", Tok::kFloorDiv}, {"**", Tok::kPow},   {"==", Tok::kEq},      {"!=", Tok::kNe},      {">=", Tok::kGe},
+                  {"<=", Tok::kLe},       {"+", Tok::kAdd},    {"-", Tok::kSub},      {"/", Tok::kDiv},      {"*", Tok::kMul},
+                  {"%", Tok::kMod},       {"~", Tok::kTilde},  {"[", Tok::kLBracket}, {"]", Tok::kRBracket}, {"(", Tok::kLParen},
+                  {")", Tok::kRParen},    {"{", Tok::kLBrace}, {"}", Tok::kRBrace},   {">", Tok::kGt},       {"<", Tok::kLt},
+                  {"=", Tok::kAssign},    {".", Tok::kDot},    {":", Tok::kColon},    {"|", Tok::kPipe},     {",", Tok::kComma},
+                  {";", Tok::kSemicolon}};
       bool matched = false;
       for (const auto& op : kOps) {
         if (!starts(src, pos, op.s)) continue;
@@ -419,8 +478,7 @@ struct Lexer {
         matched = true;
         break;
       }
-      if (!matched)
-        syntax("unexpected char " + py::repr(src.substr(pos, len)) + " at " + std::to_string(pos), line);
+      if (!matched) syntax("unexpected char " + py::repr(src.substr(pos, len)) + " at " + std::to_string(pos), line);
     }
   }
 

@@ -187,8 +187,9 @@ class Parser {
       bool scoped = skip_name("scoped");
       skip_name("required");
       if (cur().type == Tok::kSub)
-        fail("Block names in Jinja have to be valid Python identifiers and may not contain hyphens, use an "
-             "underscore instead.");
+        fail(
+            "Block names in Jinja have to be valid Python identifiers and may not contain hyphens, use an "
+            "underscore instead.");
       s->block_scope = !scoped;
       int saved = loop_depth_;
       loop_depth_ = 0;
@@ -407,8 +408,7 @@ class Parser {
     fail("can't assign to " + py::repr(what), e.line);
   }
 
-  Target parse_assign_target(bool with_tuple, bool name_only, const std::vector<std::string>& extra_end,
-                             bool with_namespace) {
+  Target parse_assign_target(bool with_tuple, bool name_only, const std::vector<std::string>& extra_end, bool with_namespace) {
     if (with_namespace && look().type == Tok::kDot) {
       Target t;
       t.kind = Target::kNsAttr;
@@ -689,8 +689,7 @@ class Parser {
     return t == Tok::kVarEnd || t == Tok::kBlockEnd || t == Tok::kRParen;
   }
 
-  ExprP parse_tuple(bool simplified, bool with_condexpr, const std::vector<std::string>& extra_end,
-                    bool explicit_parens) {
+  ExprP parse_tuple(bool simplified, bool with_condexpr, const std::vector<std::string>& extra_end, bool explicit_parens) {
     int line = cur().line;
     std::vector<ExprP> args;
     bool is_tuple = false;
@@ -808,8 +807,7 @@ class Parser {
     }
     auto n = std::make_unique<Expr>(ExprKind::kSlice, line);
     n->b = std::move(start);
-    if (cur().type != Tok::kColon && cur().type != Tok::kRBracket && cur().type != Tok::kComma)
-      n->c = parse_expression(true);
+    if (cur().type != Tok::kColon && cur().type != Tok::kRBracket && cur().type != Tok::kComma) n->c = parse_expression(true);
     if (cur().type == Tok::kColon) {
       next();
       if (cur().type != Tok::kRBracket && cur().type != Tok::kComma) n->d = parse_expression(true);
@@ -892,8 +890,8 @@ class Parser {
     Tok t = cur().type;
     if (t == Tok::kLParen) {
       parse_call_args(n->call);
-    } else if ((t == Tok::kName || t == Tok::kString || t == Tok::kInteger || t == Tok::kFloat ||
-                t == Tok::kLParen || t == Tok::kLBracket || t == Tok::kLBrace) &&
+    } else if ((t == Tok::kName || t == Tok::kString || t == Tok::kInteger || t == Tok::kFloat || t == Tok::kLParen ||
+                t == Tok::kLBracket || t == Tok::kLBrace) &&
                !(is_name("else") || is_name("or") || is_name("and"))) {
       if (is_name("is")) fail("You cannot chain multiple tests with is");
       ExprP arg = parse_primary();
@@ -1028,7 +1026,9 @@ void check_stmt(const Stmt& s, bool soft) {
       for (const auto& v : s.with_values) check_expr(*v, soft);
       check_body(s.body, false);
       return;
-    case StmtKind::kScope: check_body(s.body, false); return;
+    case StmtKind::kScope:
+      check_body(s.body, false);
+      return;
     default:
       if (s.expr) check_expr(*s.expr, soft);
       return;

@@ -487,8 +487,8 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
     size_t j = i;
     while (j < n) {
       char32_t c = u[j];
-      if (c == '\n' || c == '\r' || c == 0x0B || c == 0x0C || c == 0x1C || c == 0x1D || c == 0x1E || c == 0x85 ||
-          c == 0x2028 || c == 0x2029)
+      if (c == '\n' || c == '\r' || c == 0x0B || c == 0x0C || c == 0x1C || c == 0x1D || c == 0x1E || c == 0x85 || c == 0x2028 ||
+          c == 0x2029)
         break;
       ++j;
     }
@@ -536,8 +536,7 @@ std::string replace(std::string_view s, std::string_view old, std::string_view r
   return out;
 }
 
-int64_t find(std::string_view s, std::string_view sub, std::optional<int64_t> start, std::optional<int64_t> end,
-             bool reverse) {
+int64_t find(std::string_view s, std::string_view sub, std::optional<int64_t> start, std::optional<int64_t> end, bool reverse) {
   bool ascii = is_ascii(s);
   int64_t n = ascii ? static_cast<int64_t>(s.size()) : static_cast<int64_t>(cp_len(s));
   int64_t b, e;
@@ -608,12 +607,23 @@ std::string escape_html(std::string_view s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '\'': out += "&#39;"; break;
-      case '"': out += "&#34;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -830,13 +840,27 @@ void json_quote(std::string& out, std::string_view s, bool ensure_ascii) {
     for (char ch : s) {
       unsigned char c = static_cast<unsigned char>(ch);
       switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
         default:
           if (c < 0x20) {
             hex4(c);
@@ -848,13 +872,27 @@ void json_quote(std::string& out, std::string_view s, bool ensure_ascii) {
   } else {
     for (char32_t c : decode(s)) {
       switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
         default:
           if (c < 0x20 || c > 0x7E) {
             if (c >= 0x10000) {

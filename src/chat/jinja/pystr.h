@@ -66,9 +66,9 @@ std::string zfill(std::string_view s, int64_t width);
 std::string escape_html(std::string_view s);  // markupsafe.escape
 
 // --- repr / numbers -----------------------------------------------------------------------------
-std::string repr(std::string_view s);  // repr(str), quotes chosen like CPython
+std::string repr(std::string_view s);        // repr(str), quotes chosen like CPython
 std::string ascii_repr(std::string_view s);  // ascii(str)
-std::string float_repr(double v);       // repr(float): shortest round-trip, CPython layout
+std::string float_repr(double v);            // repr(float): shortest round-trip, CPython layout
 std::string int_repr(int64_t v);
 // float.__format__ / '%' formatting of one number with a printf conversion ('e','f','g','E','F','G').
 std::string format_float(double v, char conv, int precision, bool alt);

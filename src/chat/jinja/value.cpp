@@ -8,14 +8,22 @@ namespace pg::jinja {
 
 const char* error_kind_name(ErrorKind k) {
   switch (k) {
-    case ErrorKind::kSyntax: return "TemplateSyntaxError";
-    case ErrorKind::kUndefined: return "UndefinedError";
-    case ErrorKind::kType: return "TypeError";
-    case ErrorKind::kValue: return "ValueError";
-    case ErrorKind::kSecurity: return "SecurityError";
-    case ErrorKind::kRaised: return "TemplateError";
-    case ErrorKind::kRuntime: return "TemplateRuntimeError";
-    case ErrorKind::kLimit: return "SandboxLimitError";
+    case ErrorKind::kSyntax:
+      return "TemplateSyntaxError";
+    case ErrorKind::kUndefined:
+      return "UndefinedError";
+    case ErrorKind::kType:
+      return "TypeError";
+    case ErrorKind::kValue:
+      return "ValueError";
+    case ErrorKind::kSecurity:
+      return "SecurityError";
+    case ErrorKind::kRaised:
+      return "TemplateError";
+    case ErrorKind::kRuntime:
+      return "TemplateRuntimeError";
+    case ErrorKind::kLimit:
+      return "SandboxLimitError";
   }
   return "Error";
 }
@@ -151,8 +159,12 @@ Value Value::undefined_attr(const Value& obj, const Value& key) {
 
 int64_t Value::str_len() const {
   const StrObj& so = str_obj();
-  if (so.cp_count < 0) so.cp_count = static_cast<int64_t>(py::cp_len(so.s));
-  return so.cp_count;
+  int64_t n = so.cp_count.load(std::memory_order_relaxed);
+  if (n < 0) {
+    n = static_cast<int64_t>(py::cp_len(so.s));
+    so.cp_count.store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 void Value::fail_undefined() const {
@@ -164,38 +176,59 @@ void Value::fail_undefined() const {
 bool Value::truthy() const {
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
+    case Kind::kNone:
+      return false;
     case Kind::kBool:
-    case Kind::kInt: return i_ != 0;
-    case Kind::kFloat: return f_ != 0;
-    case Kind::kStr: return !str().empty();
-    case Kind::kList: return !items().empty();
-    case Kind::kDict: return !dict_obj().items.empty();
-    case Kind::kObject: return true;
+    case Kind::kInt:
+      return i_ != 0;
+    case Kind::kFloat:
+      return f_ != 0;
+    case Kind::kStr:
+      return !str().empty();
+    case Kind::kList:
+      return !items().empty();
+    case Kind::kDict:
+      return !dict_obj().items.empty();
+    case Kind::kObject:
+      return true;
   }
   return false;
 }
 
 const char* Value::type_name() const {
   switch (kind_) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kStr: return markup_ ? "Markup" : "str";
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kStr:
+      return markup_ ? "Markup" : "str";
     case Kind::kList:
       switch (list_obj().kind) {
-        case ListKind::kList: return "list";
-        case ListKind::kTuple: return "tuple";
-        case ListKind::kDictItems: return "dict_items";
-        case ListKind::kDictKeys: return "dict_keys";
-        case ListKind::kDictValues: return "dict_values";
-        case ListKind::kRange: return "range";
+        case ListKind::kList:
+          return "list";
+        case ListKind::kTuple:
+          return "tuple";
+        case ListKind::kDictItems:
+          return "dict_items";
+        case ListKind::kDictKeys:
+          return "dict_keys";
+        case ListKind::kDictValues:
+          return "dict_values";
+        case ListKind::kRange:
+          return "range";
       }
       return "list";
-    case Kind::kDict: return "dict";
-    case Kind::kObject: return obj().type_name();
+    case Kind::kDict:
+      return "dict";
+    case Kind::kObject:
+      return obj().type_name();
   }
   return "object";
 }
@@ -209,9 +242,12 @@ std::string object_type_repr(const Value& v) {
 
 std::string Value::to_str() const {
   switch (kind_) {
-    case Kind::kUndefined: return "";
-    case Kind::kStr: return str();
-    default: return repr();
+    case Kind::kUndefined:
+      return "";
+    case Kind::kStr:
+      return str();
+    default:
+      return repr();
   }
 }
 
@@ -268,11 +304,21 @@ void repr_dict_into(const DictObj& d, std::string& out) {
 
 void repr_into(const Value& v, std::string& out) {
   switch (v.kind()) {
-    case Value::Kind::kUndefined: out += "Undefined"; return;
-    case Value::Kind::kNone: out += "None"; return;
-    case Value::Kind::kBool: out += v.get_bool() ? "True" : "False"; return;
-    case Value::Kind::kInt: out += std::to_string(v.get_int()); return;
-    case Value::Kind::kFloat: out += py::float_repr(v.get_float()); return;
+    case Value::Kind::kUndefined:
+      out += "Undefined";
+      return;
+    case Value::Kind::kNone:
+      out += "None";
+      return;
+    case Value::Kind::kBool:
+      out += v.get_bool() ? "True" : "False";
+      return;
+    case Value::Kind::kInt:
+      out += std::to_string(v.get_int());
+      return;
+    case Value::Kind::kFloat:
+      out += py::float_repr(v.get_float());
+      return;
     case Value::Kind::kStr:
       if (v.is_markup()) {
         out += "Markup(" + py::repr(v.str()) + ")";
@@ -288,8 +334,12 @@ void repr_into(const Value& v, std::string& out) {
         return;
       }
       switch (l.kind) {
-        case ListKind::kList: repr_seq(l.items, out, '[', ']', false); return;
-        case ListKind::kTuple: repr_seq(l.items, out, '(', ')', true); return;
+        case ListKind::kList:
+          repr_seq(l.items, out, '[', ']', false);
+          return;
+        case ListKind::kTuple:
+          repr_seq(l.items, out, '(', ')', true);
+          return;
         case ListKind::kDictItems:
           out += "dict_items(";
           repr_seq(l.items, out, '[', ']', false);
@@ -313,8 +363,12 @@ void repr_into(const Value& v, std::string& out) {
       }
       return;
     }
-    case Value::Kind::kDict: repr_dict_into(v.dict_obj(), out); return;
-    case Value::Kind::kObject: out += v.obj().repr(); return;
+    case Value::Kind::kDict:
+      repr_dict_into(v.dict_obj(), out);
+      return;
+    case Value::Kind::kObject:
+      out += v.obj().repr();
+      return;
   }
 }
 
@@ -335,13 +389,19 @@ std::string Value::repr() const {
 bool Value::same_as(const Value& o) const {
   if (kind_ != o.kind_) return false;
   switch (kind_) {
-    case Kind::kNone: return true;
-    case Kind::kBool: return i_ == o.i_;
+    case Kind::kNone:
+      return true;
+    case Kind::kBool:
+      return i_ == o.i_;
     // CPython caches small ints, so `5 is 5` holds there and nowhere else.
-    case Kind::kInt: return i_ == o.i_ && i_ >= -5 && i_ <= 256;
-    case Kind::kFloat: return false;
-    case Kind::kUndefined: return heap_ == o.heap_ && heap_ != nullptr;
-    default: return heap_ == o.heap_;
+    case Kind::kInt:
+      return i_ == o.i_ && i_ >= -5 && i_ <= 256;
+    case Kind::kFloat:
+      return false;
+    case Kind::kUndefined:
+      return heap_ == o.heap_ && heap_ != nullptr;
+    default:
+      return heap_ == o.heap_;
   }
 }
 
@@ -376,8 +436,10 @@ bool py_eq(const Value& a, const Value& b) {
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return true;
-    case Value::Kind::kStr: return a.str() == b.str();
+    case Value::Kind::kNone:
+      return true;
+    case Value::Kind::kStr:
+      return a.str() == b.str();
     case Value::Kind::kList: {
       if (!seq_kind_compatible(a, b)) return false;
       const auto& x = a.items();
@@ -399,8 +461,10 @@ bool py_eq(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Value::Kind::kObject: return a.heap() == b.heap();
-    default: return false;
+    case Value::Kind::kObject:
+      return a.heap() == b.heap();
+    default:
+      return false;
   }
 }
 
@@ -423,8 +487,7 @@ bool py_lt(const Value& a, const Value& b) {
     }
     return x.size() < y.size();
   }
-  type_error(std::string("'<' not supported between instances of '") + a.type_name() + "' and '" + b.type_name() +
-             "'");
+  type_error(std::string("'<' not supported between instances of '") + a.type_name() + "' and '" + b.type_name() + "'");
 }
 
 bool hashable(const Value& v) {
@@ -436,8 +499,10 @@ bool hashable(const Value& v) {
         return true;
       }
       return v.list_obj().kind == ListKind::kRange;
-    case Value::Kind::kDict: return false;
-    default: return true;
+    case Value::Kind::kDict:
+      return false;
+    default:
+      return true;
   }
 }
 

@@ -4,6 +4,7 @@
 // Heap payloads are reference counted so passing values around is cheap and aliasing behaves as
 // in Python (two names for one list see the same pop()).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -28,7 +29,9 @@ struct HeapObj : std::enable_shared_from_this<HeapObj> {
 struct StrObj final : HeapObj {
   explicit StrObj(std::string v) : s(std::move(v)) {}
   std::string s;
-  mutable int64_t cp_count = -1;  // cached code point count
+  // Cached code point count. Atomic because string constants of a parsed template are shared by
+  // concurrent renders.
+  mutable std::atomic<int64_t> cp_count{-1};
 };
 
 // What a sequence prints as; all behave as Python lists or tuples otherwise.
@@ -37,7 +40,7 @@ enum class ListKind : uint8_t { kList, kTuple, kDictItems, kDictKeys, kDictValue
 struct ListObj final : HeapObj {
   std::vector<Value> items;
   ListKind kind = ListKind::kList;
-  bool group = false;  // groupby's (grouper, list) namedtuple: also has .grouper and .list
+  bool group = false;                           // groupby's (grouper, list) namedtuple: also has .grouper and .list
   int64_t r_start = 0, r_stop = 0, r_step = 1;  // kRange only, for repr
 };
 
@@ -149,8 +152,8 @@ class Value {
 
   // Python semantics.
   bool truthy() const;
-  std::string to_str() const;   // str(x)
-  std::string repr() const;     // repr(x)
+  std::string to_str() const;     // str(x)
+  std::string repr() const;       // repr(x)
   const char* type_name() const;  // type(x).__name__
   // `x is y` for sameas: identity for heap values, value identity for small immutables.
   bool same_as(const Value& o) const;
