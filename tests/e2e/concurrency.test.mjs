@@ -35,18 +35,30 @@ async function streamText(client, content, max_tokens) {
   return { text, usage, finish };
 }
 
+// Counters are updated at the end of the engine step that emitted the last token, which can be just
+// after the client has read its final event: wait (briefly) until the step has been accounted.
+async function metricsAfter(url, name, value) {
+  let text = '';
+  for (let i = 0; i < 200; i++) {
+    text = (await getText(url + '/metrics')).text;
+    if (metric(text, name) >= value) return text;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  return text;
+}
+
 test('8 concurrent streams equal the same requests run one at a time (greedy)', async () => {
   const { s, client } = await server(['-np', '4', '-c', '512']);
   const sequential = [];
   for (const p of prompts) sequential.push(await streamText(client, p, 150));
-  const m1 = (await getText(s.url + '/metrics')).text;
+  const m1 = await metricsAfter(s.url, 'peregrine_generated_tokens_total', 8 * 150);
   const concurrent = await Promise.all(prompts.map((p) => streamText(client, p, 150)));
   for (let i = 0; i < prompts.length; i++) {
     assert.equal(concurrent[i].text, sequential[i].text, prompts[i]);
     assert.deepEqual(concurrent[i].usage, sequential[i].usage, prompts[i]);
     assert.equal(concurrent[i].finish, sequential[i].finish);
   }
-  const m = (await getText(s.url + '/metrics')).text;
+  const m = await metricsAfter(s.url, 'peregrine_generated_tokens_total', 16 * 150);
   assert.equal(metric(m, 'peregrine_requests_total'), 16);
   assert.equal(sequential[0].usage.completion_tokens, 150);
   // Run together, the 8 × 150 tokens took far fewer steps than tokens: steps carried several sequences.
