@@ -61,9 +61,13 @@ int main(int argc, char** argv) {
     if (a == "-h" || a == "--help") return usage(argv[0]), 0;
     if (i + 1 >= argc) return usage(argv[0]);
     bool ok = false;
-    if (a == "--mib") ok = parse_int(argv[++i], 64, 65536, &mib);
-    else if (a == "--threads") ok = parse_int(argv[++i], 1, 256, &threads);
-    else if (a == "--reps") ok = parse_int(argv[++i], 1, 1000, &reps);
+    if (a == "--mib") {
+      ok = parse_int(argv[++i], 64, 65536, &mib);
+    } else if (a == "--threads") {
+      ok = parse_int(argv[++i], 1, 256, &threads);
+    } else if (a == "--reps") {
+      ok = parse_int(argv[++i], 1, 1000, &reps);
+    }
     if (!ok) return usage(argv[0]);
   }
   const size_t bytes = static_cast<size_t>(mib) << 20;  // a multiple of 128 · 256, so every share is too

@@ -16,14 +16,18 @@ namespace pg {
 // BF16 weights, whose activations are F32 rows holding the F16 (BF16) rounding of the input — the same
 // values vec_dot multiplies, without a conversion per weight row.
 DType gemm_x_type(DType t);
-// Bytes of one prepared activation row of n elements.
+// Bytes of one prepared activation row of n elements: the gemm_x_type row, followed for the 32-element
+// types (Q8_0 / Q8_1 activations) by their block scales (and sums) as F32, which the tile kernels read in
+// place of converting the F16 fields once per weight row. vec_dot accepts the row as it is.
 size_t gemm_x_row_bytes(DType t, int64_t n);
-// Converts one F32 activation row of n elements to gemm_x_type(t) (for F32 weights: a copy).
+// Converts one F32 activation row of n elements to the prepared format (gemm_x_row_bytes bytes at dst;
+// for F32 weights a copy).
 void gemm_prepare_x(DType t, const float* x, void* dst, int64_t n);
 
 // y[j * y_stride + i] = vec_dot(t, n, w + i·w_stride, x[j]) for i < n_w, j < n_x, where the x[j] are
-// rows prepared by gemm_prepare_x. Weight rows are visited once per group of up to 4 activation rows,
-// so a caller should pass a block of weight rows small enough to stay in cache (tens of kilobytes).
+// rows prepared by gemm_prepare_x (for F32 weights: plain F32 rows). The weight rows are walked once per
+// group of up to 4 activation rows (3 × 4 tiles for the float types), so with many activation rows a
+// caller should pass a block of weight rows that stays in L2 (the CPU backend uses ~256 KB).
 void gemm_rows(DType t, int64_t n, const void* w, size_t w_stride, int64_t n_w, const void* const* x, int64_t n_x, float* y,
                int64_t y_stride);
 

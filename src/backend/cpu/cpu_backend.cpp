@@ -3,16 +3,20 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/quant.h"
 #include "core/quant_dot.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 
@@ -33,32 +37,138 @@ inline float load_f(const Tensor& t, size_t i) {
   return t.type == DType::F16 ? fp16_to_f32(t.as<uint16_t>()[i]) : t.as<float>()[i];
 }
 
-// Calls body(chunk, thread) for every chunk in [0, n_chunks) on the pool's threads, handing chunks out
-// one at a time: on a machine shared with other work a descheduled thread then delays only the chunk it
-// holds, where a static split would make everyone wait for its whole share. One chunk runs inline.
-template <class F>
-void for_chunks(ThreadPool& pool, int64_t n_chunks, F&& body) {
-  if (n_chunks <= 1 || pool.size() <= 1) {
-    for (int64_t c = 0; c < n_chunks; ++c) body(c, 0);
-    return;
-  }
-  struct Ctx {
-    std::atomic<int64_t> next{0};
-    int64_t n;
-    F* body;
-  } ctx{{0}, n_chunks, &body};
-  Ctx* p = &ctx;  // the only capture, so std::function stores the callable without allocating
-  pool.parallel_for(std::min<int64_t>(pool.size(), n_chunks), 1, [p](int64_t, int64_t, int tid) {
-    for (int64_t c = p->next.fetch_add(1, std::memory_order_relaxed); c < p->n; c = p->next.fetch_add(1, std::memory_order_relaxed))
-      (*p->body)(c, tid);
-  });
-}
-
 void check_f32(const Tensor& t, const char* op) { PG_CHECK(t.type == DType::F32, std::string(op) + ": expected an F32 tensor"); }
 
 }  // namespace
 
-CpuBackend::CpuBackend(const CpuOptions& opt) : opt_(opt), pool_(opt.n_threads) {
+// Runs the chunks of one parallel loop on the calling thread and n_threads − 1 workers, which claim
+// chunks one at a time from a shared counter. Unlike ThreadPool::parallel_for, the caller never waits for
+// a worker that has not started: once every chunk is claimed it detaches the job and waits only for
+// chunks in progress. On a machine shared with other work a worker can take milliseconds to be scheduled,
+// and decode runs about a hundred loops per token; ThreadPool's round trip (condition variable, wait for
+// every worker) measured 24-46 us on the 2-core development machine. Workers do not spin while idle:
+// there, under load from other jobs, a 50 us spin made decode 7% slower (it took the caller's core).
+class CpuRunner {
+ public:
+  explicit CpuRunner(int n_threads) : n_(std::max(1, n_threads)) {
+    for (int i = 1; i < n_; ++i) threads_.emplace_back([this, i] { worker(i); });
+  }
+  ~CpuRunner() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  CpuRunner(const CpuRunner&) = delete;
+  CpuRunner& operator=(const CpuRunner&) = delete;
+
+  int size() const { return n_; }
+
+  // Calls body(chunk, thread) for every chunk in [0, n_chunks); thread is 0 for the caller, else 1..n-1.
+  template <class F>
+  void run(int64_t n_chunks, F& body) {
+    if (n_chunks <= 1 || n_ <= 1) {
+      for (int64_t c = 0; c < n_chunks; ++c) body(c, 0);
+      return;
+    }
+    Job job;
+    job.n = n_chunks;
+    job.ctx = &body;
+    job.call = [](void* ctx, int64_t c, int tid) { (*static_cast<F*>(ctx))(c, tid); };
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    drain(job, 0);
+    {
+      // From here no worker can attach; the ones that did hold `active` until their chunks are done.
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = nullptr;
+    }
+    for (int spin = 0; job.active.load(std::memory_order_acquire) != 0; ++spin) {
+      if (spin < 4096) {
+        cpu_relax();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    if (job.error) std::rethrow_exception(job.error);  // e.g. a pg::Error from a kernel, now on the caller's thread
+  }
+
+ private:
+  struct Job {
+    std::atomic<int64_t> next{0};
+    std::atomic<int> active{0};
+    int64_t n = 0;
+    void* ctx = nullptr;
+    void (*call)(void*, int64_t, int) = nullptr;
+    std::mutex error_mu;
+    std::exception_ptr error;  // the first exception of any chunk (guarded by error_mu)
+  };
+
+  static void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+
+  static void drain(Job& j, int tid) {
+    for (int64_t c = j.next.fetch_add(1, std::memory_order_relaxed); c < j.n;
+         c = j.next.fetch_add(1, std::memory_order_relaxed)) {
+      try {
+        j.call(j.ctx, c, tid);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(j.error_mu);
+        if (!j.error) j.error = std::current_exception();
+      }
+    }
+  }
+
+  void worker(int tid) {
+    uint64_t seen = 0;
+    for (;;) {
+      Job* j;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || gen_.load(std::memory_order_relaxed) != seen; });
+        if (stop_) return;
+        seen = gen_.load(std::memory_order_relaxed);
+        j = job_;
+        if (!j) continue;  // that job is already finished
+        j->active.fetch_add(1, std::memory_order_relaxed);
+      }
+      drain(*j, tid);
+      j->active.fetch_sub(1, std::memory_order_release);
+    }
+  }
+
+  int n_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> gen_{0};
+  Job* job_ = nullptr;  // guarded by mu_
+  bool stop_ = false;   // guarded by mu_
+};
+
+namespace {
+
+template <class F>
+void for_chunks(CpuRunner& runner, int64_t n_chunks, F&& body) {
+  runner.run(n_chunks, body);
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const CpuOptions& opt)
+    : opt_(opt), pool_(opt.n_threads), runner_(std::make_unique<CpuRunner>(pool_.size())) {
   scratch_.resize(static_cast<size_t>(pool_.size()) + 4);
 }
 
@@ -109,7 +219,8 @@ void CpuBackend::get_rows(const Tensor& table, const Tensor& ids, Tensor& out) {
   const int64_t n_rows = table.rows();
   for (int64_t i = 0; i < n; ++i) {
     const int32_t id = ids.as<int32_t>()[i];
-    PG_CHECK(id >= 0 && id < n_rows, "token id " + std::to_string(id) + " out of range (vocabulary " + std::to_string(n_rows) + ")");
+    PG_CHECK(id >= 0 && id < n_rows,
+             "token id " + std::to_string(id) + " out of range (vocabulary " + std::to_string(n_rows) + ")");
     dequantize_row(table.type, static_cast<const uint8_t*>(table.data) + static_cast<size_t>(id) * table.row_bytes(),
                    out.as<float>() + i * d, d);
   }
@@ -132,9 +243,10 @@ void CpuBackend::matmul_rows(const Tensor& w, const float* x, int64_t n, int64_t
     for (int64_t t = 0; t < n; ++t) xp[static_cast<size_t>(t)] = xq + static_cast<size_t>(t) * xrow;
     const int64_t rows_per_chunk = n * in < 65536 ? n : std::max<int64_t>(1, 8192 / in);
     const int64_t chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
-    for_chunks(pool_, chunks, [&](int64_t c, int) {
+    for_chunks(*runner_, chunks, [&](int64_t c, int) {
       const int64_t t1 = std::min(n, (c + 1) * rows_per_chunk);
-      for (int64_t t = c * rows_per_chunk; t < t1; ++t) gemm_prepare_x(kt, x + t * x_stride, xq + static_cast<size_t>(t) * xrow, in);
+      for (int64_t t = c * rows_per_chunk; t < t1; ++t)
+        gemm_prepare_x(kt, x + t * x_stride, xq + static_cast<size_t>(t) * xrow, in);
     });
   }
   matmul_blocks(w, kt, xp.data(), n, y, y_stride);
@@ -145,32 +257,47 @@ void CpuBackend::matmul_blocks(const Tensor& w, DType kt, const void* const* x, 
   const size_t w_row = w.row_bytes();
   const auto* wp = static_cast<const uint8_t*>(w.data);
   const bool dequant = kt != w.type;
-  // 2-D blocks: a block of weight rows small enough to stay in L1 while up to 64 activation rows (a few
-  // hundred KB of quantized rows at most, in L2) pass over it, four at a time. Enough blocks that a thread
-  // slowed by other load on the machine hands its share to the others.
   const int64_t nth = pool_.size();
-  const size_t kbytes = dequant ? static_cast<size_t>(in) * sizeof(float) : w_row;
-  int64_t wb = std::max<int64_t>(1, static_cast<int64_t>((16u << 10) / std::max<size_t>(kbytes, 1)));
-  wb = std::max<int64_t>(1, std::min(wb, (out + 4 * nth - 1) / (4 * nth)));
-  constexpr int64_t kXBlock = 64;
-  const int64_t n_wb = (out + wb - 1) / wb, n_xb = (n + kXBlock - 1) / kXBlock;
+  const size_t kbytes = dequant ? static_cast<size_t>(in) * sizeof(float) : w_row;  // bytes of a kernel weight row
+  // Chunks of the loop are (weight block, activation block) pairs, weight-block-major, so a thread keeps a
+  // weight block in L2 while activation blocks of 64 rows pass over it four rows at a time (gemm_rows).
+  // Up to 4 activation rows (decode) the weights are read once, and each thread gets long contiguous
+  // runs of rows: two blocks per thread. Measured on the 1B synth models, 2 threads: 16 KB blocks (the
+  // first version) held decode to 14/22/10 tok/s (Q8_0/Q4_K_M/F16) against 42/58/23 with two blocks per
+  // thread, apparently by cutting the hardware prefetcher's streams short; in prefill, 256 KB blocks of
+  // whole float tiles (multiples of 12 rows) lifted F16 pp256 from 40 to 75 tok/s (64 KB: 71, 1 MB: 72).
+  constexpr int64_t kXBlock = 64, kDecodeRows = 4;
+  const int64_t n_xb = (n + kXBlock - 1) / kXBlock;
+  int64_t wb;  // weight rows per block
+  if (n <= kDecodeRows) {
+    wb = (out + 2 * nth - 1) / (2 * nth);
+  } else {
+    wb = std::max<int64_t>(12, static_cast<int64_t>((256u << 10) / std::max<size_t>(kbytes, 1)) / 12 * 12);
+    const int64_t want_wb = (2 * nth + n_xb - 1) / n_xb;  // weight blocks needed for two chunks per thread
+    if ((out + wb - 1) / wb < want_wb) wb = std::max<int64_t>(1, (out + want_wb - 1) / want_wb);
+  }
+  const int64_t n_wb = (out + wb - 1) / wb;
   // Below ~256K multiply-adds a matmul takes less time than waking the pool.
   const bool serial = static_cast<double>(in) * static_cast<double>(out) * static_cast<double>(n) < 262144.0;
   const int64_t chunks = serial ? 1 : n_wb * n_xb;
-  for_chunks(pool_, chunks, [&](int64_t c, int tid) {
-    // Consecutive chunks share an activation block and walk the weight blocks.
-    const int64_t xb0 = serial ? 0 : (c / n_wb) * kXBlock, xb1 = serial ? n : std::min(n, xb0 + kXBlock);
-    const int64_t o0 = serial ? 0 : (c % n_wb) * wb, o1 = serial ? out : std::min(out, o0 + wb);
+  const int64_t dq_rows =
+      std::max<int64_t>(1, static_cast<int64_t>((256u << 10) / kbytes));  // exact mode: rows dequantized at a time
+  for_chunks(*runner_, chunks, [&](int64_t c, int tid) {
+    const int64_t wbi = c / n_xb, xbi = c % n_xb;
+    const int64_t xb0 = serial ? 0 : xbi * kXBlock, xb1 = serial ? n : std::min(n, xb0 + kXBlock);
+    const int64_t o0 = serial ? 0 : wbi * wb, o1 = serial ? out : std::min(out, o0 + wb);
     if (!dequant) {
-      gemm_rows(kt, in, wp + static_cast<size_t>(o0) * w_row, w_row, o1 - o0, x + xb0, xb1 - xb0, y + xb0 * y_stride + o0, y_stride);
+      gemm_rows(kt, in, wp + static_cast<size_t>(o0) * w_row, w_row, o1 - o0, x + xb0, xb1 - xb0, y + xb0 * y_stride + o0,
+                y_stride);
       return;
     }
-    const int64_t step = serial ? std::max<int64_t>(1, std::min<int64_t>(out, wb)) : o1 - o0;
+    const int64_t step = std::min(o1 - o0, dq_rows);
     float* wf = reinterpret_cast<float*>(scratch(static_cast<size_t>(step * in) * sizeof(float), tid).data());  // (step, in)
     for (int64_t b0 = o0; b0 < o1; b0 += step) {
       const int64_t b1 = std::min(o1, b0 + step);
       for (int64_t o = b0; o < b1; ++o) dequantize_row(w.type, wp + static_cast<size_t>(o) * w_row, wf + (o - b0) * in, in);
-      gemm_rows(DType::F32, in, wf, static_cast<size_t>(in) * sizeof(float), b1 - b0, x + xb0, xb1 - xb0, y + xb0 * y_stride + b0, y_stride);
+      gemm_rows(DType::F32, in, wf, static_cast<size_t>(in) * sizeof(float), b1 - b0, x + xb0, xb1 - xb0, y + xb0 * y_stride + b0,
+                y_stride);
     }
   });
 }
@@ -236,7 +363,7 @@ void CpuBackend::glu(const Tensor& gate, const Tensor& up, Tensor& y, Activation
   const float *g = gate.as<float>(), *u = up.as<float>();
   float* yp = y.as<float>();
   constexpr int64_t kChunk = 16384;
-  for_chunks(pool_, (n + kChunk - 1) / kChunk, [&](int64_t c, int) {
+  for_chunks(*runner_, (n + kChunk - 1) / kChunk, [&](int64_t c, int) {
     const int64_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
     if (act == Activation::Silu) {
       for (int64_t i = i0; i < i1; ++i) yp[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
@@ -296,10 +423,10 @@ namespace {
 
 // One attention item: query row r against one KV head, for the query heads that share that KV head.
 struct AttnItem {
-  const float* q;       // row r's queries (n_head·hd)
-  float* out;           // row r's output (n_head·hd)
-  const size_t* off;    // (len) element offset of each visible key/value row of this KV head
-  int len;              // visible keys
+  const float* q;     // row r's queries (n_head·hd)
+  float* out;         // row r's output (n_head·hd)
+  const size_t* off;  // (len) element offset of each visible key/value row of this KV head
+  int len;            // visible keys
 };
 
 struct AttnShape {
@@ -471,8 +598,9 @@ void CpuBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBa
   std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return pos[x] > pos[y]; });
   const size_t max_len = static_cast<size_t>(std::max(batch.max_kv_len, 1));
   // Per thread: scores (group, max_len) floats, V accumulator (hd) floats, key offsets (max_len) size_t.
-  const size_t slot_bytes = (max_len * static_cast<size_t>(group) + static_cast<size_t>(hd)) * sizeof(float) + max_len * sizeof(size_t);
-  for_chunks(pool_, serial ? 1 : n_items, [&](int64_t c, int tid) {
+  const size_t slot_bytes =
+      (max_len * static_cast<size_t>(group) + static_cast<size_t>(hd)) * sizeof(float) + max_len * sizeof(size_t);
+  for_chunks(*runner_, serial ? 1 : n_items, [&](int64_t c, int tid) {
     const int64_t i0 = serial ? 0 : c, i1 = serial ? n_items : c + 1;
     uint8_t* buf = scratch(slot_bytes, tid).data();
     auto* offs = reinterpret_cast<size_t*>(buf);
@@ -489,8 +617,8 @@ void CpuBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBa
         const int64_t cell0 = static_cast<int64_t>(table[blk]) * batch.block_size - static_cast<int64_t>(blk) * batch.block_size;
         for (; j < j1; ++j) offs[j - begin] = static_cast<size_t>((cell0 + j) * kv_w) + head_off;
       }
-      AttnItem it{q.as<float>() + static_cast<int64_t>(r) * q.cols(), out.as<float>() + static_cast<int64_t>(r) * out.cols(), offs,
-                  end - begin};
+      AttnItem it{q.as<float>() + static_cast<int64_t>(r) * q.cols(), out.as<float>() + static_cast<int64_t>(r) * out.cols(),
+                  offs, end - begin};
       const int h0 = hk * group;
 #if PG_ATTN_AVX2
       if (vec) {
@@ -543,7 +671,8 @@ void CpuBackend::moe_route(const Tensor& logits, int k, ExpertGating gating, boo
     }
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
-      return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)] || (p[static_cast<size_t>(a)] == p[static_cast<size_t>(b)] && a < b);
+      return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)] ||
+             (p[static_cast<size_t>(a)] == p[static_cast<size_t>(b)] && a < b);
     });
     float sum = 0;
     for (int j = 0; j < k; ++j) sum += p[static_cast<size_t>(order[static_cast<size_t>(j)])];
@@ -584,7 +713,7 @@ void CpuBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weigh
     const size_t xb = gemm_x_row_bytes(kt, d);
     uint8_t* xq = scratch(xb * static_cast<size_t>(n), pool_.size() + 2).data();  // (n, xb bytes)
     for (int64_t r = 0; r < n; ++r) xrow[static_cast<size_t>(r)] = xq + static_cast<size_t>(r) * xb;
-    for_chunks(pool_, n * d < 65536 ? 1 : n, [&](int64_t c, int) {
+    for_chunks(*runner_, n * d < 65536 ? 1 : n, [&](int64_t c, int) {
       const int64_t r0 = n * d < 65536 ? 0 : c, r1 = n * d < 65536 ? n : c + 1;
       for (int64_t r = r0; r < r1; ++r) gemm_prepare_x(kt, x.as<float>() + r * d, xq + static_cast<size_t>(r) * xb, d);
     });
@@ -610,7 +739,8 @@ void CpuBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weigh
       const float* g = gu + i * 2 * ff;
       const float* u = g + ff;
       float* hr = h + i * ff;
-      for (int64_t c = 0; c < ff; ++c) hr[c] = (act == Activation::Silu ? g[c] / (1.0f + std::exp(-g[c])) : gelu_ggml(g[c])) * u[c];
+      for (int64_t c = 0; c < ff; ++c)
+        hr[c] = (act == Activation::Silu ? g[c] / (1.0f + std::exp(-g[c])) : gelu_ggml(g[c])) * u[c];
     }
     matmul_rows(down_exps.slice3(e), h, m, ff, o, d);
     for (int64_t i = 0; i < m; ++i) {

@@ -13,6 +13,8 @@
 
 namespace pg {
 
+class CpuRunner;  // cpu_backend.cpp: the parallel loops of the CPU kernels
+
 struct CpuOptions {
   int n_threads = 0;       // 0 = all cores
   bool exact_f32 = false;  // F32 matmuls on dequantized weights
@@ -79,6 +81,7 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<uint8_t>> scratch_;
   std::vector<const void*> xptr_;  // (n) activation rows of the current matmul
   std::vector<int> attn_order_;    // (n) attention rows, longest first
+  std::unique_ptr<CpuRunner> runner_;
 };
 
 }  // namespace pg
