@@ -1,0 +1,61 @@
+// gemm_rows (the CPU matmul's multi-row kernels) must give exactly vec_dot's result for every pair:
+// the golden tests' bit-exactness rests on it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/quant.h"
+#include "core/quant_dot.h"
+
+namespace pg {
+namespace {
+
+TEST(GemmRows, BitIdenticalToVecDotForEveryType) {
+  const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,   DType::Q5_0,  DType::Q5_1, DType::Q8_0,
+                         DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  int checked = 0;
+  for (DType t : types) {
+    for (int64_t n : {256, 768}) {
+      for (int64_t n_x : {1, 3, 5, 9}) {
+        const int64_t n_w = 7;
+        const size_t w_row = row_bytes(t, n);
+        std::vector<float> wf(static_cast<size_t>(n));
+        std::vector<uint8_t> w(w_row * static_cast<size_t>(n_w));
+        for (int64_t r = 0; r < n_w; ++r) {
+          for (auto& v : wf) v = nd(rng) * 0.1f;
+          quantize_weights(t, wf.data(), w.data() + static_cast<size_t>(r) * w_row, n);
+        }
+        std::vector<std::vector<float>> xf(static_cast<size_t>(n_x), std::vector<float>(static_cast<size_t>(n)));
+        std::vector<std::vector<uint8_t>> prep(static_cast<size_t>(n_x)), vd(static_cast<size_t>(n_x));
+        std::vector<const void*> xp;
+        const DType vt = vec_dot_type(t);
+        for (int64_t j = 0; j < n_x; ++j) {
+          for (auto& v : xf[static_cast<size_t>(j)]) v = nd(rng);
+          prep[static_cast<size_t>(j)].resize(gemm_x_row_bytes(t, n));
+          gemm_prepare_x(t, xf[static_cast<size_t>(j)].data(), prep[static_cast<size_t>(j)].data(), n);
+          xp.push_back(prep[static_cast<size_t>(j)].data());
+          vd[static_cast<size_t>(j)].resize(row_bytes(vt, n));
+          quantize_row(vt, xf[static_cast<size_t>(j)].data(), vd[static_cast<size_t>(j)].data(), n);
+        }
+        std::vector<float> y(static_cast<size_t>(n_w * n_x));
+        gemm_rows(t, n, w.data(), w_row, n_w, xp.data(), n_x, y.data(), n_w);
+        for (int64_t j = 0; j < n_x; ++j)
+          for (int64_t i = 0; i < n_w; ++i) {
+            const float ref = vec_dot(t, n, w.data() + static_cast<size_t>(i) * w_row, vd[static_cast<size_t>(j)].data());
+            const float got = y[static_cast<size_t>(j * n_w + i)];
+            ASSERT_EQ(std::memcmp(&ref, &got, sizeof(float)), 0)
+                << dtype_name(t) << " n=" << n << " row " << i << " x " << j << ": " << got << " vs " << ref;
+            ++checked;
+          }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+}
+
+}  // namespace
+}  // namespace pg
