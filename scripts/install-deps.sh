@@ -8,5 +8,9 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build git ca-certificates \
   libgtest-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev libpcre2-dev \
-  python3 python3-jinja2 python3-numpy \
-  nodejs npm
+  python3 python3-jinja2 python3-numpy
+# Node.js for the SDK end-to-end tests. Machines that already carry a Node.js build (NodeSource's
+# nodejs package bundles npm and conflicts with Debian's npm) keep theirs.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+fi
