@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
   const double copy_bw = copy_bandwidth_gbs();
   std::printf("device: %s, %d SMs, L2 %d MB; device-to-device copy: %.0f GB/s (read + write)\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20, copy_bw);
-  std::printf("| type | M (out) | K (in) | n | µs | GB/s | %% of copy | TFLOP/s |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| type | kernel | M (out) | K (in) | n | µs | GB/s | %% of copy | TFLOP/s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
 
   struct Shape {
     int64_t M, K;
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
         void* scratch = nullptr;
         CK(cudaMalloc(&x, static_cast<size_t>(nmax * s.K) * 4));
         CK(cudaMalloc(&y, static_cast<size_t>(nmax * s.M) * 4));
-        CK(cudaMalloc(&scratch, pg::cuda::gemm_scratch_bytes(nmax, s.K)));
+        CK(cudaMalloc(&scratch, std::max<size_t>(pg::cuda::gemm_scratch_bytes(nmax, s.K), static_cast<size_t>(nmax) * s.K * 2 + 1024)));
         {
           std::vector<float> hx(static_cast<size_t>(nmax * s.K));
           std::mt19937 rng(2);
@@ -187,19 +187,33 @@ int main(int argc, char** argv) {
           a.y = y;
           a.y_stride = s.M;
           a.n = n;
-          const double ms = time_ms(reps, [&](int i) {
-            a.w = w[static_cast<size_t>(i) % w.size()];
-            if (gemm)
-              pg::cuda::gemm(a, nullptr, nullptr, scratch, stream);
-            else
-              pg::cuda::gemv(a, stream);
-          });
-          const double bytes = static_cast<double>(wbytes) + 4.0 * n * (s.K + s.M);
-          const double gbs = bytes / (ms * 1e-3) / 1e9;
-          const double tflops = 2.0 * static_cast<double>(s.M) * s.K * n / (ms * 1e-3) / 1e12;
-          std::printf("| %s | %lld | %lld | %d | %.1f | %.0f | %.1f%% | %.2f |\n", std::string(pg::dtype_name(t)).c_str(),
-                      static_cast<long long>(s.M), static_cast<long long>(s.K), n, ms * 1e3, gbs, 100.0 * gbs / copy_bw, tflops);
-          std::fflush(stdout);
+          a.w = w[0];
+          // Decode sizes: the default-mode kernel (8-bit activations, gemv_q8.cu) where it applies, then the
+          // FP32 GEMV (exact mode); prefill sizes: the tensor-core GEMM.
+          std::vector<std::string> kernels;
+          if (gemm) {
+            kernels = {"mma"};
+          } else {
+            if (pg::cuda::gemv_fast(a, scratch, stream)) kernels.push_back("fast");
+            kernels.push_back("fp32");
+          }
+          for (const std::string& kernel : kernels) {
+            const double ms = time_ms(reps, [&](int i) {
+              a.w = w[static_cast<size_t>(i) % w.size()];
+              if (kernel == "mma")
+                pg::cuda::gemm(a, nullptr, nullptr, scratch, stream);
+              else if (kernel == "fast")
+                pg::cuda::gemv_fast(a, scratch, stream);
+              else
+                pg::cuda::gemv(a, stream);
+            });
+            const double bytes = static_cast<double>(wbytes) + 4.0 * n * (s.K + s.M);
+            const double gbs = bytes / (ms * 1e-3) / 1e9;
+            const double tflops = 2.0 * static_cast<double>(s.M) * s.K * n / (ms * 1e-3) / 1e12;
+            std::printf("| %s | %s | %lld | %lld | %d | %.1f | %.0f | %.1f%% | %.2f |\n", std::string(pg::dtype_name(t)).c_str(), kernel.c_str(),
+                        static_cast<long long>(s.M), static_cast<long long>(s.K), n, ms * 1e3, gbs, 100.0 * gbs / copy_bw, tflops);
+            std::fflush(stdout);
+          }
         }
         CK(cudaDeviceSynchronize());
         for (void* p : w) CK(cudaFree(p));

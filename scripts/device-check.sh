@@ -6,8 +6,9 @@
 #      peregrine, the CUDA tests and pg_cuda_bench                                     → $OUT/build.log
 #   2. the CUDA tests (ctest -L cuda): every op vs the CPU, whole tiny models            → $OUT/tests.log
 #   3. pg_cuda_bench: matmul kernels on 8B shapes, GB/s vs device copy bandwidth          → $OUT/kernels.log
-#   4. peregrine gguf synth --preset qwen3-8b --type Q4_K_M, then
-#      peregrine bench --device cuda -p 512 -n 128 (skipped if synth is not available)    → $OUT/model.log
+#   4. per model of $MODELS (preset:type): peregrine gguf synth, then peregrine bench --device cuda at
+#      pp512/tg128, pp4096, tg128 at depth 4096, tg128 without CUDA graphs, and an nsys kernel
+#      breakdown of 32 decode steps when nsys is installed                     → $OUT/model-*.log, nsys-*.csv
 #   and a short summary (one line per step, plus the tables) last on stdout and in $OUT/summary.txt.
 #
 # One-time preparation on the development machine, in the repository root (the device machine has
@@ -17,7 +18,7 @@
 #       libcpp-httplib-dev libcpp-httplib0.11 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 \
 #       libpcre2-posix3 pkgconf pkgconf-bin libpkgconf3
 #   mkdir -p .deps/shared/golden/models
-#   cp ../shared/golden/models/tiny-{llama,qwen3,qwen2,qwen3moe,gemma3}-*.gguf .deps/shared/golden/models/
+#   cp ../shared/golden/models/tiny-{llama,qwen3,qwen2,qwen3moe,gemma3,qwen35,qwen35moe}-*.gguf .deps/shared/golden/models/
 #
 # (.deps/ is git-ignored; together about 45 MB, under the 64 MiB a call may carry.) Then, with the device
 # tool:  run(command="scripts/device-check.sh", carry=[".deps"], timeout_s=600)
@@ -32,6 +33,9 @@ mkdir -p "$OUT"
 BUDGET_S=${BUDGET_S:-570}
 JOBS=${JOBS:-16}
 ARCHS=${ARCHS:-90}
+MODELS=${MODELS:-qwen3-8b:Q4_K_M qwen35-27b:Q4_K_M}
+KERNEL_TYPES=${KERNEL_TYPES:-q4_k,q6_k,q8_0,q5_k,q4_0,iq4_xs,f16,bf16}
+BANDWIDTH=${BANDWIDTH:-4300}
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
 SUMMARY=$OUT/summary.txt
@@ -102,9 +106,11 @@ if run_step "configure" "$OUT/build.log" 120 cmake -S "$ROOT" -B "$BUILD" -G Nin
   -DPEREGRINE_CUDA_ARCHS="$ARCHS" -DPEREGRINE_SHARED_DIR="$PEREGRINE_SHARED" "${CMAKE_EXTRA[@]}"; then
   # The CUDA tests and the kernel benchmark first, then the CLI (which needs every layer to compile), so
   # that a broken file elsewhere in the tree does not hide the backend's results.
-  run_step "build CUDA tests + pg_cuda_bench" "$OUT/build.log" 420 \
-    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model pg_cuda_bench -- -k 0 && BUILD_OK=1
-  run_step "build peregrine" "$OUT/build.log" 300 cmake --build "$BUILD" -j "$JOBS" --target peregrine -- -k 0 && CLI_OK=1
+  # One build of everything the later steps need (-k 0: a broken file does not stop the other targets).
+  run_step "build CUDA tests, pg_cuda_bench, peregrine" "$OUT/build.log" 420 \
+    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model pg_cuda_bench peregrine -- -k 0
+  [ -x "$BUILD/tests/cuda/test_cuda_ops" ] && [ -x "$BUILD/tests/cuda/test_cuda_model" ] && [ -x "$BUILD/src/backend/cuda/pg_cuda_bench" ] && BUILD_OK=1
+  [ -x "$BUILD/src/cli/peregrine" ] && CLI_OK=1
 fi
 grep -E "error|FAILED" "$OUT/build.log" | head -20 >>"$SUMMARY"
 
@@ -119,21 +125,40 @@ fi
 
 # ---- 3. kernel micro-benchmark ---------------------------------------------------------------------------
 if ((BUILD_OK)); then
-  run_step "pg_cuda_bench" "$OUT/kernels.log" 180 "$BUILD/src/backend/cuda/pg_cuda_bench" --reps 20
+  run_step "pg_cuda_bench" "$OUT/kernels.log" 180 "$BUILD/src/backend/cuda/pg_cuda_bench" --reps 20 --types "$KERNEL_TYPES"
   grep -E "^\||device:" "$OUT/kernels.log" >>"$SUMMARY"
 fi
 
-# ---- 4. whole-model speed on a synthetic 8B Q4_K_M --------------------------------------------------------
+# ---- 4. whole-model speed on synthetic models -------------------------------------------------------------
+# MODELS: preset:type pairs. Each: synth on the device, then pp512, pp4096, tg128 and tg128 at depth 4096
+# (CUDA graphs on), tg128 with graphs off, and (with nsys) the kernel time breakdown of 32 decode steps.
+PG=$BUILD/src/cli/peregrine
+bench_one() {  # LOG NAME ARGS...
+  local log=$1 name=$2
+  shift 2
+  run_step "$name" "$log" 200 "$PG" bench "$@" --device cuda --bandwidth "$BANDWIDTH"
+}
 if ((CLI_OK)); then
-  MODEL=/tmp/peregrine-qwen3-8b-q4_k_m.gguf
-  if run_step "gguf synth qwen3-8b Q4_K_M" "$OUT/model.log" 240 \
-    "$BUILD/src/cli/peregrine" gguf synth --preset qwen3-8b --type Q4_K_M -o "$MODEL"; then
-    run_step "peregrine bench --device cuda -p 512 -n 128" "$OUT/model.log" 240 \
-      "$BUILD/src/cli/peregrine" bench -m "$MODEL" --device cuda -p 512 -n 128 -r 3 --bandwidth 4300
-    grep -E "^\||model:|backend:|bytes per" "$OUT/model.log" >>"$SUMMARY"
-  else
-    note "      (synth unavailable or failed: model benchmark skipped)"
-  fi
+  for spec in $MODELS; do
+    preset=${spec%%:*} type=${spec##*:}
+    MODEL=/tmp/peregrine-$preset-$type.gguf
+    LOG=$OUT/model-$preset-$type.log
+    if run_step "gguf synth $preset $type" "$LOG" 240 "$PG" gguf synth --preset "$preset" --type "$type" -o "$MODEL"; then
+      bench_one "$LOG" "$preset $type pp512 tg128" -m "$MODEL" -p 512 -n 128 -r 3
+      bench_one "$LOG" "$preset $type pp4096 + tg128 @4096" -m "$MODEL" -p 4096 -n 128 -d 0 -r 1
+      bench_one "$LOG" "$preset $type tg128 @ depth 4096" -m "$MODEL" -p 0 -n 128 -d 4096 -r 2
+      PEREGRINE_CUDA_GRAPHS=0 bench_one "$LOG" "$preset $type tg128, graphs off" -m "$MODEL" -p 0 -n 128 -r 2
+      if command -v nsys >/dev/null 2>&1 && (($(left) > 120)); then
+        run_step "nsys $preset $type tg32" "$LOG" 100 nsys profile -o "/tmp/nsys-$preset-$type" --force-overwrite true --stats=false \
+          "$PG" bench -m "$MODEL" -p 0 -n 32 -r 1 --device cuda
+        nsys stats --report cuda_gpu_kern_sum --format csv "/tmp/nsys-$preset-$type.nsys-rep" 2>/dev/null | head -30 >"$OUT/nsys-$preset-$type.csv"
+      fi
+      grep -E "^\||model:|backend:|bytes per" "$LOG" >>"$SUMMARY"
+      rm -f "$MODEL"
+    else
+      note "      (synth $preset $type failed: its benchmarks are skipped)"
+    fi
+  done
 fi
 
 echo "=== summary (${SECONDS}s)"

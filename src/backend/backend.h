@@ -8,6 +8,7 @@
 //    download()/synchronize(); nothing here allocates except alloc().
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,12 @@ struct RecurrentBatch {
   std::vector<int32_t> h_rows, h_seg, h_capture;
 };
 
+// One product of matmul_shared: y = x · wᵀ.
+struct MatmulOut {
+  const Tensor* w;
+  Tensor* y;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -90,6 +97,10 @@ class Backend {
   virtual void get_rows(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
   // y (n, out) = x (n, in) · Wᵀ, W (out, in) of any supported weight type.
   virtual void matmul(const Tensor& w, const Tensor& x, Tensor& y) = 0;
+  // Several products of one input (q/k/v, gate/up): devices prepare x once (quantize, stage).
+  virtual void matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) {
+    for (const MatmulOut& o : outs) matmul(*o.w, x, *o.y);
+  }
   // y += bias (cols) broadcast over rows.
   virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
   // y (rows, d) = x / sqrt(mean(x²) + eps) · w, per row; w (d) may be invalid (no weight).
@@ -166,6 +177,19 @@ class Backend {
                                Tensor& state, const RecurrentBatch& rb, int d_k, int d_v, float scale, Tensor& out) {
     not_implemented("gated_delta_net");
   }
+
+  // ---- step graphs ----
+  // A device with a command queue may record the ops of a step once and replay them (CUDA graphs). Between
+  // begin_graph() and end_graph() ops are recorded, not run, and alloc/free/upload/download throw;
+  // replay_graph(id) runs the recording on the tensors' current contents (per-step inputs are uploaded
+  // first). An op whose launch shape depends on host values must be recorded per distinct value: the
+  // caller keys its recordings accordingly. abort_graph() ends a failed recording.
+  virtual bool graphs_supported() const { return false; }
+  virtual void begin_graph() { not_implemented("begin_graph"); }
+  virtual int end_graph() { not_implemented("end_graph"); }
+  virtual void abort_graph() {}
+  virtual void replay_graph(int id) { not_implemented("replay_graph"); }
+  virtual void drop_graph(int id) {}
 
  protected:
   [[noreturn]] void not_implemented(const char* op) const {

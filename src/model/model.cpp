@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <set>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -36,6 +38,9 @@ struct Model::Workspace {
   Tensor rb_seg;                         // I32 (cap, 4)
   uint64_t cache_id = 0;  // KvCache::id() the workspace was sized for
   std::vector<Tensor*> all;
+  // Recorded decode steps (Backend::begin_graph), by step shape: see Model::forward_ubatch.
+  std::map<std::vector<int32_t>, int> graphs;
+  std::set<std::vector<int32_t>> warm;  // shapes run once uncaptured (scratch buffers sized)
   AttentionBatch ab;
   RecurrentBatch rb;
 };
@@ -51,7 +56,17 @@ struct Model::RecurrentPlan {
 Model::Model(std::unique_ptr<gguf::File> file, Backend& backend, const ModelOptions& opt)
     : file_(std::move(file)), backend_(backend), opt_(opt) {}
 
+void Model::drop_workspace() {
+  if (!ws_) return;
+  for (const auto& [key, id] : ws_->graphs) backend_.drop_graph(id);
+  for (Tensor* t : ws_->all)
+    if (t->valid()) backend_.free(*t);
+  ws_.reset();
+}
+
 Model::~Model() {
+  if (ws_)
+    for (const auto& [key, id] : ws_->graphs) backend_.drop_graph(id);
   if (ws_)
     for (Tensor* t : ws_->all)
       if (t->valid()) backend_.free(*t);
@@ -159,9 +174,7 @@ std::unique_ptr<KvCache> Model::make_cache(const KvCacheOptions& opt) {
 
 void Model::ensure_workspace(KvCache& cache) {
   if (ws_ && ws_->cache_id == cache.id()) return;
-  if (ws_)
-    for (Tensor* t : ws_->all)
-      if (t->valid()) backend_.free(*t);
+  drop_workspace();
   ws_ = std::make_unique<Workspace>();
   Workspace& w = *ws_;
   const ModelConfig& c = cfg_;
@@ -388,23 +401,60 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
 
   Tensor ids = w.ids.reshape_2d(n, 1);
   Tensor x = w.x.rows_view(0, n), h = w.h.rows_view(0, n), o = w.o.rows_view(0, n);
-  be.get_rows(w_.tok_embd, ids, x);
-  if (c.embd_scale != 0.0f) be.scale(x, c.embd_scale);
-
-  for (int il = 0; il < c.n_layer; ++il) {
-    const LayerWeights& l = w_.layers[static_cast<size_t>(il)];
-    be.rms_norm(x, l.attn_norm, h, c.rms_eps);
-    if (c.layer_kind[static_cast<size_t>(il)] == LayerKind::Attention) {
-      attention_block(il, n, cache);
-    } else {
-      deltanet_block(il, n, cache);
+  auto layers = [&] {
+    be.get_rows(w_.tok_embd, ids, x);
+    if (c.embd_scale != 0.0f) be.scale(x, c.embd_scale);
+    for (int il = 0; il < c.n_layer; ++il) {
+      const LayerWeights& l = w_.layers[static_cast<size_t>(il)];
+      be.rms_norm(x, l.attn_norm, h, c.rms_eps);
+      if (c.layer_kind[static_cast<size_t>(il)] == LayerKind::Attention) {
+        attention_block(il, n, cache);
+      } else {
+        deltanet_block(il, n, cache);
+      }
+      if (l.attn_post_norm.valid()) be.rms_norm(o, l.attn_post_norm, o, c.rms_eps);
+      be.add(x, o, x);
+      be.rms_norm(x, l.ffn_norm, h, c.rms_eps);
+      ffn_block(il, n);
+      if (l.ffn_post_norm.valid()) be.rms_norm(o, l.ffn_post_norm, o, c.rms_eps);
+      be.add(x, o, x);
     }
-    if (l.attn_post_norm.valid()) be.rms_norm(o, l.attn_post_norm, o, c.rms_eps);
-    be.add(x, o, x);
-    be.rms_norm(x, l.ffn_norm, h, c.rms_eps);
-    ffn_block(il, n);
-    if (l.ffn_post_norm.valid()) be.rms_norm(o, l.ffn_post_norm, o, c.rms_eps);
-    be.add(x, o, x);
+  };
+  // Decode steps (few rows) on a device with graphs: the layers are recorded once per step shape and
+  // replayed, so a step costs one launch instead of hundreds. Every op reads its per-step inputs (token
+  // ids, positions, cells, block table, recurrent segments) from the workspace, uploaded above; what the
+  // launches depend on on the host is the key: rows, the KV length rounded up to a power-of-two bucket
+  // (attention grids are sized for the bucket, blocks past a row's length exit at once), and the shape of
+  // the recurrent segments.
+  if (be.graphs_supported() && n <= kGraphMaxRows) {
+    int bucket = 256;
+    while (bucket < max_kv) bucket *= 2;
+    w.ab.max_kv_len = bucket;
+    std::vector<int32_t> key = {n, bucket};
+    if (plan) {
+      key.push_back(w.rb.n_segments);
+      for (int sg = 0; sg < w.rb.n_segments; ++sg) key.push_back(w.rb.h_seg[static_cast<size_t>(4 * sg + 1)]);
+      for (int32_t cap : w.rb.h_capture) key.push_back(cap >= 0 ? 1 : 0);
+    }
+    if (auto it = w.graphs.find(key); it != w.graphs.end()) {
+      be.replay_graph(it->second);
+    } else if (w.warm.count(key)) {
+      be.begin_graph();
+      try {
+        layers();
+      } catch (...) {
+        be.abort_graph();
+        throw;
+      }
+      const int id = be.end_graph();
+      w.graphs.emplace(key, id);
+      be.replay_graph(id);
+    } else {
+      layers();
+      w.warm.insert(key);
+    }
+  } else {
+    layers();
   }
 
   // Sequence lengths advance past the rows just written; tree rows are drafts, not history.
@@ -451,16 +501,14 @@ void Model::attention_block(int il, int n, KvCache& cache) {
   if (c.attn_output_gate) {
     // The q projection holds, per head, [query (head_dim) | gate (head_dim)].
     Tensor qfull = w.qfull.rows_view(0, n);
-    be.matmul(l.wq, h, qfull);
+    be.matmul_shared(h, {{&l.wq, &qfull}, {&l.wk, &k}, {&l.wv, &v}});
     be.gather_cols(qfull, 2 * c.head_dim, 0, q);
     be.gather_cols(qfull, 2 * c.head_dim, c.head_dim, gate);
   } else {
-    be.matmul(l.wq, h, q);
+    be.matmul_shared(h, {{&l.wq, &q}, {&l.wk, &k}, {&l.wv, &v}});
     if (l.bq.valid()) be.add_bias(q, l.bq);
   }
-  be.matmul(l.wk, h, k);
   if (l.bk.valid()) be.add_bias(k, l.bk);
-  be.matmul(l.wv, h, v);
   if (l.bv.valid()) be.add_bias(v, l.bv);
 
   if (l.q_norm.valid()) {
@@ -506,10 +554,7 @@ void Model::deltanet_block(int il, int n, KvCache& cache) {
   Tensor z = w.dn_z.rows_view(0, n), out = w.dn_out.rows_view(0, n);
   Tensor g = w.dn_g.rows_view(0, n), beta = w.dn_beta.rows_view(0, n);
 
-  be.matmul(l.ssm_qkv, h, mixed);
-  be.matmul(l.ssm_z, h, z);
-  be.matmul(l.ssm_beta, h, beta);
-  be.matmul(l.ssm_alpha, h, g);
+  be.matmul_shared(h, {{&l.ssm_qkv, &mixed}, {&l.ssm_z, &z}, {&l.ssm_beta, &beta}, {&l.ssm_alpha, &g}});
   be.deltanet_gates(g, beta, l.ssm_dt_bias, l.ssm_a);
   be.ssm_conv(mixed, l.ssm_conv1d, st.conv, w.rb, /*silu=*/true, conv);
   be.gather_cols(conv, static_cast<int>(conv_dim), 0, q);
@@ -537,8 +582,7 @@ void Model::ffn_block(int il, int n) {
   Tensor h = w.h.rows_view(0, n), o = w.o.rows_view(0, n);
   if (!c.is_moe()) {
     Tensor g = w.ff_g.reshape_2d(c.n_ff, w.cap).rows_view(0, n), u = w.ff_u.reshape_2d(c.n_ff, w.cap).rows_view(0, n);
-    be.matmul(l.ffn_gate, h, g);
-    be.matmul(l.ffn_up, h, u);
+    be.matmul_shared(h, {{&l.ffn_gate, &g}, {&l.ffn_up, &u}});
     be.glu(g, u, g, c.ffn_act);
     be.matmul(l.ffn_down, g, o);
     return;
@@ -550,8 +594,7 @@ void Model::ffn_block(int il, int n) {
   if (c.n_ff_shexp > 0) {
     Tensor g = w.ff_g.reshape_2d(c.n_ff_shexp, w.cap).rows_view(0, n), u = w.ff_u.reshape_2d(c.n_ff_shexp, w.cap).rows_view(0, n);
     Tensor o2 = w.o2.rows_view(0, n);
-    be.matmul(l.gate_shexp, h, g);
-    be.matmul(l.up_shexp, h, u);
+    be.matmul_shared(h, {{&l.gate_shexp, &g}, {&l.up_shexp, &u}});
     be.glu(g, u, g, c.ffn_act);
     be.matmul(l.down_shexp, g, o2);
     if (l.router_shexp.valid()) {

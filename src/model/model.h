@@ -69,6 +69,8 @@ class Model {
   Model(std::unique_ptr<gguf::File> file, Backend& backend, const ModelOptions& opt);
   struct Workspace;
   void ensure_workspace(KvCache& cache);
+  void drop_workspace();
+  static constexpr int kGraphMaxRows = 8;  // decode micro-batches up to this size replay recorded graphs
   struct RecurrentPlan;
   RecurrentPlan plan_recurrent(const Batch& batch, const KvCache& cache, const ForwardOptions& fopt) const;
   void forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const RecurrentPlan* plan, std::vector<float>& logits);

@@ -102,15 +102,15 @@ std::string name_of(const testing::TestParamInfo<std::string>& i) {
   return s;
 }
 
-// Fixed list (not discovered), so a missing file is a failure. The qwen35/qwen35moe files need Gated
-// DeltaNet layers, which the CPU backend does not run yet.
+// Fixed list (not discovered), so a missing file is a failure.
 INSTANTIATE_TEST_SUITE_P(
     Golden, CudaModel,
     testing::Values("tiny-llama-f16", "tiny-llama-Q8_0", "tiny-llama-Q4_0", "tiny-llama-Q4_1", "tiny-llama-Q5_0", "tiny-llama-Q5_1",
                     "tiny-llama-Q4_K_M", "tiny-llama-Q5_K_M", "tiny-llama-Q6_K", "tiny-llama-Q2_K", "tiny-llama-Q3_K_M",
                     "tiny-llama-IQ4_XS", "tiny-qwen3-f16", "tiny-qwen3-Q8_0", "tiny-qwen3-Q4_0", "tiny-qwen3-Q4_1", "tiny-qwen3-Q5_0",
                     "tiny-qwen3-Q5_1", "tiny-qwen3-Q4_K_M", "tiny-qwen3-Q5_K_M", "tiny-qwen3-Q6_K", "tiny-qwen3-Q2_K",
-                    "tiny-qwen3-Q3_K_M", "tiny-qwen3-IQ4_XS", "tiny-qwen2-f16", "tiny-qwen3moe-f16", "tiny-gemma3-f16"),
+                    "tiny-qwen3-Q3_K_M", "tiny-qwen3-IQ4_XS", "tiny-qwen2-f16", "tiny-qwen3moe-f16", "tiny-gemma3-f16",
+                    "tiny-qwen35-f16", "tiny-qwen35moe-f16"),
     name_of);
 
 class CudaGreedy : public testing::TestWithParam<std::string> {};
@@ -143,7 +143,32 @@ TEST_P(CudaGreedy, SixtyFourTokensMatchCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BaseF16, CudaGreedy,
-                         testing::Values("tiny-llama-f16", "tiny-qwen3-f16", "tiny-qwen2-f16", "tiny-qwen3moe-f16", "tiny-gemma3-f16"), name_of);
+                         testing::Values("tiny-llama-f16", "tiny-qwen3-f16", "tiny-qwen2-f16", "tiny-qwen3moe-f16", "tiny-gemma3-f16",
+                                         "tiny-qwen35-f16", "tiny-qwen35moe-f16"),
+                         name_of);
+
+// Recorded decode steps (CUDA graphs) against eager execution of the same steps: the same kernels on the
+// same inputs, except that eager attention sizes its split-K grid for the step's exact length, so the
+// sums may be split differently (≤ 1e-4).
+class CudaGraphs : public testing::TestWithParam<std::string> {};
+
+TEST_P(CudaGraphs, ReplayMatchesEager) {
+  PG_REQUIRE_GPU();
+  const std::string path = test::shared_path("golden/models/" + GetParam() + ".gguf").string();
+  auto gpu = test::make_cuda(false);
+  CudaOptions o;
+  o.graphs = false;
+  gpu->set_options(o);
+  const Logits eager = run(*gpu, path, DType::F16, 20, {});
+  o.graphs = true;
+  gpu->set_options(o);
+  const Logits replay = run(*gpu, path, DType::F16, 20, eager.tokens);
+  const Diff d = diff(replay, eager);
+  std::printf("%s: graphs vs eager max %.2e\n", GetParam().c_str(), d.max);
+  EXPECT_LE(d.max, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Decode, CudaGraphs, testing::Values("tiny-qwen3-Q4_K_M", "tiny-qwen35-f16", "tiny-qwen35moe-f16"), name_of);
 
 }  // namespace
 }  // namespace pg

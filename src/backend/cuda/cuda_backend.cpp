@@ -25,18 +25,6 @@ void check_launch(const char* kernel) {
   if (err != cudaSuccess) throw Error(std::string("CUDA kernel launch failed (") + kernel + "): " + cudaGetErrorString(err));
 }
 
-}  // namespace cuda
-
-namespace {
-
-using cuda::check;
-
-// Scratch slots: each op that needs temporary device memory has its own, so their sizes never fight.
-enum ScratchSlot { kSlotGemm, kSlotAttention, kSlotMoe, kSlotMoeGemm, kSlotCount };
-
-constexpr size_t kStageBytes = size_t{8} << 20;  // pinned upload ring
-constexpr int kStageSegments = 4;
-
 // Makes `device` current for the calling thread (cached: cudaSetDevice only when it changes).
 void activate(int device) {
   thread_local int current = -1;
@@ -45,6 +33,20 @@ void activate(int device) {
     current = device;
   }
 }
+
+}  // namespace cuda
+
+namespace {
+
+using cuda::check;
+
+// Scratch slots: each op that needs temporary device memory has its own, so their sizes never fight.
+enum ScratchSlot { kSlotGemm, kSlotAttention, kSlotMoe, kSlotMoeGemm, kSlotQ8, kSlotCount };
+
+constexpr size_t kStageBytes = size_t{8} << 20;  // pinned upload ring
+constexpr int kStageSegments = 4;
+
+using cuda::activate;
 
 void check_f32(const Tensor& t, const char* op) { PG_CHECK(t.type == DType::F32, std::string(op) + ": expected an F32 tensor"); }
 
@@ -64,6 +66,7 @@ int cuda_device_count() {
 std::unique_ptr<Backend> create_cuda_backend(int index) {
   CudaOptions opt;
   if (const char* e = std::getenv("PEREGRINE_CUDA_EXACT"); e && *e && std::strcmp(e, "0") != 0) opt.exact_f32 = true;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPHS"); e && std::strcmp(e, "0") == 0) opt.graphs = false;
   return create_cuda_backend(index, opt);
 }
 
@@ -276,6 +279,24 @@ void CudaBackend::replay(int graph) {
   check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_[static_cast<size_t>(graph)]), as_stream(stream_)), "cudaGraphLaunch");
 }
 
+void CudaBackend::abort_graph() {
+  if (!capturing_) return;
+  activate(device_);
+  capturing_ = false;
+  cudaGraph_t g = nullptr;
+  cudaStreamEndCapture(as_stream(stream_), &g);  // invalidated by the failure; only ends the capture
+  if (g) cudaGraphDestroy(g);
+  cudaGetLastError();
+}
+
+void CudaBackend::drop_graph(int id) {
+  if (id < 0 || id >= static_cast<int>(graphs_.size()) || !graphs_[static_cast<size_t>(id)]) return;
+  activate(device_);
+  check(cudaStreamSynchronize(as_stream(stream_)), "drop_graph (synchronize)");
+  cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graphs_[static_cast<size_t>(id)]));
+  graphs_[static_cast<size_t>(id)] = nullptr;
+}
+
 void CudaBackend::drop_graphs() {
   activate(device_);
   check(cudaStreamSynchronize(as_stream(stream_)), "drop_graphs (synchronize)");
@@ -298,6 +319,15 @@ void CudaBackend::get_rows(const Tensor& table, const Tensor& ids, Tensor& out) 
                  out.as<float>(), out.cols(), as_stream(stream_));
 }
 
+void CudaBackend::gemv(const cuda::MatmulArgs& a) {
+  // Default mode takes the 8-bit-activation kernels where they handle the type and layout.
+  if (!opt_.exact_f32) {
+    const size_t sb = cuda::gemv_fast_scratch_bytes(a);
+    if (cuda::gemv_fast(a, sb ? scratch(kSlotQ8, sb) : nullptr, as_stream(stream_))) return;
+  }
+  cuda::gemv(a, as_stream(stream_));
+}
+
 void CudaBackend::matmul_rows(const Tensor& w, const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride) {
   cuda::MatmulArgs a;
   a.type = w.type;
@@ -311,7 +341,7 @@ void CudaBackend::matmul_rows(const Tensor& w, const float* x, int64_t n, int64_
   a.y_stride = y_stride;
   a.n = static_cast<int>(n);
   if (opt_.exact_f32 || n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type)) {
-    cuda::gemv(a, as_stream(stream_));
+    gemv(a);
   } else {
     void* s = scratch(kSlotGemm, cuda::gemm_scratch_bytes(n, a.K));
     cuda::gemm(a, nullptr, nullptr, s, as_stream(stream_));
@@ -329,6 +359,48 @@ void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
   PG_CHECK(y.cols() == w.ne[1] && y.rows() == x.rows(), "matmul: output shape mismatch");
   PG_CHECK(cuda::gemv_supported(w.type), "CUDA matmul: weight type " + std::string(dtype_name(w.type)) + " is not supported");
   matmul_rows(w, x.as<float>(), x.rows(), x.cols(), y.as<float>(), y.cols());
+}
+
+void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) {
+  activate(device_);
+  check_own(x, "matmul");
+  check_f32(x, "matmul");
+  const int64_t n = x.rows();
+  if (opt_.exact_f32 || n > opt_.gemv_max_rows) {
+    for (const MatmulOut& o : outs) matmul(*o.w, x, *o.y);
+    return;
+  }
+  // Decode: the 8-bit activations are made once and serve every product that reads them.
+  bool quantized = false;
+  for (const MatmulOut& o : outs) {
+    const Tensor& w = *o.w;
+    Tensor& y = *o.y;
+    check_own(w, "matmul");
+    check_own(y, "matmul");
+    check_f32(y, "matmul");
+    PG_CHECK(x.cols() == w.ne[0], "matmul: input width " + std::to_string(x.cols()) + " != weight rows " + std::to_string(w.ne[0]));
+    PG_CHECK(y.cols() == w.ne[1] && y.rows() == n, "matmul: output shape mismatch");
+    PG_CHECK(cuda::gemv_supported(w.type), "CUDA matmul: weight type " + std::string(dtype_name(w.type)) + " is not supported");
+    cuda::MatmulArgs a;
+    a.type = w.type;
+    a.w = w.data;
+    a.row_bytes = w.row_bytes();
+    a.K = w.ne[0];
+    a.M = w.ne[1];
+    a.x = x.as<float>();
+    a.x_stride = x.cols();
+    a.y = y.as<float>();
+    a.y_stride = y.cols();
+    a.n = static_cast<int>(n);
+    if (cuda::gemv_fast_q8(a)) {
+      void* s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
+      if (!quantized) cuda::quantize_q8(a, s, as_stream(stream_));
+      quantized = true;
+      cuda::gemv_fast(a, s, as_stream(stream_), /*x_quantized=*/true);
+    } else {
+      gemv(a);
+    }
+  }
 }
 
 void CudaBackend::add_bias(Tensor& y, const Tensor& bias) {
@@ -486,17 +558,29 @@ void CudaBackend::moe_route(const Tensor& logits, int k, ExpertGating gating, bo
 void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_exps, const Tensor& up_exps,
                           const Tensor& down_exps, Activation act, Tensor& out) {
   activate(device_);
-  for (const Tensor* t : {&x, &ids, &weights, &gate_exps, &up_exps, &down_exps, static_cast<const Tensor*>(&out)}) check_own(*t, "moe_ffn");
-  const int64_t n = x.rows(), d = x.cols(), k = ids.cols(), ff = gate_exps.ne[1], n_exp = gate_exps.ne[2];
-  PG_CHECK(gate_exps.ne[0] == d && up_exps.ne[0] == d && up_exps.ne[1] == ff && down_exps.ne[0] == ff && down_exps.ne[1] == d &&
-               up_exps.ne[2] == n_exp && down_exps.ne[2] == n_exp,
+  const bool fused = !up_exps.valid();  // gate_exps holds [gate; up] per expert
+  for (const Tensor* t : {&x, &ids, &weights, &gate_exps, &down_exps, static_cast<const Tensor*>(&out)}) check_own(*t, "moe_ffn");
+  if (!fused) check_own(up_exps, "moe_ffn");
+  const int64_t n = x.rows(), d = x.cols(), k = ids.cols(), n_exp = gate_exps.ne[2];
+  const int64_t ff = fused ? gate_exps.ne[1] / 2 : gate_exps.ne[1];
+  PG_CHECK(!fused || gate_exps.ne[1] % 2 == 0, "moe_ffn: fused gate_up experts need an even row count");
+  PG_CHECK(gate_exps.ne[0] == d && down_exps.ne[0] == ff && down_exps.ne[1] == d && down_exps.ne[2] == n_exp &&
+               (fused || (up_exps.ne[0] == d && up_exps.ne[1] == ff && up_exps.ne[2] == n_exp && gate_exps.type == up_exps.type)),
            "moe_ffn: expert tensor shapes do not match");
   PG_CHECK(ids.rows() == n && weights.rows() == n && weights.cols() == k && out.cols() == d && out.rows() == n,
            "moe_ffn: shape mismatch");
-  PG_CHECK(gate_exps.type == up_exps.type, "moe_ffn: gate and up experts must have the same type");
   if (n == 0) return;
+  // Per expert: gate rows at gate_exps + e·expert_bytes, up rows at `up` + e·expert_bytes.
+  struct Proj {
+    DType type;
+    const void* data;
+    size_t row_bytes, expert_bytes;
+  };
+  const size_t gate_bytes = gate_exps.row_bytes() * static_cast<size_t>(fused ? 2 * ff : ff);
+  const Proj up = fused ? Proj{gate_exps.type, static_cast<const uint8_t*>(gate_exps.data) + gate_exps.row_bytes() * static_cast<size_t>(ff),
+                               gate_exps.row_bytes(), gate_bytes}
+                        : Proj{up_exps.type, up_exps.data, up_exps.row_bytes(), up_exps.row_bytes() * static_cast<size_t>(ff)};
   const int64_t E = n * k;  // routed (token, expert) entries
-  const size_t gate_bytes = gate_exps.row_bytes() * static_cast<size_t>(ff);
   const size_t down_bytes = down_exps.row_bytes() * static_cast<size_t>(d);
   const bool grouped_gemm = !opt_.exact_f32 && n > opt_.gemv_max_rows && cuda::gemm_supported(gate_exps.type) &&
                             cuda::gemm_supported(down_exps.type);
@@ -533,17 +617,18 @@ void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weig
     cuda::MatmulArgs a = mat(gate_exps, x.as<float>(), d, ff, G, gate_bytes);
     a.expert_ids = ids.as<int32_t>();
     a.x_div = static_cast<int>(k);
-    cuda::gemv(a, st);
-    a.type = up_exps.type;
-    a.w = up_exps.data;
-    a.row_bytes = up_exps.row_bytes();
+    gemv(a);
+    a.type = up.type;
+    a.w = up.data;
+    a.row_bytes = up.row_bytes;
+    a.expert_bytes = up.expert_bytes;
     a.y = U;
-    cuda::gemv(a, st);
+    gemv(a);
     cuda::glu(G, U, G, E * ff, act == Activation::Silu ? 0 : 1, st);
     cuda::MatmulArgs b = mat(down_exps, G, ff, d, T, down_bytes);
     b.expert_ids = ids.as<int32_t>();
     b.x_div = 1;
-    cuda::gemv(b, st);
+    gemv(b);
   } else {
     // Prefill: entries grouped by expert, one grouped tensor-core GEMM per projection.
     cuda::moe_sort(ids.as<int32_t>(), static_cast<int>(E), static_cast<int>(k), static_cast<int>(n_exp), sorted_rows, sorted_entry, tiles,
@@ -553,11 +638,12 @@ void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weig
     cuda::MatmulArgs a = mat(gate_exps, x.as<float>(), d, ff, G, gate_bytes);
     a.x_stride = d;
     cuda::gemm(a, &g, sorted_rows, gs, st);
-    a.type = up_exps.type;
-    a.w = up_exps.data;
-    a.row_bytes = up_exps.row_bytes();
+    a.type = up.type;
+    a.w = up.data;
+    a.row_bytes = up.row_bytes;
     a.y = U;
-    cuda::gemm(a, &g, sorted_rows, gs, st);
+    cuda::GemmGroups gu{tiles, max_tiles, up.expert_bytes, nullptr};
+    cuda::gemm(a, &gu, sorted_rows, gs, st);
     cuda::glu(G, U, G, E * ff, act == Activation::Silu ? 0 : 1, st);
     cuda::GemmGroups gd{tiles, max_tiles, down_bytes, sorted_entry};
     cuda::MatmulArgs b = mat(down_exps, G, ff, d, T, down_bytes);

@@ -15,6 +15,9 @@ struct CUstream_st;
 struct CUevent_st;
 
 namespace pg {
+namespace cuda {
+struct MatmulArgs;
+}
 
 struct CudaOptions {
   // Matmuls in FP32 on dequantized weights for every batch size (the GEMV kernels, looped over groups
@@ -24,6 +27,9 @@ struct CudaOptions {
   bool exact_f32 = false;
   // Matmuls with at most this many activation rows use the GEMV kernels (1..8); larger ones the GEMM.
   int gemv_max_rows = 8;
+  // Decode steps recorded once and replayed as CUDA graphs (Backend::graphs_supported). Off with the
+  // environment variable PEREGRINE_CUDA_GRAPHS=0 (factory), for debugging and A/B timing.
+  bool graphs = true;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
@@ -54,6 +60,13 @@ class CudaBackend final : public Backend {
 
   void get_rows(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void matmul(const Tensor& w, const Tensor& x, Tensor& y) override;
+  void matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) override;
+  void mul_rows_sigmoid(Tensor& x, const Tensor& gate) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void deltanet_gates(Tensor& alpha, Tensor& beta, const Tensor& dt_bias, const Tensor& a) override;
+  void ssm_conv(const Tensor& x, const Tensor& w, Tensor& conv_state, const RecurrentBatch& rb, bool silu, Tensor& out) override;
+  void gated_delta_net(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, Tensor& state,
+                       const RecurrentBatch& rb, int d_k, int d_v, float scale, Tensor& out) override;
   void add_bias(Tensor& y, const Tensor& bias) override;
   void rms_norm(const Tensor& x, const Tensor& w, Tensor& y, float eps) override;
   void add(const Tensor& a, const Tensor& b, Tensor& y) override;
@@ -81,6 +94,13 @@ class CudaBackend final : public Backend {
   int end_capture();
   void replay(int graph);
   void drop_graphs();
+  // The Backend graph interface (on top of the four above).
+  bool graphs_supported() const override { return opt_.graphs; }
+  void begin_graph() override { begin_capture(); }
+  int end_graph() override { return end_capture(); }
+  void abort_graph() override;
+  void replay_graph(int id) override { replay(id); }
+  void drop_graph(int id) override;
   bool capturing() const { return capturing_; }
   // Attention grids sized for this many cached positions (rounded up to a power of two) instead of each
   // step's AttentionBatch::max_kv_len, so that one captured graph serves every step up to that length.
@@ -102,6 +122,7 @@ class CudaBackend final : public Backend {
   };
   void* scratch(int slot, size_t bytes);
   void matmul_rows(const Tensor& w, const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride);
+  void gemv(const cuda::MatmulArgs& a);  // default mode: gemv_fast where it applies, else the FP32 GEMV
   void check_own(const Tensor& t, const char* op) const;
   void check_not_capturing(const char* what) const;
 

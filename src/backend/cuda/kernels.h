@@ -15,6 +15,8 @@ namespace pg::cuda {
 void check(cudaError_t err, const char* what);
 // Checks cudaGetLastError() after a launch.
 void check_launch(const char* kernel);
+// Makes `device` current for the calling thread (cached per thread: cudaSetDevice only on a change).
+void activate(int device);
 
 // ---- matrix products ------------------------------------------------------------------------------
 
@@ -39,6 +41,16 @@ struct MatmulArgs {
 bool gemv_supported(DType t);
 // FP32 on dequantized weights, any n (rows are processed in groups of up to 8).
 void gemv(const MatmulArgs& a, cudaStream_t stream);
+
+// Default-mode decode GEMV (gemv_q8.cu): 8-bit activations and integer dot products for Q4_K, Q5_K, Q6_K,
+// Q8_0, Q4_0, IQ4_XS; FP32 activations for F16/BF16. Returns false, launching nothing, for other types
+// and layouts it does not handle (the caller then uses gemv()). scratch: gemv_fast_scratch_bytes(a).
+size_t gemv_fast_scratch_bytes(const MatmulArgs& a);
+bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_quantized = false);
+// Whether gemv_fast takes a on an 8-bit-activation kernel; then quantize_q8 fills the scratch for a's
+// activations and gemv_fast(..., x_quantized = true) reuses it (products sharing one input).
+bool gemv_fast_q8(const MatmulArgs& a);
+void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream);
 
 bool gemm_supported(DType t);  // tensor-core path: every GEMV type except F32
 // Grouped GEMM (mixture of experts): tiles[3·i .. 3·i+2] = (expert, first row, rows) in the sorted
@@ -118,5 +130,43 @@ void moe_sort(const int32_t* ids, int n_entries, int k, int n_expert, int32_t* s
 // out (n, d) = Σ_j weights[r][j] · t[r·k + j] (summed in ascending expert id order, as the CPU does).
 void moe_combine(const float* t, const int32_t* ids, const float* weights, int n, int k, int64_t d, float* out,
                  cudaStream_t stream);
+
+// ---- Gated DeltaNet (deltanet.cu) ------------------------------------------------------------------------
+// In place: alpha ← softplus(alpha + dt_bias)·a, beta ← sigmoid(beta); (rows, h).
+void deltanet_gates(float* alpha, float* beta, const float* dt_bias, const float* a, int64_t rows, int h, cudaStream_t stream);
+// x (rows, d): row r *= sigmoid(gate[r]).
+void mul_rows_sigmoid(float* x, const float* gate, int64_t rows, int64_t d, cudaStream_t stream);
+
+// Segments as in backend.h's RecurrentBatch, on the device: rows (Σ lengths), seg (n_segments, 4) =
+// start, length, src, dst; capture (n rows) slot or −1. serial: run the segments one after another (one
+// of them starts from a slot another one writes).
+struct SsmConvArgs {
+  const float* x = nullptr;  // (n, C)
+  const void* w = nullptr;   // (C, kernel) F32 or F16
+  bool w_f16 = false;
+  int kernel = 0;
+  float* state = nullptr;  // (slots, (kernel−1)·C)
+  const int32_t *rows = nullptr, *seg = nullptr, *capture = nullptr;
+  int n_segments = 0;
+  bool serial = false;
+  int64_t C = 0;
+  bool silu = false;
+  float* out = nullptr;  // (n, C)
+};
+void ssm_conv(const SsmConvArgs& a, cudaStream_t stream);
+
+struct GatedDeltaArgs {
+  const float *q = nullptr, *k = nullptr;  // (n, hk·d_k)
+  const float* v = nullptr;                // (n, hv·d_v)
+  const float *g = nullptr, *beta = nullptr;  // (n, hv)
+  float* state = nullptr;                  // (slots, hv·d_k·d_v)
+  const int32_t *rows = nullptr, *seg = nullptr, *capture = nullptr;
+  int n_segments = 0;
+  bool serial = false;
+  int hk = 0, hv = 0, d_k = 0, d_v = 0;
+  float scale = 1.0f;
+  float* out = nullptr;  // (n, hv·d_v)
+};
+void gated_delta_net(const GatedDeltaArgs& a, cudaStream_t stream);
 
 }  // namespace pg::cuda

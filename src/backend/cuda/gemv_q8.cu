@@ -1,0 +1,571 @@
+// Decode GEMV, default mode: y (n ≤ 8, M) = x (n, K) · Wᵀ with the activations quantized to 8 bits per
+// value (one FP32 scale per 32) and integer dot products (dp4a) against the packed weight quants.
+// Types: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ4_XS (8-bit activations) and F16/BF16 (FP32 activations).
+//
+// Why this kernel won over gemv.cu (FP32 activations, cp.async staging through shared memory) for decode:
+// the H200 must consume ~29 Q4_K weights per SM clock to stay at memory bandwidth. FP32 activations cost
+// 4 bytes of L1 traffic and ~3 instructions per weight (and the staging added shared-memory traffic),
+// which capped Q4_K at ~23 % of bandwidth on an 8B FFN matrix; here a weight costs ~1 instruction and one
+// byte of activation traffic, and every lane keeps kUnroll independent 16-byte weight loads in flight
+// straight from global memory.
+//
+// Layout of the work: one warp per weight row (4 rows per block); the row is cut into pieces of 32 weights
+// (the span of one activation scale), lane l takes pieces l, l+32, …; all kUnroll pieces' loads are issued
+// before any is used. Lanes 0..7 of a K-quant read one superblock's quants as 8 consecutive 16-byte
+// pieces, so each warp load instruction covers 4 whole superblocks. Reduction: warp shuffles, fixed
+// order (deterministic). Grouped mode (MoE decode): grid row g uses expert ids[g] and activation row g/x_div.
+//
+// Numerics: the activation quantization (round(x/d), d = max|x|/127 per 32 values) adds a relative error
+// of ~0.5 % per product sum; the CPU backend's default mode quantizes activations the same way (q8_0/q8_K).
+// Exact mode never comes here.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace pg::cuda {
+namespace {
+
+constexpr int kRowsPerBlock = 4;  // one warp per weight row
+constexpr int kUnroll = 4;        // pieces per lane with loads in flight
+
+struct FastParams {
+  const uint8_t* w;
+  size_t row_bytes;
+  int64_t M, K;
+  int n_pieces;       // pieces per row
+  const int8_t* xq;   // (x_rows, K) quantized activations (8-bit kernels)
+  const float* xd;    // (x_rows, K/32) their scales
+  const float* x;     // (x_rows, x_stride) FP32 activations (F16/BF16 kernels)
+  int64_t x_stride;
+  float* y;
+  int64_t y_stride;
+  int n;
+  const int32_t* expert_ids;
+  size_t expert_bytes;
+  int x_div;
+  int g_base;
+};
+
+__device__ __forceinline__ int4 ld_q8x16(const int8_t* p) { return *reinterpret_cast<const int4*>(p); }
+__device__ __forceinline__ uint32_t ldg32a2(const uint8_t* p) {
+  return static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(p))) |
+         (static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(p + 2))) << 16);
+}
+__device__ __forceinline__ uint4 ldg128(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ int dp4(uint32_t a, int b, int c) { return __dp4a(static_cast<int>(a), b, c); }
+__device__ __forceinline__ int sum4(const int4& v) {
+  return __dp4a(0x01010101, v.x, __dp4a(0x01010101, v.y, __dp4a(0x01010101, v.z, __dp4a(0x01010101, v.w, 0))));
+}
+__device__ __forceinline__ int dot16(const uint32_t (&q)[4], const int4& x) {
+  return dp4(q[3], x.w, dp4(q[2], x.z, dp4(q[1], x.y, dp4(q[0], x.x, 0))));
+}
+
+// Activation pointers of the NA rows a warp serves.
+template <int NA>
+struct ActRows {
+  const int8_t* q[NA];  // (K)
+  const float* d[NA];   // (K/32)
+};
+
+// Every weight type below: kBytes per block of kPieces pieces (32 weights each), kAlign = the alignment
+// its loads need of the row start, row_bytes and expert_bytes. load() issues the piece's global loads;
+// dot() adds Σ w·x over the piece for each activation row.
+
+// Q4_K: 144 B = [d, dmin (f16), scales (12 B, 6-bit sc/m per 32)] [qs 128 B]. Piece p (0..7) is qs bytes
+// [16p, 16p+16): low nibbles = sub-block 2j positions 16h.., high nibbles = sub-block 2j+1 (j=p/2, h=p%2).
+struct K4 {
+  static constexpr int kBytes = 144, kPieces = 8, kAlign = 16;
+  struct Raw {
+    uint4 q, hd;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi >> 3) * kBytes;
+    return {ldg128(b + 16 + 16 * (pi & 7)), ldg128(b)};
+  }
+  // 6-bit scale and min of sub-block is (0..7) from the 12 scale bytes.
+  __device__ static void scale_min(const uint4& hd, int is, int& sc, int& m) {
+    const uint32_t s0 = hd.y, s1 = hd.z, s2 = hd.w;
+    if (is < 4) {
+      sc = static_cast<int>(byte12(s0, s1, s2, is) & 63);
+      m = static_cast<int>(byte12(s0, s1, s2, is + 4) & 63);
+    } else {
+      sc = static_cast<int>((byte12(s0, s1, s2, is + 4) & 0xF) | ((byte12(s0, s1, s2, is - 4) >> 6) << 4));
+      m = static_cast<int>((byte12(s0, s1, s2, is + 4) >> 4) | ((byte12(s0, s1, s2, is) >> 6) << 4));
+    }
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int p = pi & 7, j = p >> 1;
+    const int64_t e = static_cast<int64_t>(pi >> 3) * 256 + 64 * j + 16 * (p & 1);  // first activation
+    uint32_t lo[4], hi[4];
+    const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lo[i] = q[i] & 0x0F0F0F0Fu, hi[i] = (q[i] >> 4) & 0x0F0F0F0Fu;
+    int sc0, m0, sc1, m1;
+    scale_min(r.hd, 2 * j, sc0, m0);
+    scale_min(r.hd, 2 * j + 1, sc1, m1);
+    const float d = h2f(r.hd.x), dmin = h2f(r.hd.x >> 16);
+    const float a0 = d * static_cast<float>(sc0), b0 = dmin * static_cast<float>(m0);
+    const float a1 = d * static_cast<float>(sc1), b1 = dmin * static_cast<float>(m1);
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 32);
+      const float da = x.d[a][e >> 5], db = x.d[a][(e >> 5) + 1];
+      acc[a] += da * (a0 * static_cast<float>(dot16(lo, xa)) - b0 * static_cast<float>(sum4(xa))) +
+                db * (a1 * static_cast<float>(dot16(hi, xb)) - b1 * static_cast<float>(sum4(xb)));
+    }
+  }
+};
+
+// Q5_K: 176 B = [d, dmin, scales (12 B)] [qh 32 B] [qs 128 B]; as Q4_K plus the 5th bit of position l of
+// sub-block s in bit s of qh[l].
+struct K5 {
+  static constexpr int kBytes = 176, kPieces = 8, kAlign = 16;
+  struct Raw {
+    uint4 q, hd, qh;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi >> 3) * kBytes;
+    const int p = pi & 7;
+    return {ldg128(b + 48 + 16 * p), ldg128(b), ldg128(b + 16 + 16 * (p & 1))};
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int p = pi & 7, j = p >> 1;
+    const int64_t e = static_cast<int64_t>(pi >> 3) * 256 + 64 * j + 16 * (p & 1);
+    uint32_t lo[4], hi[4];
+    const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, h[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = (q[i] & 0x0F0F0F0Fu) | (((h[i] >> (2 * j)) & 0x01010101u) << 4);
+      hi[i] = ((q[i] >> 4) & 0x0F0F0F0Fu) | (((h[i] >> (2 * j + 1)) & 0x01010101u) << 4);
+    }
+    int sc0, m0, sc1, m1;
+    K4::scale_min(r.hd, 2 * j, sc0, m0);
+    K4::scale_min(r.hd, 2 * j + 1, sc1, m1);
+    const float d = h2f(r.hd.x), dmin = h2f(r.hd.x >> 16);
+    const float a0 = d * static_cast<float>(sc0), b0 = dmin * static_cast<float>(m0);
+    const float a1 = d * static_cast<float>(sc1), b1 = dmin * static_cast<float>(m1);
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 32);
+      const float da = x.d[a][e >> 5], db = x.d[a][(e >> 5) + 1];
+      acc[a] += da * (a0 * static_cast<float>(dot16(lo, xa)) - b0 * static_cast<float>(sum4(xa))) +
+                db * (a1 * static_cast<float>(dot16(hi, xb)) - b1 * static_cast<float>(sum4(xb)));
+    }
+  }
+};
+
+// Q6_K: 210 B = [ql 128 B] [qh 64 B] [scales 16 × int8] [d f16]; 2-byte aligned only. Piece p: half
+// hf = p/4, pair = p/2 % 2, lq = p % 2 reads ql[16p, 16p+16) and qh[32hf + 16lq, +16): the low nibbles
+// (+ qh bits 2·pair) are weights 128hf + 32pair + 16lq + i, the high nibbles (+ qh bits 4 + 2·pair) the
+// same positions + 64; values are q − 32.
+struct K6 {
+  static constexpr int kBytes = 210, kPieces = 8, kAlign = 2;
+  struct Raw {
+    uint32_t ql[4], qh[4], sc, d;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi >> 3) * kBytes;
+    const int p = pi & 7, hf = p >> 2, pair = (p >> 1) & 1, lq = p & 1;
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r.ql[i] = ldg32a2(b + 16 * p + 4 * i);
+      r.qh[i] = ldg32a2(b + 128 + 32 * hf + 16 * lq + 4 * i);
+    }
+    const int s = 8 * hf + lq + 2 * pair;
+    r.sc = static_cast<uint32_t>(__ldg(b + 192 + s)) | (static_cast<uint32_t>(__ldg(b + 196 + s)) << 8);
+    r.d = __ldg(reinterpret_cast<const uint16_t*>(b + 208));
+    return r;
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int p = pi & 7, hf = p >> 2, pair = (p >> 1) & 1, lq = p & 1;
+    const int64_t e = static_cast<int64_t>(pi >> 3) * 256 + 128 * hf + 32 * pair + 16 * lq;
+    uint32_t qa[4], qb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      qa[i] = (r.ql[i] & 0x0F0F0F0Fu) | (((r.qh[i] >> (2 * pair)) & 0x03030303u) << 4);
+      qb[i] = ((r.ql[i] >> 4) & 0x0F0F0F0Fu) | (((r.qh[i] >> (4 + 2 * pair)) & 0x03030303u) << 4);
+    }
+    const float d = h2f(r.d);
+    const float sa = d * static_cast<float>(static_cast<int8_t>(r.sc & 0xff));
+    const float sb = d * static_cast<float>(static_cast<int8_t>((r.sc >> 8) & 0xff));
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 64);
+      const float da = x.d[a][e >> 5], db = x.d[a][(e >> 5) + 2];
+      acc[a] += da * sa * static_cast<float>(dot16(qa, xa) - 32 * sum4(xa)) + db * sb * static_cast<float>(dot16(qb, xb) - 32 * sum4(xb));
+    }
+  }
+};
+
+// Q8_0: 34 B = [d f16] [32 × int8]; one piece per block, 2-byte aligned.
+struct B8 {
+  static constexpr int kBytes = 34, kPieces = 1, kAlign = 2;
+  struct Raw {
+    uint32_t q[8], d;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi) * kBytes;
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.q[i] = ldg32a2(b + 2 + 4 * i);
+    r.d = __ldg(reinterpret_cast<const uint16_t*>(b));
+    return r;
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int64_t e = static_cast<int64_t>(pi) * 32;
+    const float d = h2f(r.d);
+    const uint32_t q0[4] = {r.q[0], r.q[1], r.q[2], r.q[3]}, q1[4] = {r.q[4], r.q[5], r.q[6], r.q[7]};
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 16);
+      acc[a] += d * x.d[a][pi] * static_cast<float>(dot16(q0, xa) + dot16(q1, xb));
+    }
+  }
+};
+
+// Q4_0: 18 B = [d f16] [qs 16 B]: low nibbles are weights 0..15, high nibbles 16..31, values q − 8.
+struct B4 {
+  static constexpr int kBytes = 18, kPieces = 1, kAlign = 2;
+  struct Raw {
+    uint32_t q[4], d;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi) * kBytes;
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.q[i] = ldg32a2(b + 2 + 4 * i);
+    r.d = __ldg(reinterpret_cast<const uint16_t*>(b));
+    return r;
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int64_t e = static_cast<int64_t>(pi) * 32;
+    const float d = h2f(r.d);
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lo[i] = r.q[i] & 0x0F0F0F0Fu, hi[i] = (r.q[i] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 16);
+      acc[a] += d * x.d[a][pi] * static_cast<float>(dot16(lo, xa) + dot16(hi, xb) - 8 * (sum4(xa) + sum4(xb)));
+    }
+  }
+};
+
+// The IQ4_NL levels of 4 nibble indices (one per byte, 0..15) as 4 int8 bytes, by byte permutes.
+__device__ __forceinline__ uint32_t iq4_levels4(uint32_t v) {
+  const uint32_t sel = (v & 7u) | ((v >> 4) & 0x70u) | ((v >> 8) & 0x700u) | ((v >> 12) & 0x7000u);
+  const uint32_t lo = __byte_perm(0xBFAD9881u, 0xF6EADDCFu, sel);
+  const uint32_t hi = __byte_perm(0x26190D01u, 0x71594535u, sel);
+  const uint32_t m = ((v >> 3) & 0x01010101u) * 0xFFu;
+  return (lo & ~m) | (hi & m);
+}
+
+// IQ4_XS: 136 B = [d f16] [scales_h u16] [scales_l 4 B] [qs 128 B]; 8-byte aligned. Piece = sub-block ib:
+// qs[16ib, +16), low nibbles weights 0..15, high 16..31, levels from the IQ4_NL table, scale d·(ls − 32).
+struct XS4 {
+  static constexpr int kBytes = 136, kPieces = 8, kAlign = 8;
+  struct Raw {
+    uint2 q0, q1, hd;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi >> 3) * kBytes;
+    const uint8_t* qs = b + 8 + 16 * (pi & 7);
+    return {__ldg(reinterpret_cast<const uint2*>(qs)), __ldg(reinterpret_cast<const uint2*>(qs + 8)),
+            __ldg(reinterpret_cast<const uint2*>(b))};
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int ib = pi & 7;
+    const int64_t e = static_cast<int64_t>(pi) * 32;
+    const int ls = static_cast<int>(((r.hd.y >> (4 * ib)) & 0xF) | (((r.hd.x >> (16 + 2 * ib)) & 3) << 4));
+    const float dl = h2f(r.hd.x) * static_cast<float>(ls - 32);
+    const uint32_t q[4] = {r.q0.x, r.q0.y, r.q1.x, r.q1.y};
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lo[i] = iq4_levels4(q[i] & 0x0F0F0F0Fu), hi[i] = iq4_levels4((q[i] >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 16);
+      acc[a] += dl * x.d[a][pi] * static_cast<float>(dot16(lo, xa) + dot16(hi, xb));
+    }
+  }
+};
+
+template <int NA>
+__device__ __forceinline__ void store_rows(const FastParams& p, int64_t row, int a0, float (&acc)[NA], int lane) {
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    const float s = warp_sum(acc[a]);
+    const int arow = a0 + a;
+    if (lane == 0 && (p.expert_ids ? a == 0 : arow < p.n)) p.y[static_cast<int64_t>(arow) * p.y_stride + row] = s;
+  }
+}
+
+// Resolves this warp's weight row, and the activation rows it serves (first output row a0).
+__device__ __forceinline__ const uint8_t* warp_row(const FastParams& p, int64_t row, int g, int& a0, int& xrow0) {
+  const uint8_t* w = p.w + static_cast<size_t>(row) * p.row_bytes;
+  if (p.expert_ids) {
+    w += static_cast<size_t>(p.expert_ids[g]) * p.expert_bytes;
+    a0 = g;
+    xrow0 = g / p.x_div;
+  } else {
+    a0 = xrow0 = g;  // times NA by the caller
+  }
+  return w;
+}
+
+template <class T, int NA>
+__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastParams p) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
+  if (row >= p.M) return;
+  const int g = static_cast<int>(blockIdx.y) + p.g_base;
+  int a0, xr0;
+  const uint8_t* w = warp_row(p, row, p.expert_ids ? g : g * NA, a0, xr0);
+  ActRows<NA> x;
+  const int64_t nd = p.K / 32;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    const int64_t xr = p.expert_ids ? xr0 : min(xr0 + a, p.n - 1);
+    x.q[a] = p.xq + xr * p.K;
+    x.d[a] = p.xd + xr * nd;
+  }
+  float acc[NA];
+#pragma unroll
+  for (int a = 0; a < NA; ++a) acc[a] = 0.0f;
+  for (int base = lane; base < p.n_pieces; base += 32 * kUnroll) {
+    typename T::Raw r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (base + 32 * u < p.n_pieces) r[u] = T::load(w, base + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (base + 32 * u < p.n_pieces) T::template dot<NA>(r[u], base + 32 * u, x, acc);
+  }
+  store_rows<NA>(p, row, a0, acc, lane);
+}
+
+// F16/BF16 weights with FP32 activations: a piece is 8 weights (16 bytes).
+template <bool BF, int NA>
+__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_half_kernel(const FastParams p) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
+  if (row >= p.M) return;
+  const int g = static_cast<int>(blockIdx.y) + p.g_base;
+  int a0, xr0;
+  const uint8_t* w = warp_row(p, row, p.expert_ids ? g : g * NA, a0, xr0);
+  const float* x[NA];
+#pragma unroll
+  for (int a = 0; a < NA; ++a) x[a] = p.x + (p.expert_ids ? xr0 : min(xr0 + a, p.n - 1)) * p.x_stride;
+  float acc[NA];
+#pragma unroll
+  for (int a = 0; a < NA; ++a) acc[a] = 0.0f;
+  constexpr int U = 2 * kUnroll;
+  for (int base = lane; base < p.n_pieces; base += 32 * U) {
+    uint4 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + 32 * u < p.n_pieces) r[u] = ldg128(w + static_cast<size_t>(base + 32 * u) * 16);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int pi = base + 32 * u;
+      if (pi >= p.n_pieces) break;
+      const uint32_t q[4] = {r[u].x, r[u].y, r[u].z, r[u].w};
+      float wv[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (BF) {
+          wv[2 * i] = __uint_as_float(q[i] << 16), wv[2 * i + 1] = __uint_as_float(q[i] & 0xffff0000u);
+        } else {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&q[i]));
+          wv[2 * i] = f.x, wv[2 * i + 1] = f.y;
+        }
+      }
+#pragma unroll
+      for (int a = 0; a < NA; ++a) {
+        const float4 x0 = __ldg(reinterpret_cast<const float4*>(x[a] + 8 * static_cast<int64_t>(pi)));
+        const float4 x1 = __ldg(reinterpret_cast<const float4*>(x[a] + 8 * static_cast<int64_t>(pi) + 4));
+        float s = wv[0] * x0.x;
+        s = fmaf(wv[1], x0.y, s), s = fmaf(wv[2], x0.z, s), s = fmaf(wv[3], x0.w, s);
+        s = fmaf(wv[4], x1.x, s), s = fmaf(wv[5], x1.y, s), s = fmaf(wv[6], x1.z, s), s = fmaf(wv[7], x1.w, s);
+        acc[a] += s;
+      }
+    }
+  }
+  store_rows<NA>(p, row, a0, acc, lane);
+}
+
+// x (n, K) → q (n, K) int8 and d (n, K/32): d = max|x|/127 per 32 values, q = round(x/d). One thread per 32.
+__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t x_stride, int n, int64_t K, int8_t* __restrict__ q,
+                                   float* __restrict__ d) {
+  const int64_t nb = K / 32;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * nb) return;
+  const int64_t r = i / nb, b = i % nb;
+  const float4* xp = reinterpret_cast<const float4*>(x + r * x_stride + b * 32);
+  float v[32];
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float4 t = xp[k];
+    v[4 * k] = t.x, v[4 * k + 1] = t.y, v[4 * k + 2] = t.z, v[4 * k + 3] = t.w;
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w))));
+  }
+  const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+  uint32_t packed[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) word |= (static_cast<uint32_t>(static_cast<int>(roundf(v[4 * k + j] * id))) & 0xffu) << (8 * j);
+    packed[k] = word;
+  }
+  int4* qp = reinterpret_cast<int4*>(q + r * K + b * 32);
+  qp[0] = make_int4(static_cast<int>(packed[0]), static_cast<int>(packed[1]), static_cast<int>(packed[2]), static_cast<int>(packed[3]));
+  qp[1] = make_int4(static_cast<int>(packed[4]), static_cast<int>(packed[5]), static_cast<int>(packed[6]), static_cast<int>(packed[7]));
+  d[r * nb + b] = dd;
+}
+
+template <class F>
+bool dispatch_q8(DType t, F&& f) {
+  switch (t) {
+    case DType::Q4_K: f.template operator()<K4>(); return true;
+    case DType::Q5_K: f.template operator()<K5>(); return true;
+    case DType::Q6_K: f.template operator()<K6>(); return true;
+    case DType::Q8_0: f.template operator()<B8>(); return true;
+    case DType::Q4_0: f.template operator()<B4>(); return true;
+    case DType::IQ4_XS: f.template operator()<XS4>(); return true;
+    default: return false;
+  }
+}
+
+int64_t activation_rows(const MatmulArgs& a) { return a.expert_ids ? (a.n + std::max(1, a.x_div) - 1) / std::max(1, a.x_div) : a.n; }
+
+template <class K>
+void launch_rows(K kernel, const FastParams& p, int groups, cudaStream_t stream) {
+  for (int g0 = 0; g0 < groups; g0 += 65535) {
+    FastParams q = p;
+    q.g_base = g0;
+    const dim3 grid(static_cast<unsigned>(ceil_div(p.M, kRowsPerBlock)), static_cast<unsigned>(std::min(65535, groups - g0)));
+    kernel<<<grid, kRowsPerBlock * 32, 0, stream>>>(q);
+    check_launch("gemv_fast");
+  }
+}
+
+// Activation rows per grid row for n rows: 1, 2, 4 or 8.
+int rows_per_group(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
+
+template <template <int> class Launch>
+void by_rows(const MatmulArgs& a, FastParams& p, cudaStream_t stream) {
+  if (a.expert_ids) return Launch<1>::run(p, a.n, stream);
+  const int na = rows_per_group(a.n), groups = ceil_div(a.n, na);
+  switch (na) {
+    case 1: return Launch<1>::run(p, groups, stream);
+    case 2: return Launch<2>::run(p, groups, stream);
+    case 4: return Launch<4>::run(p, groups, stream);
+    default: return Launch<8>::run(p, groups, stream);
+  }
+}
+
+template <class T>
+struct LaunchQ8 {
+  template <int NA>
+  struct L {
+    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_kernel<T, NA>, p, groups, s); }
+  };
+};
+template <bool BF>
+struct LaunchHalf {
+  template <int NA>
+  struct L {
+    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_half_kernel<BF, NA>, p, groups, s); }
+  };
+};
+
+bool aligned(const MatmulArgs& a, size_t align) {
+  return reinterpret_cast<uintptr_t>(a.w) % align == 0 && a.row_bytes % align == 0 && a.expert_bytes % align == 0;
+}
+
+FastParams make_params(const MatmulArgs& a) {
+  FastParams p{};
+  p.w = static_cast<const uint8_t*>(a.w);
+  p.row_bytes = a.row_bytes;
+  p.M = a.M;
+  p.K = a.K;
+  p.x = a.x;
+  p.x_stride = a.x_stride;
+  p.y = a.y;
+  p.y_stride = a.y_stride;
+  p.n = a.n;
+  p.expert_ids = a.expert_ids;
+  p.expert_bytes = a.expert_bytes;
+  p.x_div = std::max(1, a.x_div);
+  return p;
+}
+
+}  // namespace
+
+size_t gemv_fast_scratch_bytes(const MatmulArgs& a) {
+  if (a.type == DType::F16 || a.type == DType::BF16) return 0;
+  const int64_t rows = activation_rows(a);
+  return static_cast<size_t>(rows * a.K) + static_cast<size_t>(rows * (a.K / 32)) * sizeof(float) + 16;
+}
+
+namespace {
+// Scratch layout: q (rows, K) int8, then d (rows, K/32) F32 at the next 16-byte boundary.
+int8_t* scratch_q(void* s) { return static_cast<int8_t*>(s); }
+float* scratch_d(const MatmulArgs& a, void* s) {
+  return reinterpret_cast<float*>(static_cast<uint8_t*>(s) + ((static_cast<size_t>(activation_rows(a) * a.K) + 15) & ~size_t{15}));
+}
+}  // namespace
+
+bool gemv_fast_q8(const MatmulArgs& a) {
+  if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.x_stride % 4 != 0) return false;
+  bool ok = false;
+  dispatch_q8(a.type, [&]<class T>() { ok = a.K % (32 * T::kPieces) == 0 && aligned(a, T::kAlign); });
+  return ok;
+}
+
+void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream) {
+  const int64_t rows = activation_rows(a), threads = rows * (a.K / 32);
+  if (threads == 0) return;
+  quantize_q8_kernel<<<static_cast<unsigned>((threads + 127) / 128), 128, 0, stream>>>(a.x, a.x_stride, static_cast<int>(rows), a.K,
+                                                                                      scratch_q(scratch), scratch_d(a, scratch));
+  check_launch("quantize_q8");
+}
+
+bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_quantized) {
+  if (a.n <= 0 || a.M <= 0) return true;
+  if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.x_stride % 4 != 0) return false;
+  if (a.type == DType::F16 || a.type == DType::BF16) {
+    if (a.K % 8 != 0 || !aligned(a, 16)) return false;
+    FastParams p = make_params(a);
+    p.n_pieces = static_cast<int>(a.K / 8);
+    if (a.type == DType::BF16)
+      by_rows<LaunchHalf<true>::L>(a, p, stream);
+    else
+      by_rows<LaunchHalf<false>::L>(a, p, stream);
+    return true;
+  }
+  if (!gemv_fast_q8(a)) return false;
+  PG_CHECK(scratch != nullptr, "gemv_fast: no scratch for the quantized activations");
+  if (!x_quantized) quantize_q8(a, scratch, stream);
+  dispatch_q8(a.type, [&]<class T>() {
+    FastParams p = make_params(a);
+    p.n_pieces = static_cast<int>(a.K / 32);
+    p.xq = scratch_q(scratch);
+    p.xd = scratch_d(a, scratch);
+    by_rows<LaunchQ8<T>::template L>(a, p, stream);
+  });
+  return true;
+}
+
+}  // namespace pg::cuda
