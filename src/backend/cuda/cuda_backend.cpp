@@ -108,12 +108,15 @@ CudaBackend::~CudaBackend() {
     if (g) cudaGraphDestroy(g);
   }
   cudaStreamSynchronize(as_stream(stream_));
-  for (void* g : graphs_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+  for (void* g : graphs_)  // dropped graphs leave null slots: destroying null is an error that would linger
+    if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   for (auto& s : scratch_)
     if (s.ptr) cudaFree(s.ptr);
   for (auto* ev : stage_events_) cudaEventDestroy(ev);
   if (stage_) cudaFreeHost(stage_);
   if (stream_) cudaStreamDestroy(as_stream(stream_));
+  // Nothing here may leave a sticky error for the next backend's first launch check (cudaGetLastError).
+  cudaGetLastError();
 }
 
 std::string CudaBackend::name() const { return "cuda:" + std::to_string(device_) + " (" + device_name() + ")"; }
@@ -320,8 +323,12 @@ void CudaBackend::get_rows(const Tensor& table, const Tensor& ids, Tensor& out) 
 }
 
 void CudaBackend::gemv(const cuda::MatmulArgs& a) {
-  // Default mode takes the 8-bit-activation kernels where they handle the type and layout.
-  if (!opt_.exact_f32) {
+  // Default mode takes the 8-bit-activation kernels where they handle the type and layout. F16/BF16
+  // weights take the fast kernel in exact mode too: it multiplies the exactly converted weights with FP32
+  // activations in FP32, which is what exact mode asks for, and it handles K that is not a multiple of 32
+  // (the FP32 GEMV's virtual block), e.g. qwen35moe's 16-wide tiny experts.
+  const bool half = a.type == DType::F16 || a.type == DType::BF16;
+  if (!opt_.exact_f32 || half) {
     const size_t sb = cuda::gemv_fast_scratch_bytes(a);
     if (cuda::gemv_fast(a, sb ? scratch(kSlotQ8, sb) : nullptr, as_stream(stream_))) return;
   }
@@ -340,7 +347,8 @@ void CudaBackend::matmul_rows(const Tensor& w, const float* x, int64_t n, int64_
   a.y = y;
   a.y_stride = y_stride;
   a.n = static_cast<int>(n);
-  if (opt_.exact_f32 || n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type)) {
+  // The tensor-core GEMM works on K in steps of 32; other widths (tiny test models) take the GEMV.
+  if (opt_.exact_f32 || n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type) || a.K % 32 != 0) {
     gemv(a);
   } else {
     void* s = scratch(kSlotGemm, cuda::gemm_scratch_bytes(n, a.K));
@@ -583,7 +591,7 @@ void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weig
   const int64_t E = n * k;  // routed (token, expert) entries
   const size_t down_bytes = down_exps.row_bytes() * static_cast<size_t>(d);
   const bool grouped_gemm = !opt_.exact_f32 && n > opt_.gemv_max_rows && cuda::gemm_supported(gate_exps.type) &&
-                            cuda::gemm_supported(down_exps.type);
+                            cuda::gemm_supported(down_exps.type) && d % 32 == 0 && ff % 32 == 0;
   const int max_tiles = grouped_gemm ? cuda::moe_max_tiles(static_cast<int>(E), static_cast<int>(n_exp)) : 0;
   // Scratch: G, U (E, ff), T (E, d) floats; sorted rows/entries (E) and tiles (3·max_tiles) ints.
   const size_t f_bytes = static_cast<size_t>(E) * static_cast<size_t>(2 * ff + d) * sizeof(float);
