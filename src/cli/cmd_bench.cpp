@@ -88,14 +88,21 @@ int cmd_bench(int argc, char** argv) {
       if (r > 0) tps.push_back(n_gen / s);
     }
     const double t = median(tps);
-    // Each step reads the weights once plus the KV cache written so far (mean depth over the run).
+    // Each step reads the weights once plus the KV cache written so far (mean depth over the run), and a
+    // hybrid model's recurrent state (conv window + delta state of every linear-attention layer) is read
+    // and written once.
     const double kv = static_cast<double>(cache->bytes_per_token()) * (depth + n_gen / 2.0);
-    const double per_tok = static_cast<double>(bytes.per_token) + kv;
+    const double state = cache->recurrent() ? 2.0 * static_cast<double>(cache->recurrent()->slot_bytes()) : 0.0;
+    const double per_tok = static_cast<double>(bytes.per_token) + kv + state;
     const double gbs = per_tok * t / 1e9;
     char roof[32] = "-";
     if (bandwidth > 0) std::snprintf(roof, sizeof roof, "%.1f%%", 100.0 * gbs / bandwidth);
     std::printf("| tg%d | %d | %.2f | %.3f | %.2f | %s |\n", n_gen, depth, t, 1000.0 / t, gbs, roof);
-    std::printf("bytes per generated token: %.0f (weights %zu + KV %.0f)\n", per_tok, bytes.per_token, kv);
+    if (state > 0)
+      std::printf("bytes per generated token: %.0f (weights %zu + KV %.0f + recurrent state read and written %.0f)\n", per_tok,
+                  bytes.per_token, kv, state);
+    else
+      std::printf("bytes per generated token: %.0f (weights %zu + KV %.0f)\n", per_tok, bytes.per_token, kv);
   }
   return 0;
 }

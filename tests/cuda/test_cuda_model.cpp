@@ -168,6 +168,51 @@ TEST_P(CudaGraphs, ReplayMatchesEager) {
   EXPECT_LE(d.max, 1e-4);
 }
 
+// A recorded step must stay valid when a later, larger step grows a scratch buffer it uses: sequence 0
+// decodes (its graph is recorded at the 256-position bucket), sequence 1 then decodes at a 1024-position
+// bucket (more attention splits: the split-K scratch grows), and sequence 0 decodes again, replaying its
+// old recording. Logits must equal the same schedule run without graphs.
+TEST(CudaGraphsScratch, OldRecordingSurvivesScratchGrowth) {
+  PG_REQUIRE_GPU();
+  const std::string path = test::shared_path("golden/models/tiny-qwen3-Q4_K_M.gguf").string();
+  auto schedule = [&](bool graphs) {
+    auto gpu = test::make_cuda(false);
+    CudaOptions o;
+    o.graphs = graphs;
+    gpu->set_options(o);
+    auto model = Model::load(path, *gpu);
+    auto cache = model->make_cache({2, 1100, DType::F16, 16});
+    std::vector<float> out, all;
+    Batch b;
+    auto decode = [&](int seq, int pos, int n) {
+      for (int i = 0; i < n; ++i) {
+        b.clear();
+        b.add((pos + i * 7) % 500 + 1, pos + i, seq, true);
+        model->forward(b, *cache, out);
+        all.insert(all.end(), out.begin(), out.end());
+      }
+    };
+    b.clear();
+    for (int p = 0; p < 8; ++p) b.add(p + 3, p, 0, p == 7);
+    model->forward(b, *cache, out);
+    decode(0, 8, 6);
+    for (int p0 = 0; p0 < 900; p0 += 300) {
+      b.clear();
+      for (int p = p0; p < p0 + 300; ++p) b.add(p % 400 + 1, p, 1, false);
+      model->forward(b, *cache, out);
+    }
+    decode(1, 900, 4);
+    decode(0, 14, 6);
+    return all;
+  };
+  const auto eager = schedule(false), replay = schedule(true);
+  ASSERT_EQ(eager.size(), replay.size());
+  double max = 0;
+  for (size_t i = 0; i < eager.size(); ++i) max = std::max(max, std::fabs(static_cast<double>(eager[i]) - replay[i]));
+  std::printf("graphs across scratch growth: max |Δ| %.2e\n", max);
+  EXPECT_LE(max, 1e-4);
+}
+
 INSTANTIATE_TEST_SUITE_P(Decode, CudaGraphs, testing::Values("tiny-qwen3-Q4_K_M", "tiny-qwen35-f16", "tiny-qwen35moe-f16"), name_of);
 
 }  // namespace

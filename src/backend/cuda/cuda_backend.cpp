@@ -112,6 +112,7 @@ CudaBackend::~CudaBackend() {
     if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   for (auto& s : scratch_)
     if (s.ptr) cudaFree(s.ptr);
+  for (void* p : retired_scratch_) cudaFree(p);
   for (auto* ev : stage_events_) cudaEventDestroy(ev);
   if (stage_) cudaFreeHost(stage_);
   if (stream_) cudaStreamDestroy(as_stream(stream_));
@@ -146,9 +147,15 @@ void* CudaBackend::scratch(int slot, size_t bytes) {
   if (s.bytes < bytes) {
     PG_CHECK(!capturing_, "CUDA graph capture: a scratch buffer would have to grow (" + std::to_string(bytes) +
                               " bytes); run the step once before capturing it");
-    // Grown only when a larger shape first appears; the old buffer may still be in use by queued work.
+    // Grown only when a larger shape first appears; the old buffer may still be in use by queued work,
+    // and recorded graphs keep its address, so it stays alive as long as any graph does.
     check(cudaStreamSynchronize(as_stream(stream_)), "scratch grow (synchronize)");
-    if (s.ptr) check(cudaFree(s.ptr), "cudaFree (scratch)");
+    if (s.ptr) {
+      if (any_graph())
+        retired_scratch_.push_back(s.ptr);
+      else
+        check(cudaFree(s.ptr), "cudaFree (scratch)");
+    }
     s.ptr = nullptr;
     s.bytes = 0;
     const size_t want = (bytes + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20);
@@ -282,6 +289,17 @@ void CudaBackend::replay(int graph) {
   check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_[static_cast<size_t>(graph)]), as_stream(stream_)), "cudaGraphLaunch");
 }
 
+bool CudaBackend::any_graph() const {
+  for (void* g : graphs_)
+    if (g) return true;
+  return false;
+}
+
+void CudaBackend::free_retired_scratch() {
+  for (void* p : retired_scratch_) cudaFree(p);
+  retired_scratch_.clear();
+}
+
 void CudaBackend::abort_graph() {
   if (!capturing_) return;
   activate(device_);
@@ -298,6 +316,7 @@ void CudaBackend::drop_graph(int id) {
   check(cudaStreamSynchronize(as_stream(stream_)), "drop_graph (synchronize)");
   cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graphs_[static_cast<size_t>(id)]));
   graphs_[static_cast<size_t>(id)] = nullptr;
+  if (!any_graph()) free_retired_scratch();
 }
 
 void CudaBackend::drop_graphs() {
@@ -306,6 +325,7 @@ void CudaBackend::drop_graphs() {
   for (void* g : graphs_)
     if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   graphs_.clear();
+  free_retired_scratch();
 }
 
 // ---- ops ----------------------------------------------------------------------------------------------

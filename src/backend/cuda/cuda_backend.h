@@ -140,6 +140,11 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   int attn_kv_capacity_ = 0;
   std::vector<void*> graphs_;  // cudaGraphExec_t
+  // Scratch buffers replaced by a larger one while recorded graphs may still point at them: freed only
+  // when no graph is left (a replay of an older graph must find its buffers alive).
+  std::vector<void*> retired_scratch_;
+  bool any_graph() const;
+  void free_retired_scratch();
 };
 
 }  // namespace pg
