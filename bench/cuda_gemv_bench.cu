@@ -194,7 +194,11 @@ int main(int argc, char** argv) {
           if (gemm) {
             kernels = {"mma"};
           } else {
-            if (pg::cuda::gemv_fast(a, scratch, stream)) kernels.push_back("fast");
+            if (pg::cuda::gemv_fast(a, scratch, stream)) {
+              kernels.push_back("fast");
+              // Lanes-per-row candidates of the 8-bit-activation kernel (CudaOptions::gemv_lanes).
+              if (pg::cuda::gemv_fast_q8(a)) kernels.insert(kernels.end(), {"fast/16", "fast/8"});
+            }
             kernels.push_back("fp32");
           }
           for (const std::string& kernel : kernels) {
@@ -202,8 +206,11 @@ int main(int argc, char** argv) {
               a.w = w[static_cast<size_t>(i) % w.size()];
               if (kernel == "mma")
                 pg::cuda::gemm(a, nullptr, nullptr, scratch, stream);
-              else if (kernel == "fast")
+              else if (kernel.rfind("fast", 0) == 0) {
+                a.lanes = kernel == "fast/16" ? 16 : kernel == "fast/8" ? 8 : 32;
                 pg::cuda::gemv_fast(a, scratch, stream);
+                a.lanes = 32;
+              }
               else
                 pg::cuda::gemv(a, stream);
             });

@@ -77,21 +77,26 @@ TEST(CudaOps, MatmulEveryWeightType) {
         const auto ref = fetch(*cpu, yc);
         const std::vector<float> poison(static_cast<size_t>(n * M), std::nanf(""));
         for (bool exact : {true, false}) {
-          CudaOptions o;
-          o.exact_f32 = exact;
-          gpu->set_options(o);
-          Tensor yg = make_tensor(*gpu, DType::F32, M, n, poison.data());
-          gpu->matmul(wg, xg, yg);
-          const ErrStats e = compare(fetch(*gpu, yg), ref);
-          const bool tc = !exact && n > 8 && t != DType::F32;
           const bool q8 = !exact && n <= 8 && q8_activations(t);
-          // With few outputs (M·n < 64) the norm ratio rests on a handful of dot products: looser.
-          const double q8_bound = M * n >= 64 ? 1.5e-2 : 4e-2;
-          const double bound = q8 ? q8_bound : !tc ? 2e-5 : t == DType::BF16 ? 6e-3 : 2e-3;
-          EXPECT_EQ(e.bad, 0u) << (exact ? "exact" : "fast") << ": unwritten or non-finite outputs";
-          EXPECT_LE(e.rel, bound) << (exact ? "exact" : "fast") << " max_abs " << e.max_abs;
-          gpu->free(yg);
-          ++checked;
+          // The 8-bit-activation GEMV in each lanes-per-row layout (CudaOptions::gemv_lanes).
+          for (int lanes : q8 ? std::vector<int>{32, 16, 8} : std::vector<int>{32}) {
+            CudaOptions o;
+            o.exact_f32 = exact;
+            o.gemv_lanes = lanes;
+            gpu->set_options(o);
+            Tensor yg = make_tensor(*gpu, DType::F32, M, n, poison.data());
+            gpu->matmul(wg, xg, yg);
+            const ErrStats e = compare(fetch(*gpu, yg), ref);
+            const bool tc = !exact && n > 8 && t != DType::F32;
+            // With few outputs (M·n < 64) the norm ratio rests on a handful of dot products: looser.
+            const double q8_bound = M * n >= 64 ? 1.5e-2 : 4e-2;
+            const double bound = q8 ? q8_bound : !tc ? 2e-5 : t == DType::BF16 ? 6e-3 : 2e-3;
+            const std::string mode = exact ? "exact" : "fast, lanes " + std::to_string(lanes);
+            EXPECT_EQ(e.bad, 0u) << mode << ": unwritten or non-finite outputs";
+            EXPECT_LE(e.rel, bound) << mode << " max_abs " << e.max_abs;
+            gpu->free(yg);
+            ++checked;
+          }
         }
         cpu->free(xc);
         cpu->free(yc);

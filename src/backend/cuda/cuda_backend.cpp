@@ -67,6 +67,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   CudaOptions opt;
   if (const char* e = std::getenv("PEREGRINE_CUDA_EXACT"); e && *e && std::strcmp(e, "0") != 0) opt.exact_f32 = true;
   if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPHS"); e && std::strcmp(e, "0") == 0) opt.graphs = false;
+  if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
   return create_cuda_backend(index, opt);
 }
 
@@ -79,6 +80,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index, const CudaOptions& opt) 
 
 CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), opt_(opt) {
   PG_CHECK(opt_.gemv_max_rows >= 1 && opt_.gemv_max_rows <= 8, "CudaOptions::gemv_max_rows must be 1..8");
+  PG_CHECK(opt_.gemv_lanes == 32 || opt_.gemv_lanes == 16 || opt_.gemv_lanes == 8, "CudaOptions::gemv_lanes must be 32, 16 or 8");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -349,8 +351,10 @@ void CudaBackend::gemv(const cuda::MatmulArgs& a) {
   // (the FP32 GEMV's virtual block), e.g. qwen35moe's 16-wide tiny experts.
   const bool half = a.type == DType::F16 || a.type == DType::BF16;
   if (!opt_.exact_f32 || half) {
-    const size_t sb = cuda::gemv_fast_scratch_bytes(a);
-    if (cuda::gemv_fast(a, sb ? scratch(kSlotQ8, sb) : nullptr, as_stream(stream_))) return;
+    cuda::MatmulArgs b = a;
+    b.lanes = opt_.gemv_lanes;
+    const size_t sb = cuda::gemv_fast_scratch_bytes(b);
+    if (cuda::gemv_fast(b, sb ? scratch(kSlotQ8, sb) : nullptr, as_stream(stream_))) return;
   }
   cuda::gemv(a, as_stream(stream_));
 }
@@ -420,6 +424,7 @@ void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut
     a.y = y.as<float>();
     a.y_stride = y.cols();
     a.n = static_cast<int>(n);
+    a.lanes = opt_.gemv_lanes;
     if (cuda::gemv_fast_q8(a)) {
       void* s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
       if (!quantized) cuda::quantize_q8(a, s, as_stream(stream_));

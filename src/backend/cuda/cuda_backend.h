@@ -30,6 +30,9 @@ struct CudaOptions {
   // Decode steps recorded once and replayed as CUDA graphs (Backend::graphs_supported). Off with the
   // environment variable PEREGRINE_CUDA_GRAPHS=0 (factory), for debugging and A/B timing.
   bool graphs = true;
+  // Lanes per weight row in the 8-bit-activation GEMV: 32 (measured default), 16 or 8 (candidates; see
+  // gemv_q8.cu). Environment: PEREGRINE_GEMV_LANES (factory).
+  int gemv_lanes = 32;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).

@@ -322,14 +322,20 @@ __device__ __forceinline__ const uint8_t* warp_row(const FastParams& p, int64_t 
   return w;
 }
 
-template <class T, int NA>
+// LPR = lanes per weight row (32: one row per warp; 16 or 8: 2 or 4 rows per warp, each lane with 2 or 4
+// times the pieces in flight). The default is 32; the others are candidates measured by pg_cuda_bench
+// (CudaOptions::gemv_lanes selects one).
+template <class T, int NA, int LPR>
 __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastParams p) {
+  constexpr int kRowsPerWarp = 32 / LPR, U = kUnroll * kRowsPerWarp;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
-  if (row >= p.M) return;
+  const int sub = lane % LPR;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp) * kRowsPerWarp + lane / LPR;
+  if (LPR == 32 && row >= p.M) return;
+  const bool active = row < p.M;  // lanes of a row past the end still take part in the shuffles below
   const int g = static_cast<int>(blockIdx.y) + p.g_base;
   int a0, xr0;
-  const uint8_t* w = warp_row(p, row, p.expert_ids ? g : g * NA, a0, xr0);
+  const uint8_t* w = warp_row(p, active ? row : 0, p.expert_ids ? g : g * NA, a0, xr0);
   ActRows<NA> x;
   const int64_t nd = p.K / 32;
 #pragma unroll
@@ -341,16 +347,28 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
   float acc[NA];
 #pragma unroll
   for (int a = 0; a < NA; ++a) acc[a] = 0.0f;
-  for (int base = lane; base < p.n_pieces; base += 32 * kUnroll) {
-    typename T::Raw r[kUnroll];
+  const int np = active ? p.n_pieces : 0;
+  for (int base = sub; base < np; base += LPR * U) {
+    typename T::Raw r[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (base + 32 * u < p.n_pieces) r[u] = T::load(w, base + 32 * u);
+    for (int u = 0; u < U; ++u)
+      if (base + LPR * u < np) r[u] = T::load(w, base + LPR * u);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (base + 32 * u < p.n_pieces) T::template dot<NA>(r[u], base + 32 * u, x, acc);
+    for (int u = 0; u < U; ++u)
+      if (base + LPR * u < np) T::template dot<NA>(r[u], base + LPR * u, x, acc);
   }
-  store_rows<NA>(p, row, a0, acc, lane);
+  if constexpr (LPR == 32) {
+    store_rows<NA>(p, row, a0, acc, lane);
+  } else {
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      float s = acc[a];
+#pragma unroll
+      for (int o = LPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      const int arow = a0 + a;
+      if (active && sub == 0 && (p.expert_ids ? a == 0 : arow < p.n)) p.y[static_cast<int64_t>(arow) * p.y_stride + row] = s;
+    }
+  }
 }
 
 // F16/BF16 weights with FP32 activations: a piece is 8 weights (16 bytes).
@@ -450,11 +468,11 @@ bool dispatch_q8(DType t, F&& f) {
 int64_t activation_rows(const MatmulArgs& a) { return a.expert_ids ? (a.n + std::max(1, a.x_div) - 1) / std::max(1, a.x_div) : a.n; }
 
 template <class K>
-void launch_rows(K kernel, const FastParams& p, int groups, cudaStream_t stream) {
+void launch_rows(K kernel, const FastParams& p, int groups, cudaStream_t stream, int rows_per_warp = 1) {
   for (int g0 = 0; g0 < groups; g0 += 65535) {
     FastParams q = p;
     q.g_base = g0;
-    const dim3 grid(static_cast<unsigned>(ceil_div(p.M, kRowsPerBlock)), static_cast<unsigned>(std::min(65535, groups - g0)));
+    const dim3 grid(static_cast<unsigned>(ceil_div(p.M, kRowsPerBlock * rows_per_warp)), static_cast<unsigned>(std::min(65535, groups - g0)));
     kernel<<<grid, kRowsPerBlock * 32, 0, stream>>>(q);
     check_launch("gemv_fast");
   }
@@ -475,11 +493,11 @@ void by_rows(const MatmulArgs& a, FastParams& p, cudaStream_t stream) {
   }
 }
 
-template <class T>
+template <class T, int LPR>
 struct LaunchQ8 {
   template <int NA>
   struct L {
-    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_kernel<T, NA>, p, groups, s); }
+    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_kernel<T, NA, LPR>, p, groups, s, 32 / LPR); }
   };
 };
 template <bool BF>
@@ -563,7 +581,11 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
     p.n_pieces = static_cast<int>(a.K / 32);
     p.xq = scratch_q(scratch);
     p.xd = scratch_d(a, scratch);
-    by_rows<LaunchQ8<T>::template L>(a, p, stream);
+    switch (a.lanes) {
+      case 8: by_rows<LaunchQ8<T, 8>::template L>(a, p, stream); break;
+      case 16: by_rows<LaunchQ8<T, 16>::template L>(a, p, stream); break;
+      default: by_rows<LaunchQ8<T, 32>::template L>(a, p, stream); break;
+    }
   });
   return true;
 }

@@ -36,6 +36,9 @@ struct MatmulArgs {
   const int32_t* expert_ids = nullptr;
   size_t expert_bytes = 0;
   int x_div = 1;
+  // Default-mode GEMV (gemv_q8.cu): lanes per weight row, 32 (default), 16 or 8 (candidates for rows
+  // whose pieces are too few to keep a whole warp's loads in flight; chosen by measurement).
+  int lanes = 32;
 };
 
 bool gemv_supported(DType t);
