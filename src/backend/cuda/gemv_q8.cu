@@ -103,10 +103,17 @@ struct K4 {
     const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) lo[i] = q[i] & 0x0F0F0F0Fu, hi[i] = (q[i] >> 4) & 0x0F0F0F0Fu;
+    pair_dot<NA>(lo, hi, r.hd, j, e, x, acc);
+  }
+  // The piece's two 16-value runs: lo of sub-block 2j, hi of sub-block 2j+1 (quants 0..31, unsigned),
+  // each scaled as d·sc·Σq·x − dmin·m·Σx. Shared by Q4_K and Q5_K (same header layout).
+  template <int NA>
+  __device__ static void pair_dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const uint4& hd, int j, int64_t e,
+                                  const ActRows<NA>& x, float (&acc)[NA]) {
     int sc0, m0, sc1, m1;
-    scale_min(r.hd, 2 * j, sc0, m0);
-    scale_min(r.hd, 2 * j + 1, sc1, m1);
-    const float d = h2f(r.hd.x), dmin = h2f(r.hd.x >> 16);
+    scale_min(hd, 2 * j, sc0, m0);
+    scale_min(hd, 2 * j + 1, sc1, m1);
+    const float d = h2f(hd.x), dmin = h2f(hd.x >> 16);
     const float a0 = d * static_cast<float>(sc0), b0 = dmin * static_cast<float>(m0);
     const float a1 = d * static_cast<float>(sc1), b1 = dmin * static_cast<float>(m1);
 #pragma unroll
@@ -142,19 +149,7 @@ struct K5 {
       lo[i] = (q[i] & 0x0F0F0F0Fu) | (((h[i] >> (2 * j)) & 0x01010101u) << 4);
       hi[i] = ((q[i] >> 4) & 0x0F0F0F0Fu) | (((h[i] >> (2 * j + 1)) & 0x01010101u) << 4);
     }
-    int sc0, m0, sc1, m1;
-    K4::scale_min(r.hd, 2 * j, sc0, m0);
-    K4::scale_min(r.hd, 2 * j + 1, sc1, m1);
-    const float d = h2f(r.hd.x), dmin = h2f(r.hd.x >> 16);
-    const float a0 = d * static_cast<float>(sc0), b0 = dmin * static_cast<float>(m0);
-    const float a1 = d * static_cast<float>(sc1), b1 = dmin * static_cast<float>(m1);
-#pragma unroll
-    for (int a = 0; a < NA; ++a) {
-      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 32);
-      const float da = x.d[a][e >> 5], db = x.d[a][(e >> 5) + 1];
-      acc[a] += da * (a0 * static_cast<float>(dot16(lo, xa)) - b0 * static_cast<float>(sum4(xa))) +
-                db * (a1 * static_cast<float>(dot16(hi, xb)) - b1 * static_cast<float>(sum4(xb)));
-    }
+    K4::pair_dot<NA>(lo, hi, r.hd, j, e, x, acc);
   }
 };
 
