@@ -124,6 +124,9 @@ class Backend {
   virtual void mul_sigmoid(Tensor& x, const Tensor& gate) = 0;
   // x = cap·tanh(x/cap) (Gemma's logit softcapping).
   virtual void softcap(Tensor& x, float cap) = 0;
+  // ids (I32, rows) = per row of x (rows, cols) the column of the highest value, ties to the lowest
+  // column; NaNs never win, except that a NaN in column 0 gives 0 (the engine's host argmax exactly).
+  virtual void argmax_rows(const Tensor& x, Tensor& ids) = 0;
   // Copies columns [col0, col0+dst.cols) of every group of `group` columns of src into dst:
   // src (n, g*group) → dst (n, g*w). Splits interleaved per-head blocks such as qwen35's [q | gate].
   virtual void gather_cols(const Tensor& src, int group, int col0, Tensor& dst) = 0;

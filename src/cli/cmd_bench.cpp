@@ -78,11 +78,17 @@ int cmd_bench(int argc, char** argv) {
       fill_depth();
       auto t0 = clock::now();
       int32_t next = tok(rng);
+      // Greedy decoding as the engine does it: the token is picked on the backend.
+      int32_t greedy = -1;
+      const uint8_t only = 1;
+      ForwardOptions fopt;
+      fopt.argmax = &greedy;
+      fopt.argmax_only = &only;
       for (int i = 0; i < n_gen; ++i) {
         Batch b;
         b.add(next, depth + i, 0, true);
-        lm.model->forward(b, *cache, logits);
-        next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        lm.model->forward(b, *cache, logits, fopt);
+        next = greedy;
       }
       const double s = std::chrono::duration<double>(clock::now() - t0).count();
       if (r > 0) tps.push_back(n_gen / s);

@@ -73,9 +73,14 @@ void Sampler::accept(int32_t token) {
     while (static_cast<int>(history_.size()) > p_.repeat_last_n) history_.pop_front();
 }
 
-int32_t Sampler::sample(const float* logits) {
+bool Sampler::raw_argmax() const {
   const bool penalties = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
-  if (!penalties && p_.logit_bias.empty() && p_.greedy()) return argmax(logits, n_vocab_);
+  return !penalties && p_.logit_bias.empty() && p_.greedy();
+}
+
+int32_t Sampler::sample(const float* logits) {
+  if (raw_argmax()) return argmax(logits, n_vocab_);
+  const bool penalties = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
 
   // Work on a copy of the logits as (logit, id) candidates.
   cand_.resize(static_cast<size_t>(n_vocab_));

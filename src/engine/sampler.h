@@ -42,6 +42,9 @@ class Sampler {
   void accept(int32_t token);
   void reset();
   const SamplingParams& params() const { return p_; }
+  // True when sample(logits) is argmax(logits) of the raw logits (greedy, no penalties, no logit bias),
+  // so the model may compute the token on its backend and skip copying the logits.
+  bool raw_argmax() const;
 
  private:
   SamplingParams p_;

@@ -192,8 +192,21 @@ void Scheduler::step() {
     n_prompt_rows += n;
   }
   if (batch_.size() == 0) return;
+  // Greedy sequences get their token from the backend (4 bytes back instead of the vocabulary's logits).
+  greedy_only_.resize(out_seq_.size());
+  greedy_.assign(out_seq_.size(), -1);
+  bool any_greedy = false;
+  for (size_t i = 0; i < out_seq_.size(); ++i) {
+    greedy_only_[i] = out_seq_[i]->greedy_only() ? 1 : 0;
+    any_greedy |= greedy_only_[i] != 0;
+  }
+  ForwardOptions fopt;
+  if (any_greedy) {
+    fopt.argmax = greedy_.data();
+    fopt.argmax_only = greedy_only_.data();
+  }
   try {
-    model_.forward(batch_, *cache_, logits_);
+    model_.forward(batch_, *cache_, logits_, fopt);
   } catch (const std::exception& e) {
     // A failed forward leaves the cache contents of every sequence in it undefined: end them all.
     PG_WARN("forward failed: %s", e.what());
@@ -209,7 +222,8 @@ void Scheduler::step() {
   for (size_t i = 0; i < out_seq_.size(); ++i) {
     Sequence& s = *out_seq_[i];
     ++n_gen;
-    if (!s.on_logits(logits_.data() + i * static_cast<size_t>(n_vocab_), opt_.n_ctx, now, metrics_)) release(s);
+    const int32_t greedy = greedy_only_[i] ? greedy_[i] : -1;
+    if (!s.on_logits(logits_.data() + i * static_cast<size_t>(n_vocab_), opt_.n_ctx, now, metrics_, greedy)) release(s);
   }
   std::erase_if(active_, [](const std::unique_ptr<Sequence>& s) { return s->phase() == Sequence::Phase::kDone; });
   metrics_.on_step(batch_.size(), n_prompt_rows, n_gen,

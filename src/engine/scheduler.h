@@ -100,6 +100,8 @@ class Scheduler {
   Batch batch_;
   std::vector<float> logits_;  // (rows with logits, n_vocab)
   std::vector<Sequence*> out_seq_;  // sequence of each logits row
+  std::vector<uint8_t> greedy_only_;  // per logits row: only the backend's argmax is needed
+  std::vector<int32_t> greedy_;       // per logits row: the backend's argmax
 
   std::thread thread_;
 };

@@ -64,8 +64,8 @@ void Sequence::prefilled(int n) {
   n_past_ += n;
 }
 
-bool Sequence::on_logits(const float* logits, int n_ctx, Clock::time_point now, Metrics& m) {
-  const int32_t t = sampler_.sample(logits);
+bool Sequence::on_logits(const float* logits, int n_ctx, Clock::time_point now, Metrics& m, int32_t greedy) {
+  const int32_t t = greedy >= 0 ? greedy : sampler_.sample(logits);
   sampler_.accept(t);
   ++n_generated_;
   if (n_generated_ == 1) {

@@ -38,9 +38,13 @@ class Sequence {
   void prefilled(int n);
   // The caller put last_token() in this step's batch at position n_past().
   void decoded() { ++n_past_; }
-  // The row of this sequence that asked for logits was evaluated: samples, detokenizes, checks the
-  // end conditions and publishes the output. Returns false when the sequence finished.
-  bool on_logits(const float* logits, int n_ctx, Clock::time_point now, Metrics& m);
+  // True when this sequence needs only the greedy token of its logits row (raw-argmax sampling and no
+  // logprobs): the model then computes it on its backend and skips the logits copy.
+  bool greedy_only() const { return sampler_.raw_argmax() && spec_.logprobs < 0; }
+  // The row of this sequence that asked for logits was evaluated: samples (or takes `greedy`, the
+  // backend's argmax, when ≥ 0 — then logits may be null), detokenizes, checks the end conditions and
+  // publishes the output. Returns false when the sequence finished.
+  bool on_logits(const float* logits, int n_ctx, Clock::time_point now, Metrics& m, int32_t greedy = -1);
   // Ends the sequence (any phase) and publishes the final event.
   void finish(FinishReason r, Clock::time_point now, Metrics& m, std::string error = {});
 

@@ -28,6 +28,7 @@ struct Model::Workspace {
   Tensor r_logits, r_ids, r_w;           // (cap, n_expert), (cap, k) I32, (cap, k)
   Tensor xo;                             // (cap, n_embd) rows that want logits
   Tensor logits;                         // (kLogitRows, n_vocab)
+  Tensor out_argmax;                     // I32 (kLogitRows) greedy tokens of a logits chunk
   Tensor sh_gate;                        // (cap, 1) shared-expert gate logits
   // Gated DeltaNet layers (conv_dim = 2·groups·state + inner)
   Tensor dn_mixed, dn_conv;              // (cap, conv_dim) projected q|k|v before / after the conv
@@ -208,6 +209,7 @@ void Model::ensure_workspace(KvCache& cache) {
   mk(w.r_w, DType::F32, c.n_expert_used, cap);
   mk(w.xo, DType::F32, c.n_embd, cap);
   mk(w.logits, DType::F32, c.n_vocab, Workspace::kLogitRows);
+  mk(w.out_argmax, DType::I32, Workspace::kLogitRows, 1);
   if (c.n_ff_shexp > 0) mk(w.sh_gate, DType::F32, 1, cap);
   if (c.has_recurrent()) {
     const int64_t key_dim = static_cast<int64_t>(c.ssm_groups) * c.ssm_state, conv_dim = 2 * key_dim + c.ssm_inner;
@@ -243,6 +245,7 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
     PG_CHECK(batch.positions[static_cast<size_t>(i)] >= 0 && batch.positions[static_cast<size_t>(i)] < cache.n_ctx(),
              "position " + std::to_string(batch.positions[static_cast<size_t>(i)]) + " is beyond the context size " + std::to_string(cache.n_ctx()));
   }
+  PG_CHECK(!fopt.argmax_only || fopt.argmax, "ForwardOptions::argmax_only needs ForwardOptions::argmax");
   bool tree = false;
   for (int32_t p : batch.parent) tree |= p >= 0;
   // Rows at the same position in different branches would overwrite each other's K/V.
@@ -267,13 +270,15 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
   }
   logits.resize(static_cast<size_t>(batch.n_outputs()) * static_cast<size_t>(cfg_.n_vocab));
   size_t out_pos = 0;
+  int out_rows = 0;
   std::vector<float> chunk;
   for (int b0 = 0; b0 < n; b0 += ws_->cap) {
     const int b1 = std::min(n, b0 + ws_->cap);
     chunk.clear();
-    forward_ubatch(batch, b0, b1, cache, plan.get(), chunk);
+    forward_ubatch(batch, b0, b1, cache, plan.get(), fopt, out_rows, chunk);
     std::memcpy(logits.data() + out_pos, chunk.data(), chunk.size() * sizeof(float));
     out_pos += chunk.size();
+    for (int r = b0; r < b1; ++r) out_rows += batch.logits[static_cast<size_t>(r)] ? 1 : 0;
   }
 }
 
@@ -367,7 +372,8 @@ void Model::build_recurrent_batch(const Batch& batch, int b0, int b1, const KvCa
   rb.seg = w.rb_seg.rows_view(0, rb.n_segments);
 }
 
-void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const RecurrentPlan* plan, std::vector<float>& logits) {
+void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const RecurrentPlan* plan, const ForwardOptions& fopt,
+                           int out0, std::vector<float>& logits) {
   Workspace& w = *ws_;
   const ModelConfig& c = cfg_;
   const int n = b1 - b0;
@@ -479,12 +485,31 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
   be.get_rows(x, w.out_ids.reshape_2d(m, 1), xo);
   be.rms_norm(xo, w_.output_norm, xo, c.rms_eps);
   logits.resize(static_cast<size_t>(m) * static_cast<size_t>(c.n_vocab));
+  const size_t row_bytes = static_cast<size_t>(c.n_vocab) * sizeof(float);
   for (int r0 = 0; r0 < m; r0 += Workspace::kLogitRows) {
     const int rn = std::min(m - r0, Workspace::kLogitRows);
     Tensor lg = w.logits.rows_view(0, rn);
     be.matmul(w_.output, xo.rows_view(r0, rn), lg);
     if (c.final_logit_softcap > 0) be.softcap(lg, c.final_logit_softcap);
-    be.download(lg, logits.data() + static_cast<size_t>(r0) * static_cast<size_t>(c.n_vocab), lg.nbytes());
+    if (fopt.argmax) {
+      // Greedy tokens on the backend: 4 bytes per row come back instead of the whole vocabulary.
+      Tensor am = w.out_argmax.reshape_2d(rn, 1);
+      be.argmax_rows(lg, am);
+      be.download(am, fopt.argmax + out0 + r0, static_cast<size_t>(rn) * sizeof(int32_t));
+    }
+    // Logits rows the caller wants, in runs of consecutive rows (one copy per run).
+    for (int i = 0; i < rn;) {
+      auto wanted = [&](int k) { return !fopt.argmax_only || !fopt.argmax_only[out0 + r0 + k]; };
+      if (!wanted(i)) {
+        ++i;
+        continue;
+      }
+      int j = i + 1;
+      while (j < rn && wanted(j)) ++j;
+      be.download(lg, logits.data() + static_cast<size_t>(r0 + i) * c.n_vocab, static_cast<size_t>(j - i) * row_bytes,
+                  static_cast<size_t>(i) * row_bytes);
+      i = j;
+    }
   }
   be.synchronize();
 }

@@ -29,6 +29,12 @@ struct ForwardOptions {
   // RecurrentState::commit(seq, r) selects the state of any verified tree node. Tree batches
   // (Batch::parent ≥ 0) require it: their rows never update the sequence's committed state.
   bool capture = false;
+  // Greedy outputs: when `argmax` is set, argmax[i] receives the greedy token of output row i (highest
+  // logit, ties to the lowest id — engine argmax()), computed on the backend. Rows with argmax_only[i]
+  // set (argmax_only may be null: none) then skip the logits copy to the host; their logits rows are left
+  // unspecified. Both arrays have one entry per output row (Batch::n_outputs()).
+  int32_t* argmax = nullptr;
+  const uint8_t* argmax_only = nullptr;
 };
 
 // Bytes a forward step reads, for roofline accounting.
@@ -73,7 +79,8 @@ class Model {
   static constexpr int kGraphMaxRows = 8;  // decode micro-batches up to this size replay recorded graphs
   struct RecurrentPlan;
   RecurrentPlan plan_recurrent(const Batch& batch, const KvCache& cache, const ForwardOptions& fopt) const;
-  void forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const RecurrentPlan* plan, std::vector<float>& logits);
+  void forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const RecurrentPlan* plan, const ForwardOptions& fopt,
+                      int out0, std::vector<float>& logits);
   void build_recurrent_batch(const Batch& batch, int b0, int b1, const KvCache& cache, const RecurrentPlan& plan);
   void attention_block(int il, int n, KvCache& cache);
   void deltanet_block(int il, int n, KvCache& cache);

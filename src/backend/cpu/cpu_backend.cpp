@@ -646,6 +646,18 @@ void CpuBackend::softcap(Tensor& x, float cap) {
   for (int64_t i = 0; i < x.n_elements(); ++i) p[i] = cap * std::tanh(p[i] / cap);
 }
 
+void CpuBackend::argmax_rows(const Tensor& x, Tensor& ids) {
+  PG_CHECK(x.type == DType::F32 && ids.type == DType::I32 && ids.n_elements() >= x.rows(), "argmax_rows: shape or type mismatch");
+  const int64_t d = x.cols();
+  for (int64_t r = 0; r < x.rows(); ++r) {
+    const float* row = x.as<float>() + r * d;
+    int32_t best = 0;
+    for (int64_t i = 1; i < d; ++i)
+      if (row[i] > row[best]) best = static_cast<int32_t>(i);
+    ids.as<int32_t>()[r] = best;
+  }
+}
+
 void CpuBackend::gather_cols(const Tensor& src, int group, int col0, Tensor& dst) {
   const int64_t n = src.rows(), groups = src.cols() / group, w = dst.cols() / groups;
   for (int64_t r = 0; r < n; ++r)

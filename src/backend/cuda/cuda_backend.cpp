@@ -566,6 +566,15 @@ void CudaBackend::softcap(Tensor& x, float cap) {
   cuda::softcap(x.as<float>(), cap, x.n_elements(), as_stream(stream_));
 }
 
+void CudaBackend::argmax_rows(const Tensor& x, Tensor& ids) {
+  activate(device_);
+  check_own(x, "argmax_rows");
+  check_own(ids, "argmax_rows");
+  check_f32(x, "argmax_rows");
+  PG_CHECK(ids.type == DType::I32 && ids.n_elements() >= x.rows(), "argmax_rows: ids must be I32 with one entry per row");
+  cuda::argmax_rows(x.as<float>(), x.rows(), x.cols(), ids.as<int32_t>(), as_stream(stream_));
+}
+
 void CudaBackend::gather_cols(const Tensor& src, int group, int col0, Tensor& dst) {
   activate(device_);
   check_own(src, "gather_cols");

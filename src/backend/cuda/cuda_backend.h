@@ -81,6 +81,7 @@ class CudaBackend final : public Backend {
                  Tensor& out) override;
   void mul_sigmoid(Tensor& x, const Tensor& gate) override;
   void softcap(Tensor& x, float cap) override;
+  void argmax_rows(const Tensor& x, Tensor& ids) override;
   void gather_cols(const Tensor& src, int group, int col0, Tensor& dst) override;
   void moe_route(const Tensor& logits, int k, ExpertGating gating, bool norm, float scale, Tensor& ids,
                  Tensor& weights) override;

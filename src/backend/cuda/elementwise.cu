@@ -266,6 +266,42 @@ void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream) {
   check_launch("mul_sigmoid");
 }
 
+// One block per row: the highest value's column, ties to the lowest column, NaNs never win, a NaN in
+// column 0 gives 0 — the engine's host argmax (a strict > scan from column 0) exactly.
+__device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+__global__ void argmax_rows_kernel(const float* x, int64_t cols, int32_t* ids) {
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float v = row[i];
+    if (argmax_better(v, static_cast<int>(i), bv, bi)) bv = v, bi = static_cast<int>(i);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (argmax_better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  if (lane == 0) sv[warp] = bv, si[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+      if (argmax_better(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
+    ids[blockIdx.x] = (bi == 0x7fffffff || isnan(row[0])) ? 0 : bi;
+  }
+}
+
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, cudaStream_t stream) {
+  if (rows <= 0) return;
+  argmax_rows_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, cols, ids);
+  check_launch("argmax_rows");
+}
+
 void softcap(float* x, float cap, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   softcap_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, cap, n);

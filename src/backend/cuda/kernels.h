@@ -85,6 +85,8 @@ void add_bias(float* y, const void* bias, bool bias_f16, int64_t rows, int64_t d
 void glu(const float* gate, const float* up, float* y, int64_t n, int act, cudaStream_t stream);
 void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream);
 void softcap(float* x, float cap, int64_t n, cudaStream_t stream);
+// ids (rows) = per row the column of the highest value (ties to the lowest; see Backend::argmax_rows).
+void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, cudaStream_t stream);
 void gather_cols(const float* src, int64_t src_cols, int group, int col0, float* dst, int64_t dst_cols, int64_t rows,
                  cudaStream_t stream);
 // theta_scale = base^(−2/n_rot), computed by the caller exactly as the CPU backend does.
