@@ -130,8 +130,9 @@ if ((BUILD_OK)); then
 fi
 
 # ---- 4. whole-model speed on synthetic models -------------------------------------------------------------
-# MODELS: preset:type pairs. Each: synth on the device, then pp512, pp4096, tg128 and tg128 at depth 4096
-# (CUDA graphs on), tg128 with graphs off, and (with nsys) the kernel time breakdown of 32 decode steps.
+# MODELS: preset:type pairs. Each: synth on the device, then one bench of pp512, pp4096 and tg128 at depths
+# 0 and 4096 (CUDA graphs on), tg128 with graphs off and with the GEMV lane candidates, and (with nsys) the
+# kernel time breakdown of 32 decode steps.
 PG=$BUILD/src/cli/peregrine
 bench_one() {  # LOG NAME ARGS...
   local log=$1 name=$2
@@ -144,10 +145,11 @@ if ((CLI_OK)); then
     MODEL=/tmp/peregrine-$preset-$type.gguf
     LOG=$OUT/model-$preset-$type.log
     if run_step "gguf synth $preset $type" "$LOG" 240 "$PG" gguf synth --preset "$preset" --type "$type" -o "$MODEL"; then
-      bench_one "$LOG" "$preset $type pp512 tg128" -m "$MODEL" -p 512 -n 128 -r 3
-      bench_one "$LOG" "$preset $type pp4096 + tg128 @4096" -m "$MODEL" -p 4096 -n 128 -d 0 -r 1
-      bench_one "$LOG" "$preset $type tg128 @ depth 4096" -m "$MODEL" -p 0 -n 128 -d 4096 -r 2
+      bench_one "$LOG" "$preset $type pp512, pp4096, tg128 at depths 0 and 4096" -m "$MODEL" -p 512,4096 -n 128 -d 0,4096 -r 2
       PEREGRINE_CUDA_GRAPHS=0 bench_one "$LOG" "$preset $type tg128, graphs off" -m "$MODEL" -p 0 -n 128 -r 2
+      for lanes in 16 8; do
+        PEREGRINE_GEMV_LANES=$lanes bench_one "$LOG" "$preset $type tg128, GEMV lanes $lanes" -m "$MODEL" -p 0 -n 128 -r 2
+      done
       if command -v nsys >/dev/null 2>&1 && (($(left) > 120)); then
         run_step "nsys $preset $type tg32" "$LOG" 100 nsys profile -o "/tmp/nsys-$preset-$type" --force-overwrite true --stats=false \
           "$PG" bench -m "$MODEL" -p 0 -n 32 -r 1 --device cuda
