@@ -438,8 +438,14 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     w.ab.max_kv_len = bucket;
     std::vector<int32_t> key = {n, bucket};
     if (plan) {
+      // Segment lengths and captured rows shape the launches; a segment starting from a capture slot
+      // (tree verification) can make the backend run segments in order, so those slots are in the key.
       key.push_back(w.rb.n_segments);
-      for (int sg = 0; sg < w.rb.n_segments; ++sg) key.push_back(w.rb.h_seg[static_cast<size_t>(4 * sg + 1)]);
+      for (int sg = 0; sg < w.rb.n_segments; ++sg) {
+        key.push_back(w.rb.h_seg[static_cast<size_t>(4 * sg + 1)]);
+        const int32_t src = w.rb.h_seg[static_cast<size_t>(4 * sg + 2)];
+        key.push_back(src >= cache.n_seq() ? src : -1);
+      }
       for (int32_t cap : w.rb.h_capture) key.push_back(cap >= 0 ? 1 : 0);
     }
     if (auto it = w.graphs.find(key); it != w.graphs.end()) {
