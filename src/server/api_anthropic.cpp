@@ -23,7 +23,7 @@ std::string stop_reason(const engine::Event& f, bool tool_calls) {
 
 json tool_input(const std::string& args) {
   try {
-    json j = json::parse(args);
+    json j = parse_json(args);  // model output: as deep as a prompt asks for, so with the body's nesting limit
     if (j.is_object()) return j;
   } catch (...) {
   }

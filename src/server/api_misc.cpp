@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "server/context.h"
+#include "server/prepare.h"
 
 namespace pg::server {
 
@@ -121,17 +122,11 @@ HttpOut handle_metrics(Context& ctx, const HttpIn&) {
 }
 
 HttpOut handle_tokenize(Context& ctx, const HttpIn& in) {
-  json b = parse_body(in.body);
-  auto c = b.find("content");
-  if (c == b.end() || c->is_null()) throw bad_request("'content' is required", "content");
-  if (!c->is_string()) throw bad_request("'content' must be a string, not " + type_name(*c), "content");
-  const bool add_special = opt_bool(b, "add_special").value_or(false);
-  const bool parse_special = opt_bool(b, "parse_special").value_or(true);
-  const bool with_pieces = opt_bool(b, "with_pieces").value_or(false);
-  const std::vector<int32_t> ids = ctx.tok.encode(c->get<std::string>(), add_special, parse_special);
+  const TokenizeRequest r = parse_tokenize(parse_body(in.body));
+  const std::vector<int32_t> ids = ctx.tok.encode(r.content, r.add_special, r.parse_special);
   json tokens = json::array();
   for (int32_t id : ids) {
-    if (with_pieces)
+    if (r.with_pieces)
       tokens.push_back(json{{"id", id}, {"piece", tok::utf8_sanitize(ctx.tok.token_to_piece(id, true))}});
     else
       tokens.push_back(id);
@@ -140,17 +135,7 @@ HttpOut handle_tokenize(Context& ctx, const HttpIn& in) {
 }
 
 HttpOut handle_detokenize(Context& ctx, const HttpIn& in) {
-  json b = parse_body(in.body);
-  const json* t = opt_array(b, "tokens");
-  if (!t) throw bad_request("'tokens' is required", "tokens");
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < t->size(); ++i) {
-    const json& v = (*t)[i];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= ctx.tok.n_vocab())
-      throw bad_request("'tokens[" + std::to_string(i) + "]' must be a token id in [0, " + std::to_string(ctx.tok.n_vocab()) + ")",
-                        "tokens");
-    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
-  }
+  const std::vector<int32_t> ids = parse_detokenize(parse_body(in.body), ctx.tok.n_vocab());
   return HttpOut::json_reply(json{{"content", ctx.tok.detokenize(ids, true)}});
 }
 

@@ -1,5 +1,6 @@
 // OpenAI chat completions, legacy completions and models.
 #include "server/context.h"
+#include "server/prepare.h"
 
 namespace pg::server {
 
@@ -84,9 +85,7 @@ json delta_json(const chat::Delta& d) {
 
 void add_ignored_header(HttpOut& o, const std::vector<std::string>& ignored) {
   if (ignored.empty()) return;
-  std::string v;
-  for (const auto& k : ignored) v += (v.empty() ? "" : ", ") + k;
-  o.headers.push_back({"X-Peregrine-Ignored-Fields", v});
+  o.headers.push_back({"X-Peregrine-Ignored-Fields", ignored_fields_header(ignored)});
 }
 
 }  // namespace
@@ -242,20 +241,8 @@ const char* completion_finish_reason(const engine::Event& f) {
 
 HttpOut handle_completions(Context& ctx, const HttpIn& in) {
   CompletionRequest req = parse_completion(parse_body(in.body));
-  std::vector<int32_t> ids;
   std::string prompt_text;
-  if (const auto* s = std::get_if<std::string>(&req.prompt)) {
-    prompt_text = *s;
-    ids = tokenize_prompt(ctx.tok, *s);
-  } else {
-    ids = std::get<std::vector<int32_t>>(req.prompt);
-    for (int32_t t : ids)
-      if (t >= ctx.tok.n_vocab())
-        throw ApiError(400, "token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(ctx.tok.n_vocab()),
-                       "prompt");
-    if (req.echo) prompt_text = ctx.tok.detokenize(ids);
-  }
-  if (ids.empty()) throw ApiError(400, "the prompt is empty", "prompt");
+  std::vector<int32_t> ids = completion_prompt(ctx.tok, req, prompt_text);
   auto run = std::make_shared<EngineRun>(ctx, make_spec(ctx, req.gen, std::move(ids)));
   const std::string id = random_id("cmpl-");
   const int64_t created = unix_time();

@@ -11,6 +11,7 @@ namespace {
 
 constexpr int64_t kMaxTokensLimit = int64_t{1} << 30;
 constexpr size_t kMaxStops = 16;
+constexpr size_t kMaxTemplateKwargs = 256;
 
 std::string idx(const std::string& path, size_t i) { return path + "[" + std::to_string(i) + "]"; }
 
@@ -112,11 +113,12 @@ std::string openai_content_text(const json& c, const std::string& path, bool all
   return out;
 }
 
-// Tool-call arguments as templates want them: an object when the string holds one.
+// Tool-call arguments as templates want them: an object when the string holds one (nested no
+// deeper than a body may be: the string escapes parse_body's limit).
 json template_arguments(const json& args) {
   if (args.is_string()) {
     try {
-      json j = json::parse(args.get<std::string>());
+      json j = parse_json(args.get<std::string>());
       if (j.is_object()) return j;
     } catch (...) {
     }
@@ -213,11 +215,19 @@ void parse_openai_tool_choice(const json& body, ChatRequest& r, bool responses) 
 
 // Consecutive system messages at the start (Codex sends several developer messages) become one:
 // many templates accept a single system message, and only as the first.
+// One pass and one erase: joining and erasing one message at a time was quadratic, minutes of CPU for
+// a body of a few hundred thousand system messages.
 void merge_leading_system(json& messages) {
-  while (messages.size() >= 2 && messages[0]["role"] == "system" && messages[1]["role"] == "system") {
-    messages[0]["content"] = messages[0]["content"].get<std::string>() + "\n\n" + messages[1]["content"].get<std::string>();
-    messages.erase(messages.begin() + 1);
+  size_t n = 0;  // leading system messages
+  while (n < messages.size() && messages[n]["role"] == "system") ++n;
+  if (n < 2) return;
+  std::string joined = messages[0]["content"].get<std::string>();
+  for (size_t i = 1; i < n; ++i) {
+    joined += "\n\n";
+    joined += messages[i]["content"].get_ref<const std::string&>();
   }
+  messages[0]["content"] = std::move(joined);
+  messages.erase(messages.begin() + 1, messages.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
 void parse_reasoning_effort(const std::string& effort, ChatRequest& r) {
@@ -227,7 +237,17 @@ void parse_reasoning_effort(const std::string& effort, ChatRequest& r) {
 
 void parse_template_kwargs(const json& body, ChatRequest& r) {
   if (const json* kw = opt_object(body, "chat_template_kwargs")) {
-    for (auto it = kw->begin(); it != kw->end(); ++it) r.template_kwargs[it.key()] = *it;
+    // Each becomes a template variable; the template engine sets variables by a linear search, so
+    // tens of thousands of them took minutes. Real requests pass a handful.
+    if (kw->size() > kMaxTemplateKwargs)
+      throw bad_request("'chat_template_kwargs' may hold at most " + std::to_string(kMaxTemplateKwargs) + " variables",
+                        "chat_template_kwargs");
+    // The request's variables win over those set from other fields. Merged into a copy of kw: inserting
+    // kw's members one by one into an ordered_json is a linear search each, quadratic in their number.
+    json merged = *kw;
+    for (auto it = r.template_kwargs.begin(); it != r.template_kwargs.end(); ++it)
+      if (!merged.contains(it.key())) merged[it.key()] = *it;
+    r.template_kwargs = std::move(merged);
     if (auto e = opt_bool(*kw, "enable_thinking", "chat_template_kwargs")) r.enable_thinking = e;
   }
 }

@@ -2,6 +2,7 @@
 
 #include "core/log.h"
 #include "server/context.h"
+#include "server/prepare.h"
 
 namespace pg::server {
 
@@ -54,41 +55,7 @@ json timings_json(const engine::RequestStats& s) {
 }
 
 engine::RequestSpec make_spec(const Context& ctx, const GenParams& g, std::vector<int32_t> prompt) {
-  const int n_ctx = ctx.n_ctx();
-  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
-  const int64_t room = n_ctx - n_prompt;
-  if (room <= 0)
-    throw ApiError(400,
-                   "the prompt has " + std::to_string(n_prompt) + " tokens but a slot holds " + std::to_string(n_ctx) +
-                       " tokens (prompt and answer together); shorten the conversation or restart with a larger -c",
-                   "messages", "context_length_exceeded");
-  engine::RequestSpec s;
-  s.prompt = std::move(prompt);
-  s.sampling = g.resolve(ctx.opt.sampling, ctx.opt.seed);
-  int64_t max_tokens;
-  if (g.max_tokens) {
-    max_tokens = *g.max_tokens;
-    if (max_tokens > room) {
-      if (!ctx.opt.clamp_max_tokens)
-        throw ApiError(400,
-                       "the request needs " + std::to_string(n_prompt + max_tokens) + " tokens (" + std::to_string(n_prompt) +
-                           " in the prompt + " + std::to_string(max_tokens) + " max tokens) but a slot holds " +
-                           std::to_string(n_ctx) +
-                           "; lower max_tokens, or restart the server with --clamp-max-tokens to shorten it automatically",
-                       "max_tokens", "context_length_exceeded");
-      max_tokens = room;
-    }
-  } else {
-    max_tokens = ctx.opt.default_max_tokens > 0 ? std::min<int64_t>(ctx.opt.default_max_tokens, room) : room;
-  }
-  s.max_tokens = static_cast<int>(max_tokens);
-  s.stop = g.stop;
-  s.stop_at_eog = !g.ignore_eos;
-  s.logprobs = g.logprobs;
-  if (ctx.opt.timeout_s > 0)
-    s.deadline = engine::Clock::now() + std::chrono::duration_cast<engine::Clock::duration>(
-                                            std::chrono::duration<double>(ctx.opt.timeout_s));
-  return s;
+  return make_spec(ctx.opt, ctx.n_ctx(), g, std::move(prompt));
 }
 
 EngineRun::EngineRun(Context& ctx, engine::RequestSpec spec) {

@@ -15,8 +15,14 @@ namespace pg::server {
 
 using json = nlohmann::ordered_json;
 
-// Parses a request body; throws ApiError 400 for malformed JSON or a non-object.
+// Parses a request body; throws ApiError 400 for malformed JSON, a non-object, or nesting deeper
+// than kMaxBodyDepth objects/arrays. Parse error messages are cut to about kMaxParseMessage bytes.
+constexpr int kMaxBodyDepth = 128;
+constexpr size_t kMaxParseMessage = 300;
 json parse_body(std::string_view body);
+// JSON text from a request (a body, tool-call arguments in a string): throws json::exception when
+// malformed, ApiError 400 when nested deeper than kMaxBodyDepth.
+json parse_json(std::string_view text);
 
 // Field access on an object. A missing field or an explicit null gives nullopt. `path` prefixes
 // the field name in messages ("messages[2].content").
