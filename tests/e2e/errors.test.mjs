@@ -23,6 +23,8 @@ const longText = 'Once upon a time there was a little cat. '.repeat(80);
 const table = [
   ['/v1/chat/completions', '{"messages": [', 400, 'not valid JSON'],
   ['/v1/chat/completions', '[1,2,3]', 400, 'JSON object'],
+  ['/v1/chat/completions', '{"messages": [], "temperature": 1e400}', 400, 'not valid JSON'],
+  ['/v1/chat/completions', '{"x":' + '['.repeat(100000) + ']'.repeat(100000) + '}', 400, 'levels deep'],
   ['/v1/chat/completions', '', 400, 'not valid JSON'],
   ['/v1/chat/completions', {}, 400, 'messages'],
   ['/v1/chat/completions', { messages: [] }, 400, 'messages'],
