@@ -9,6 +9,7 @@
 
 #include "chat/jinja/interp.h"
 #include "chat/jinja/pystr.h"
+#include "chat/jinja/work.h"
 
 namespace pg::jinja {
 
@@ -467,8 +468,11 @@ std::string percent_format(Interp& in, const std::string& fmt, const Value& args
       width = w.get_int();
       if (width < 0) {
         left = true;
-        width = -width;
+        // INT64_MIN has no positive counterpart; it is far past the cap below anyway.
+        width = width == INT64_MIN ? INT64_MAX : -width;
       }
+      // Same cap as a width written in the format string: '%*d' % (10**11, 1) must not allocate 100 GB.
+      if (width > (1 << 24)) value_error("width too big");
       ++i;
     } else {
       while (i < n && std::isdigit(static_cast<unsigned char>(fmt[i]))) {
@@ -484,6 +488,7 @@ std::string percent_format(Interp& in, const std::string& fmt, const Value& args
         Value p = next_arg();
         if (!p.is_integral()) type_error("* wants int");
         prec = std::max<int64_t>(0, p.get_int());
+        if (prec > (1 << 16)) value_error("precision too big");
         ++i;
       } else {
         while (i < n && std::isdigit(static_cast<unsigned char>(fmt[i]))) {
@@ -955,6 +960,7 @@ bool startsends(Interp& in, const Value& self, Args& a, bool ends) {
     std::string_view win = std::string_view(s).substr(bb, eb - bb);
     const std::string& x = c.str();
     if (win.size() < x.size()) continue;
+    charge_work(x.size());
     if (ends ? win.substr(win.size() - x.size()) == x : win.substr(0, x.size()) == x) return true;
   }
   return false;
@@ -1072,7 +1078,7 @@ bool str_method(Interp& in, const Value& self, const std::string& name, Value& o
       const std::string& sep = need_str(p.required(0), "must be str, not");
       if (sep.empty()) value_error("empty separator");
       const std::string& s = self.str();
-      size_t f = name == "partition" ? s.find(sep) : s.rfind(sep);
+      size_t f = name == "partition" ? py::find_bytes(s, sep) : py::rfind_bytes(s, sep, std::string::npos);
       std::vector<Value> r;
       if (f == std::string::npos) {
         if (name == "partition") {
@@ -1441,7 +1447,13 @@ Value f_filesizeformat(Interp& in, const Value& v, Args& a) {
   static const char* kBin[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
   static const char* kDec[] = {"kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
   if (bytes == 1) return in.make_str("1 Byte");
-  if (bytes < base) return in.make_str(std::to_string(static_cast<int64_t>(bytes)) + " Bytes");
+  if (bytes < base) {
+    // int(bytes) of a large negative size: Python prints a big integer; a 64-bit one cannot hold it (and converting
+    // an out-of-range double to int64_t is undefined behaviour).
+    if (std::isinf(bytes)) throw Error(ErrorKind::kValue, "cannot convert float infinity to integer");
+    if (bytes <= -9.2e18) value_error("integer overflow");
+    return in.make_str(std::to_string(static_cast<int64_t>(bytes)) + " Bytes");
+  }
   double unit = base;
   const char* prefix = "";
   for (int i = 0; i < 8; ++i) {
@@ -1966,11 +1978,18 @@ Value f_striptags(Interp& in, const Value& v, Args& a) {
     t.push_back(s[i++]);
   }
   std::string u;
+  // The next '>' is looked up once and reused while it lies ahead: searching again from every '<' made a text of
+  // '<' without any '>' quadratic (2 MB of "<a~" took 4 s, a 64 MB one hours).
+  size_t gt = 0;
+  bool gt_known = false;
   for (size_t i = 0; i < t.size();) {
     if (t[i] == '<') {
-      size_t e = t.find('>', i + 1);
-      if (e != std::string::npos) {
-        i = e + 1;
+      if (!gt_known || (gt != std::string::npos && gt <= i)) {
+        gt = t.find('>', i + 1);
+        gt_known = true;
+      }
+      if (gt != std::string::npos) {
+        i = gt + 1;
         continue;
       }
     }
@@ -2456,7 +2475,7 @@ bool t_in(Interp& in, const Value& v, Args& a) {
   // Reuse the interpreter's `in` operator via a tiny expression-free path.
   if (seq.is_str()) {
     if (!v.is_str()) type_error("'in <string>' requires string as left operand, not " + std::string(v.type_name()));
-    return seq.str().find(v.str()) != std::string::npos;
+    return py::find_bytes(seq.str(), v.str()) != std::string::npos;
   }
   if (seq.is_dict()) {
     if (!hashable(v)) type_error("unhashable type: " + py::repr(v.type_name()));

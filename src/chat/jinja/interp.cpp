@@ -6,6 +6,7 @@
 
 #include "chat/jinja/parser.h"
 #include "chat/jinja/pystr.h"
+#include "chat/jinja/work.h"
 
 namespace pg::jinja {
 
@@ -109,22 +110,25 @@ class VecIter final : public Object {
   size_t idx_ = 0;
 };
 
+// Walks the UTF-8 text in place: decoding a whole 60 MB string up front (4 bytes per code point) to take its first
+// character cost 240 MB.
 class StrIter final : public Object {
  public:
-  explicit StrIter(const std::string& s) : cps_(py::decode(s)) {}
+  explicit StrIter(Value str) : str_(std::move(str)) {}
   const char* type_name() const override { return "str_ascii_iterator"; }
   bool is_iterator() const override { return true; }
   bool next(Interp& in, Value& out) override {
-    if (idx_ >= cps_.size()) return false;
-    std::string s;
-    py::utf8_append(s, cps_[idx_++]);
-    out = in.make_str(std::move(s));
+    const std::string& s = str_.str();
+    if (pos_ >= s.size()) return false;
+    std::string c;
+    py::utf8_append(c, py::decode_at(s, pos_));
+    out = in.make_str(std::move(c));
     return true;
   }
 
  private:
-  std::u32string cps_;
-  size_t idx_ = 0;
+  Value str_;  // keeps the text alive
+  size_t pos_ = 0;
 };
 
 // A call scope guard for macro recursion and recursive loops.
@@ -354,7 +358,9 @@ void Interp::charge_bytes(size_t n) {
 }
 
 Value Interp::make_str(std::string s, bool markup) {
-  charge_bytes(s.size());
+  // The heap object of a string costs memory too: a template that splits a string into millions of one-byte strings
+  // uses ~100 bytes per part, which charging the text alone let grow to gigabytes within the 256 MB cap.
+  charge_bytes(s.size() + kStrValueBytes);
   if (s.size() > opts_.limits.max_output_bytes)
     throw Error(ErrorKind::kLimit, "a string of " + std::to_string(s.size()) + " bytes exceeds the output limit of " +
                                        std::to_string(opts_.limits.max_output_bytes) + " bytes");
@@ -397,7 +403,58 @@ void Interp::emit(const std::string& s) {
 }
 
 // ------------------------------------------------------------------------------------------------
+namespace {
+
+// The render running on this thread and its work bytes not yet turned into steps (see work.h). A Template may be
+// rendered by several threads at once; each render runs on one thread, so per-thread state is per-render state.
+thread_local Interp* t_render = nullptr;
+thread_local uint64_t t_work = 0;
+
+// Filters, tests and methods that walk a list or dict do so in C++ loops the interpreter does not see (max, sum,
+// join, unique, list.index, ...): charge the walk up front from the container sizes.
+void charge_containers(const Value& v, const Args& args) {
+  auto size = [](const Value& x) -> uint64_t {
+    if (x.is_list()) return x.items().size();
+    if (x.is_dict()) return x.dict_obj().items.size();
+    return 0;
+  };
+  uint64_t n = size(v);
+  for (const auto& x : args.pos) n += size(x);
+  for (const auto& kv : args.kw) n += size(kv.second);
+  if (n > 0) charge_work(n * kWorkPerItem);
+}
+
+struct RenderScope {
+  Interp* saved;
+  uint64_t saved_work;
+  explicit RenderScope(Interp* in) : saved(t_render), saved_work(t_work) {
+    t_render = in;
+    t_work = 0;
+  }
+  ~RenderScope() {
+    t_render = saved;
+    t_work = saved_work;
+  }
+};
+
+}  // namespace
+
+void charge_work(uint64_t bytes) {
+  if (t_render == nullptr) return;
+  t_work += bytes;
+  if (t_work >= kWorkBytesPerStep) {
+    const uint64_t steps = t_work / kWorkBytesPerStep;
+    t_work %= kWorkBytesPerStep;
+    t_render->step(static_cast<int64_t>(steps));
+  }
+}
+
+void charge_alloc(uint64_t bytes) {
+  if (t_render != nullptr) t_render->charge_bytes(bytes);
+}
+
 std::string Interp::render(const Body& body, const std::vector<std::pair<std::string, Value>>& vars) {
+  RenderScope active(this);
   auto ctx = new_scope(globals_);
   for (const auto& kv : vars) ctx->set(kv.first, kv.second);
   root_ = new_scope(ctx);
@@ -733,7 +790,7 @@ std::shared_ptr<Object> Interp::iter(const Value& v) {
       return std::make_shared<VecIter>("dict_keyiterator", std::move(keys));
     }
     case Value::Kind::kStr:
-      return std::make_shared<StrIter>(v.str());
+      return std::make_shared<StrIter>(v);
     case Value::Kind::kObject:
       if (v.obj().is_iterator()) return v.obj_ptr();
       [[fallthrough]];
@@ -743,15 +800,19 @@ std::shared_ptr<Object> Interp::iter(const Value& v) {
 }
 
 std::vector<Value> Interp::to_list(const Value& v) {
-  if (v.is_list()) return v.items();
+  if (v.is_list()) {
+    charge_work(v.items().size() * kWorkPerItem);
+    return v.items();
+  }
   auto it = iter(v);
   std::vector<Value> out;
   Value x;
   while (it->next(*this, x)) {
     step();
+    // Charged as the list grows, so that the memory cap stops a long generator before the list is built.
+    charge_bytes(sizeof(Value));
     out.push_back(std::move(x));
   }
-  charge_bytes(out.size() * sizeof(Value));
   return out;
 }
 
@@ -759,6 +820,7 @@ Value Interp::call(const Value& fn, Args& args) {
   if (fn.is_undefined()) fn.fail_undefined();
   if (fn.is_callable()) {
     step();
+    charge_containers(Value(), args);
     return fn.obj().call(*this, args);
   }
   type_error(py::repr(fn.type_name()) + " object is not callable");
@@ -777,7 +839,10 @@ Value Interp::getattr(const Value& obj, const std::string& name) {
     return Value::undefined_attr(obj, Value::string(name));
   }
   Value m;
-  if (get_method(*this, obj, name, m)) return m;
+  if (get_method(*this, obj, name, m)) {
+    charge_containers(obj, Args{});  // list.index / list.count / dict.items walk their receiver
+    return m;
+  }
   if (obj.is_dict()) {
     if (const Value* p = obj.dict_obj().find_str(name)) return *p;
   }
@@ -1321,7 +1386,7 @@ bool Interp::compare(CmpOp op, const Value& a, const Value& b) {
       bool found = false;
       if (b.is_str()) {
         if (!a.is_str()) type_error("'in <string>' requires string as left operand, not " + std::string(a.type_name()));
-        found = b.str().find(a.str()) != std::string::npos;
+        found = py::find_bytes(b.str(), a.str()) != std::string::npos;
       } else if (b.is_dict()) {
         if (!hashable(a)) type_error("unhashable type: " + py::repr(a.type_name()));
         found = b.dict_obj().find(a) != nullptr;
@@ -1355,6 +1420,7 @@ bool Interp::compare(CmpOp op, const Value& a, const Value& b) {
 
 Value Interp::apply_filter(const std::string& name, const Value& v, Args& args, int line) {
   step();
+  charge_containers(v, args);
   Value out;
   if (!call_filter(*this, name, v, args, out)) {
     // jinja2 stands in a stub taking only positional arguments for a filter missing at run time.
@@ -1366,6 +1432,7 @@ Value Interp::apply_filter(const std::string& name, const Value& v, Args& args, 
 
 bool Interp::apply_test(const std::string& name, const Value& v, Args& args, int line) {
   step();
+  charge_containers(v, args);
   bool out = false;
   if (!call_test(*this, name, v, args, out)) {
     if (!args.kw.empty()) type_error("got an unexpected keyword argument " + py::repr(args.kw[0].first));

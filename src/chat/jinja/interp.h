@@ -90,6 +90,8 @@ class Interp {
   const RenderOptions& options() const { return opts_; }
   void step(int64_t n = 1);
   void charge_bytes(size_t n);
+  // Memory one string value costs besides its text (control block + StrObj + allocator header), charged by make_str.
+  static constexpr size_t kStrValueBytes = sizeof(StrObj) + 32;
   Value make_str(std::string s, bool markup = false);
   Value make_list(std::vector<Value> items, ListKind kind = ListKind::kList);
 

@@ -5,7 +5,10 @@
 //
 // Sandboxed: templates cannot do I/O, call unsafe methods (list.append, dict.update, ...), or run
 // unbounded: recursion depth, work steps, allocated bytes and output size are capped (Limits), and
-// every failure ends in a pg::jinja::Error (a pg::Error), never a crash or a hang.
+// every failure ends in a pg::jinja::Error (a pg::Error), never a crash or a hang. Work that grows with
+// the size of an operand (searching, comparing or decoding a long string, walking a long list, a lookup
+// in a large dict) is charged as steps too (work.h), and every string value is charged its heap
+// overhead as well as its text.
 //
 // Parse once, render many times: a Template is immutable after construction and may be rendered
 // concurrently from several threads.
@@ -19,6 +22,9 @@
 //    {% autoescape %} blocks are refused;
 //  - jinja2's compile-time constant folding is reproduced only where it changes results (slices
 //    of constants); striptags unescapes only the common HTML entities;
+//  - expressions nested more than 150 levels deep are a syntax error, chains included (a + b + ..., x.y.z...,
+//    v|f|g...: each link is a level), so evaluating the tree cannot overflow the stack; Python accepts somewhat
+//    longer chains before its own recursion limit;
 //  - error messages follow Python's where practical; the error kind always matches.
 // The golden cases (tests/chat/jinja_cases.json) and the parity test pin the rest down.
 #pragma once

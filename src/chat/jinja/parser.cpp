@@ -40,6 +40,22 @@ class Parser {
     ~DepthGuard() { --p.depth_; }
   };
 
+  // Left-associative chains (a + b + c, x.y.z, v|f|g, x(1)(2)) build their tree in a loop, one level deeper per link,
+  // without recursing here; but evaluating and freeing the tree recurse once per level, so a 300k-link chain
+  // overflowed the stack at render time. Each link counts as a nesting level until the chain ends, which keeps the
+  // tree as shallow as the parser's own recursion.
+  struct ChainGuard {
+    Parser& p;
+    int links = 0;
+    explicit ChainGuard(Parser& pp) : p(pp) {}
+    void link() {
+      if (p.depth_ + 1 > kMaxNesting) throw Error(ErrorKind::kSyntax, "template nested too deeply", p.cur().line);
+      ++p.depth_;
+      ++links;
+    }
+    ~ChainGuard() { p.depth_ -= links; }
+  };
+
   const Token& cur() const { return t_[i_]; }
   const Token& look() const { return t_[std::min(i_ + 1, t_.size() - 1)]; }
   const Token& next() {
@@ -445,7 +461,9 @@ class Parser {
     DepthGuard g(*this);
     int line = cur().line;
     ExprP e1 = parse_or();
+    ChainGuard chain(*this);
     while (skip_name("if")) {
+      chain.link();
       ExprP e2 = parse_or();
       ExprP e3;
       if (skip_name("else")) e3 = parse_condexpr();
@@ -463,7 +481,9 @@ class Parser {
   ExprP parse_or() {
     int line = cur().line;
     ExprP l = parse_and();
+    ChainGuard chain(*this);
     while (skip_name("or")) {
+      chain.link();
       auto n = std::make_unique<Expr>(ExprKind::kOr, line);
       n->a = std::move(l);
       n->b = parse_and();
@@ -476,7 +496,9 @@ class Parser {
   ExprP parse_and() {
     int line = cur().line;
     ExprP l = parse_not();
+    ChainGuard chain(*this);
     while (skip_name("and")) {
+      chain.link();
       auto n = std::make_unique<Expr>(ExprKind::kAnd, line);
       n->a = std::move(l);
       n->b = parse_not();
@@ -547,7 +569,9 @@ class Parser {
   ExprP parse_math1() {
     int line = cur().line;
     ExprP l = parse_concat();
+    ChainGuard chain(*this);
     while (cur().type == Tok::kAdd || cur().type == Tok::kSub) {
+      chain.link();
       BinOp op = next().type == Tok::kAdd ? BinOp::kAdd : BinOp::kSub;
       l = binary(op, std::move(l), parse_concat(), line);
       line = cur().line;
@@ -568,6 +592,7 @@ class Parser {
   ExprP parse_math2() {
     int line = cur().line;
     ExprP l = parse_pow();
+    ChainGuard chain(*this);
     while (true) {
       BinOp op;
       Tok t = cur().type;
@@ -583,6 +608,7 @@ class Parser {
         break;
       }
       next();
+      chain.link();
       l = binary(op, std::move(l), parse_pow(), line);
       line = cur().line;
     }
@@ -592,7 +618,9 @@ class Parser {
   ExprP parse_pow() {
     int line = cur().line;
     ExprP l = parse_unary(true);
+    ChainGuard chain(*this);
     while (skip(Tok::kPow)) {
+      chain.link();
       l = binary(BinOp::kPow, std::move(l), parse_unary(true), line);
       line = cur().line;
     }
@@ -718,8 +746,10 @@ class Parser {
   }
 
   ExprP parse_postfix(ExprP node) {
+    ChainGuard chain(*this);
     while (true) {
       Tok t = cur().type;
+      if (t == Tok::kDot || t == Tok::kLBracket || t == Tok::kLParen) chain.link();
       if (t == Tok::kDot || t == Tok::kLBracket) {
         node = parse_subscript(std::move(node));
       } else if (t == Tok::kLParen) {
@@ -732,8 +762,10 @@ class Parser {
   }
 
   ExprP parse_filter_expr(ExprP node) {
+    ChainGuard chain(*this);
     while (true) {
       Tok t = cur().type;
+      if (t == Tok::kPipe || t == Tok::kLParen || is_name("is")) chain.link();
       if (t == Tok::kPipe) {
         node = parse_filter(std::move(node), false);
       } else if (is_name("is")) {
@@ -859,8 +891,9 @@ class Parser {
   }
 
   ExprP parse_filter(ExprP node, bool start_inline) {
+    ChainGuard chain(*this);
     while (cur().type == Tok::kPipe || start_inline) {
-      DepthGuard g(*this);
+      chain.link();
       if (!start_inline) next();
       const Token& tok = expect_name();
       auto n = std::make_unique<Expr>(ExprKind::kFilter, tok.line);

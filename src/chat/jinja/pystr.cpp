@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "chat/jinja/error.h"
+#include "chat/jinja/work.h"
 
 namespace pg::jinja::py {
 
@@ -177,38 +178,37 @@ void utf8_append(std::string& out, char32_t cp) {
   }
 }
 
+char32_t decode_at(std::string_view s, size_t& i) {
+  const unsigned char c = s[i];
+  if (c < 0x80) {
+    ++i;
+    return c;
+  }
+  const int len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+  if (len == 0 || i + len > s.size()) {
+    ++i;
+    return 0xFFFD;
+  }
+  char32_t cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+  for (int k = 1; k < len; ++k) {
+    const unsigned char cc = s[i + k];
+    if ((cc & 0xC0) != 0x80) {
+      ++i;
+      return 0xFFFD;
+    }
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  i += len;
+  return cp;
+}
+
 std::u32string decode(std::string_view s) {
+  // Decoding (and the per-code-point loop that follows) costs a few ns a byte, far more than a memchr.
+  charge_work(4 * s.size());
   std::u32string out;
   out.reserve(s.size());
-  size_t i = 0, n = s.size();
-  while (i < n) {
-    unsigned char c = s[i];
-    if (c < 0x80) {
-      out.push_back(c);
-      ++i;
-      continue;
-    }
-    int len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (len == 0 || i + len > n) {
-      out.push_back(0xFFFD);
-      ++i;
-      continue;
-    }
-    char32_t cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-    bool ok = true;
-    for (int k = 1; k < len; ++k) {
-      unsigned char cc = s[i + k];
-      if ((cc & 0xC0) != 0x80) ok = false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (!ok) {
-      out.push_back(0xFFFD);
-      ++i;
-      continue;
-    }
-    out.push_back(cp);
-    i += len;
-  }
+  size_t i = 0;
+  while (i < s.size()) out.push_back(decode_at(s, i));
   return out;
 }
 
@@ -220,12 +220,18 @@ std::string encode(std::u32string_view s) {
 }
 
 bool is_ascii(std::string_view s) {
-  for (unsigned char c : s)
-    if (c >= 0x80) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (static_cast<unsigned char>(s[i]) >= 0x80) {
+      charge_work(i);
+      return false;
+    }
+  }
+  charge_work(s.size());
   return true;
 }
 
 size_t cp_len(std::string_view s) {
+  charge_work(s.size());
   size_t n = 0;
   for (unsigned char c : s)
     if ((c & 0xC0) != 0x80) ++n;
@@ -236,12 +242,85 @@ size_t cp_to_byte(std::string_view s, size_t i) {
   size_t b = 0, cps = 0;
   while (b < s.size()) {
     if (((unsigned char)s[b] & 0xC0) != 0x80) {
-      if (cps == i) return b;
+      if (cps == i) break;
       ++cps;
     }
     ++b;
   }
-  return s.size();
+  charge_work(b);
+  return b;
+}
+
+namespace {
+
+// Needles up to this many bytes are searched with std::string_view (memchr + memcmp, fast in practice, at worst
+// kShortNeedle times the haystack); longer ones with Knuth-Morris-Pratt, linear whatever the text.
+constexpr size_t kShortNeedle = 32;
+
+// KMP failure function of p read in direction `rev` (p reversed when true).
+std::vector<uint32_t> kmp_table(std::string_view p, bool rev) {
+  const size_t m = p.size();
+  auto at = [&](size_t i) { return rev ? p[m - 1 - i] : p[i]; };
+  std::vector<uint32_t> fail(m, 0);  // [m]: length of the longest proper border of p[0..i]
+  uint32_t k = 0;
+  for (size_t i = 1; i < m; ++i) {
+    while (k > 0 && at(i) != at(k)) k = fail[k - 1];
+    if (at(i) == at(k)) ++k;
+    fail[i] = k;
+  }
+  charge_work(m);
+  return fail;
+}
+
+}  // namespace
+
+size_t find_bytes(std::string_view hay, std::string_view needle, size_t from) {
+  if (from > hay.size()) return std::string_view::npos;
+  if (needle.size() <= kShortNeedle || needle.size() >= UINT32_MAX) {
+    const size_t f = hay.find(needle, from);
+    charge_work((f == std::string_view::npos ? hay.size() : f) - from);
+    return f;
+  }
+  if (hay.size() - from < needle.size()) return std::string_view::npos;
+  const std::vector<uint32_t> fail = kmp_table(needle, false);
+  const size_t m = needle.size();
+  uint32_t k = 0;
+  for (size_t i = from; i < hay.size(); ++i) {
+    while (k > 0 && hay[i] != needle[k]) k = fail[k - 1];
+    if (hay[i] == needle[k]) ++k;
+    if (k == m) {
+      charge_work(i + 1 - from);
+      return i + 1 - m;
+    }
+  }
+  charge_work(hay.size() - from);
+  return std::string_view::npos;
+}
+
+size_t rfind_bytes(std::string_view hay, std::string_view needle, size_t last_start) {
+  if (needle.size() > hay.size()) return std::string_view::npos;
+  // The match may not start after last_start, so the search window ends at last_start + |needle|.
+  const size_t end = std::min(hay.size(), last_start > hay.size() - needle.size() ? hay.size() : last_start + needle.size());
+  if (needle.size() <= kShortNeedle || needle.size() >= UINT32_MAX) {
+    const size_t f = hay.rfind(needle, last_start);
+    charge_work(end - (f == std::string_view::npos ? 0 : f));
+    return f;
+  }
+  // KMP over the reversed window and the reversed needle: the first match found is the last one.
+  const std::vector<uint32_t> fail = kmp_table(needle, true);
+  const size_t m = needle.size();
+  uint32_t k = 0;
+  for (size_t j = 0; j < end; ++j) {
+    const char c = hay[end - 1 - j];
+    while (k > 0 && c != needle[m - 1 - k]) k = fail[k - 1];
+    if (c == needle[m - 1 - k]) ++k;
+    if (k == m) {
+      charge_work(j + 1);
+      return end - 1 - j;
+    }
+  }
+  charge_work(end);
+  return std::string_view::npos;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -392,8 +471,13 @@ bool str_isalnum(std::string_view s) {
 std::string strip(std::string_view s, const std::optional<std::string_view>& chars, StripSide side) {
   std::u32string set;
   bool ascii_ws = !chars && is_ascii(s);
-  if (chars) set = decode(*chars);
-  auto strip_cp = [&](char32_t c) { return chars ? set.find(c) != std::u32string::npos : is_space(c); };
+  if (chars) {
+    // Sorted for binary search: a linear scan of a long `chars` for every code point of a long string is quadratic.
+    set = decode(*chars);
+    std::sort(set.begin(), set.end());
+    set.erase(std::unique(set.begin(), set.end()), set.end());
+  }
+  auto strip_cp = [&](char32_t c) { return chars ? std::binary_search(set.begin(), set.end(), c) : is_space(c); };
   if (ascii_ws || (chars && is_ascii(s) && is_ascii(*chars))) {
     size_t b = 0, e = s.size();
     auto strip_byte = [&](unsigned char c) { return strip_cp(c); };
@@ -412,6 +496,18 @@ std::string strip(std::string_view s, const std::optional<std::string_view>& cha
   return encode(std::u32string_view(u).substr(b, e - b));
 }
 
+namespace {
+
+// Parts are charged to the render as they are made: splitting a 60 MB string into one-byte parts built 60 million
+// strings (gigabytes) before the interpreter could charge the result.
+void add_part(std::vector<std::string>& out, std::string&& part) {
+  charge_alloc(sizeof(std::string) + part.size());
+  out.push_back(std::move(part));
+}
+void add_part(std::vector<std::string>& out, std::string_view part) { add_part(out, std::string(part)); }
+
+}  // namespace
+
 std::vector<std::string> split(std::string_view s, const std::optional<std::string_view>& sep, int64_t maxsplit) {
   std::vector<std::string> out;
   if (maxsplit < 0) maxsplit = INT64_MAX;
@@ -419,12 +515,12 @@ std::vector<std::string> split(std::string_view s, const std::optional<std::stri
     if (sep->empty()) value_error("empty separator");
     size_t pos = 0;
     while (maxsplit-- > 0) {
-      size_t f = s.find(*sep, pos);
+      size_t f = find_bytes(s, *sep, pos);
       if (f == std::string_view::npos) break;
-      out.emplace_back(s.substr(pos, f - pos));
+      add_part(out, s.substr(pos, f - pos));
       pos = f + sep->size();
     }
-    out.emplace_back(s.substr(pos));
+    add_part(out, s.substr(pos));
     return out;
   }
   std::u32string u = decode(s);
@@ -433,12 +529,12 @@ std::vector<std::string> split(std::string_view s, const std::optional<std::stri
     while (i < n && is_space(u[i])) ++i;
     if (i >= n) break;
     if (maxsplit-- <= 0) {
-      out.push_back(encode(std::u32string_view(u).substr(i)));
+      add_part(out, encode(std::u32string_view(u).substr(i)));
       break;
     }
     size_t j = i;
     while (j < n && !is_space(u[j])) ++j;
-    out.push_back(encode(std::u32string_view(u).substr(i, j - i)));
+    add_part(out, encode(std::u32string_view(u).substr(i, j - i)));
     i = j;
   }
   return out;
@@ -452,12 +548,12 @@ std::vector<std::string> rsplit(std::string_view s, const std::optional<std::str
     size_t end = s.size();
     while (maxsplit-- > 0) {
       if (end < sep->size()) break;
-      size_t f = s.rfind(*sep, end - sep->size());
+      size_t f = rfind_bytes(s, *sep, end - sep->size());
       if (f == std::string_view::npos) break;
-      out.emplace_back(s.substr(f + sep->size(), end - f - sep->size()));
+      add_part(out, s.substr(f + sep->size(), end - f - sep->size()));
       end = f;
     }
-    out.emplace_back(s.substr(0, end));
+    add_part(out, s.substr(0, end));
     std::reverse(out.begin(), out.end());
     return out;
   }
@@ -467,12 +563,12 @@ std::vector<std::string> rsplit(std::string_view s, const std::optional<std::str
     while (j > 0 && is_space(u[j - 1])) --j;
     if (j == 0) break;
     if (maxsplit-- <= 0) {
-      out.push_back(encode(std::u32string_view(u).substr(0, j)));
+      add_part(out, encode(std::u32string_view(u).substr(0, j)));
       break;
     }
     size_t i = j;
     while (i > 0 && !is_space(u[i - 1])) --i;
-    out.push_back(encode(std::u32string_view(u).substr(i, j - i)));
+    add_part(out, encode(std::u32string_view(u).substr(i, j - i)));
     j = i;
   }
   std::reverse(out.begin(), out.end());
@@ -501,7 +597,7 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
       }
       if (keepends) eol = j;
     }
-    out.push_back(encode(std::u32string_view(u).substr(i, eol - i)));
+    add_part(out, encode(std::u32string_view(u).substr(i, eol - i)));
     i = j;
   }
   return out;
@@ -526,7 +622,7 @@ std::string replace(std::string_view s, std::string_view old, std::string_view r
   }
   size_t pos = 0;
   while (count-- > 0) {
-    size_t f = s.find(old, pos);
+    size_t f = find_bytes(s, old, pos);
     if (f == std::string_view::npos) break;
     out.append(s.substr(pos, f - pos));
     out.append(repl);
@@ -545,7 +641,7 @@ int64_t find(std::string_view s, std::string_view sub, std::optional<int64_t> st
   if (e - b < sub_n) return -1;
   size_t bb = ascii ? b : cp_to_byte(s, b), eb = ascii ? e : cp_to_byte(s, e);
   std::string_view win = s.substr(bb, eb - bb);
-  size_t f = reverse ? win.rfind(sub) : win.find(sub);
+  size_t f = reverse ? rfind_bytes(win, sub, std::string_view::npos) : find_bytes(win, sub, 0);
   if (f == std::string_view::npos) return -1;
   if (ascii) return b + static_cast<int64_t>(f);
   return b + static_cast<int64_t>(cp_len(win.substr(0, f)));
@@ -562,7 +658,7 @@ int64_t count(std::string_view s, std::string_view sub, std::optional<int64_t> s
   if (sub.empty()) return static_cast<int64_t>(cp_len(win)) + 1;
   int64_t c = 0;
   size_t pos = 0;
-  while ((pos = win.find(sub, pos)) != std::string_view::npos) {
+  while ((pos = find_bytes(win, sub, pos)) != std::string_view::npos) {
     ++c;
     pos += sub.size();
   }

@@ -16,11 +16,19 @@ bool utf8_valid(std::string_view s);
 void utf8_append(std::string& out, char32_t cp);
 // Decodes valid UTF-8 (invalid bytes become U+FFFD; callers validate input at the boundary).
 std::u32string decode(std::string_view s);
+// Decodes the code point at byte i and advances i past it, exactly as decode() does (one U+FFFD per invalid byte).
+char32_t decode_at(std::string_view s, size_t& i);
 std::string encode(std::u32string_view s);
 bool is_ascii(std::string_view s);
 size_t cp_len(std::string_view s);
 // Byte offset of code point index i (i <= cp_len(s)).
 size_t cp_to_byte(std::string_view s, size_t i);
+
+// --- substring search ----------------------------------------------------------------------------
+// Like std::string_view::find(needle, from) / rfind(needle, last_start), but linear in the text even for adversarial
+// needles ("aaa...ab" in "aaa...a" made std::string_view::find run for seconds on a 1 MB string).
+size_t find_bytes(std::string_view hay, std::string_view needle, size_t from = 0);
+size_t rfind_bytes(std::string_view hay, std::string_view needle, size_t last_start);
 
 // --- character classes (CPython's unicodedata 14.0) ---------------------------------------------
 bool is_space(char32_t c);

@@ -1,8 +1,10 @@
 #include "chat/jinja/value.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "chat/jinja/pystr.h"
+#include "chat/jinja/work.h"
 
 namespace pg::jinja {
 
@@ -57,20 +59,25 @@ bool Object::next(Interp&, Value&) { return false; }
 
 // ------------------------------------------------------------------------------------------------
 const Value* DictObj::find(const Value& key) const {
-  if (key.is_str()) {
-    const std::string& k = key.str();
-    for (const auto& kv : items)
-      if (kv.first.is_str() && kv.first.str() == k) return &kv.second;
-    return nullptr;
-  }
+  if (key.is_str()) return find_str(key.str());
+  // Lookups are linear (see value.h): charged per entry, so a loop of lookups in a 100k-entry dict is bounded by
+  // the step cap like any other loop.
+  charge_work(items.size() * kWorkPerItem);
   for (const auto& kv : items)
     if (py_eq(kv.first, key)) return &kv.second;
   return nullptr;
 }
 
 const Value* DictObj::find_str(std::string_view key) const {
-  for (const auto& kv : items)
-    if (kv.first.is_str() && kv.first.str() == key) return &kv.second;
+  size_t scanned = 0;
+  for (const auto& kv : items) {
+    ++scanned;
+    if (kv.first.is_str() && kv.first.str() == key) {
+      charge_work(scanned * kWorkPerItem + key.size());
+      return &kv.second;
+    }
+  }
+  charge_work(scanned * kWorkPerItem);
   return nullptr;
 }
 
@@ -439,6 +446,9 @@ bool py_eq(const Value& a, const Value& b) {
     case Value::Kind::kNone:
       return true;
     case Value::Kind::kStr:
+      if (a.heap() == b.heap()) return true;
+      if (a.str().size() != b.str().size()) return false;
+      charge_work(a.str().size());  // memcmp of two long strings, possibly once per item of a long list
       return a.str() == b.str();
     case Value::Kind::kList: {
       if (!seq_kind_compatible(a, b)) return false;
@@ -446,8 +456,10 @@ bool py_eq(const Value& a, const Value& b) {
       const auto& y = b.items();
       if (&x == &y) return true;
       if (x.size() != y.size()) return false;
-      for (size_t i = 0; i < x.size(); ++i)
+      for (size_t i = 0; i < x.size(); ++i) {
+        charge_work(kWorkPerItem);
         if (!py_eq(x[i], y[i])) return false;
+      }
       return true;
     }
     case Value::Kind::kDict: {
@@ -476,13 +488,17 @@ bool py_lt(const Value& a, const Value& b) {
     if (b.is_float() && std::isnan(b.get_float())) return false;
     return num_cmp(a, b) < 0;
   }
-  if (a.is_str() && b.is_str()) return a.str() < b.str();
+  if (a.is_str() && b.is_str()) {
+    charge_work(std::min(a.str().size(), b.str().size()));
+    return a.str() < b.str();
+  }
   if (a.is_list() && b.is_list() && seq_kind_compatible(a, b) &&
       (a.list_obj().kind == ListKind::kList || a.list_obj().kind == ListKind::kTuple)) {
     const auto& x = a.items();
     const auto& y = b.items();
     size_t n = std::min(x.size(), y.size());
     for (size_t i = 0; i < n; ++i) {
+      charge_work(kWorkPerItem);
       if (!py_eq(x[i], y[i])) return py_lt(x[i], y[i]);
     }
     return x.size() < y.size();
