@@ -48,6 +48,20 @@ for target in "${TARGETS[@]}"; do
       ARGS+=(-max_len=16384 -timeout=5 -dict="$ROOT/fuzz/seeds_server/server.dict")
       cp "$ROOT"/fuzz/seeds_server/corpus/* "$SEEDS/"
       ;;
+    jinja)
+      # One legitimate operation on a string near the 64 MB cap takes seconds under the sanitizers.
+      runs=2000000
+      ARGS+=(-max_len=16384 -timeout=25 -dict="$ROOT/fuzz/chat_jinja.dict")
+      /usr/bin/python3 "$ROOT/fuzz/seeds_chat/make_seeds.py" "$BUILD/fuzz-chat-seeds" "$SHARED"
+      cp "$BUILD"/fuzz-chat-seeds/jinja/* "$SEEDS/"
+      ;;
+    chat_parse)
+      # -len_control=0: without it libFuzzer keeps inputs under a few hundred bytes.
+      runs=400000
+      ARGS+=(-max_len=8192 -timeout=30 -len_control=0 -dict="$ROOT/fuzz/chat_parse.dict")
+      /usr/bin/python3 "$ROOT/fuzz/seeds_chat/make_seeds.py" "$BUILD/fuzz-chat-seeds" "$SHARED"
+      cp "$BUILD"/fuzz-chat-seeds/parse/* "$SEEDS/"
+      ;;
     *)
       echo "fuzz: unknown target '$target' (gguf, server_request, jinja, chat_parse, all)" >&2
       exit 2

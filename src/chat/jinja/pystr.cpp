@@ -932,75 +932,41 @@ void json_quote(std::string& out, std::string_view s, bool ensure_ascii) {
     std::snprintf(buf, sizeof buf, "\\u%04x", v);
     out += buf;
   };
+  // The escapes both modes share; false for a character that needs no short escape.
+  auto short_escape = [&](char32_t c) {
+    switch (c) {
+      case '"': out += "\\\""; return true;
+      case '\\': out += "\\\\"; return true;
+      case '\n': out += "\\n"; return true;
+      case '\r': out += "\\r"; return true;
+      case '\t': out += "\\t"; return true;
+      case '\b': out += "\\b"; return true;
+      case '\f': out += "\\f"; return true;
+      default: return false;
+    }
+  };
   if (!ensure_ascii) {
+    // Bytes pass through (UTF-8 stays UTF-8); only quotes, backslashes and controls are escaped.
     for (char ch : s) {
-      unsigned char c = static_cast<unsigned char>(ch);
-      switch (c) {
-        case '"':
-          out += "\\\"";
-          break;
-        case '\\':
-          out += "\\\\";
-          break;
-        case '\n':
-          out += "\\n";
-          break;
-        case '\r':
-          out += "\\r";
-          break;
-        case '\t':
-          out += "\\t";
-          break;
-        case '\b':
-          out += "\\b";
-          break;
-        case '\f':
-          out += "\\f";
-          break;
-        default:
-          if (c < 0x20) {
-            hex4(c);
-          } else {
-            out.push_back(ch);
-          }
-      }
+      const auto c = static_cast<unsigned char>(ch);
+      if (short_escape(c)) continue;
+      if (c < 0x20)
+        hex4(c);
+      else
+        out.push_back(ch);
     }
   } else {
+    // Everything outside printable ASCII as \uXXXX, astral characters as surrogate pairs (Python's json).
     for (char32_t c : decode(s)) {
-      switch (c) {
-        case '"':
-          out += "\\\"";
-          break;
-        case '\\':
-          out += "\\\\";
-          break;
-        case '\n':
-          out += "\\n";
-          break;
-        case '\r':
-          out += "\\r";
-          break;
-        case '\t':
-          out += "\\t";
-          break;
-        case '\b':
-          out += "\\b";
-          break;
-        case '\f':
-          out += "\\f";
-          break;
-        default:
-          if (c < 0x20 || c > 0x7E) {
-            if (c >= 0x10000) {
-              char32_t v = c - 0x10000;
-              hex4(0xD800 | (v >> 10));
-              hex4(0xDC00 | (v & 0x3FF));
-            } else {
-              hex4(c);
-            }
-          } else {
-            out.push_back(static_cast<char>(c));
-          }
+      if (short_escape(c)) continue;
+      if (c >= 0x20 && c <= 0x7E) {
+        out.push_back(static_cast<char>(c));
+      } else if (c >= 0x10000) {
+        const char32_t v = c - 0x10000;
+        hex4(0xD800 | (v >> 10));
+        hex4(0xDC00 | (v & 0x3FF));
+      } else {
+        hex4(c);
       }
     }
   }
