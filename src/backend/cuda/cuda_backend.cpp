@@ -359,29 +359,7 @@ void CudaBackend::gemv(const cuda::MatmulArgs& a) {
   cuda::gemv(a, as_stream(stream_));
 }
 
-void CudaBackend::matmul_rows(const Tensor& w, const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride) {
-  cuda::MatmulArgs a;
-  a.type = w.type;
-  a.w = w.data;
-  a.row_bytes = w.row_bytes();
-  a.K = w.ne[0];
-  a.M = w.ne[1];
-  a.x = x;
-  a.x_stride = x_stride;
-  a.y = y;
-  a.y_stride = y_stride;
-  a.n = static_cast<int>(n);
-  // The tensor-core GEMM works on K in steps of 32; other widths (tiny test models) take the GEMV.
-  if (opt_.exact_f32 || n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type) || a.K % 32 != 0) {
-    gemv(a);
-  } else {
-    void* s = scratch(kSlotGemm, cuda::gemm_scratch_bytes(n, a.K));
-    cuda::gemm(a, nullptr, nullptr, s, as_stream(stream_));
-  }
-}
-
-void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
-  activate(device_);
+cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& w, const Tensor& x, Tensor& y) const {
   check_own(w, "matmul");
   check_own(x, "matmul");
   check_own(y, "matmul");
@@ -390,41 +368,43 @@ void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
   PG_CHECK(x.cols() == w.ne[0], "matmul: input width " + std::to_string(x.cols()) + " != weight rows " + std::to_string(w.ne[0]));
   PG_CHECK(y.cols() == w.ne[1] && y.rows() == x.rows(), "matmul: output shape mismatch");
   PG_CHECK(cuda::gemv_supported(w.type), "CUDA matmul: weight type " + std::string(dtype_name(w.type)) + " is not supported");
-  matmul_rows(w, x.as<float>(), x.rows(), x.cols(), y.as<float>(), y.cols());
+  cuda::MatmulArgs a;
+  a.type = w.type;
+  a.w = w.data;
+  a.row_bytes = w.row_bytes();
+  a.K = w.ne[0];
+  a.M = w.ne[1];
+  a.x = x.as<float>();
+  a.x_stride = x.cols();
+  a.y = y.as<float>();
+  a.y_stride = y.cols();
+  a.n = static_cast<int>(x.rows());
+  a.lanes = opt_.gemv_lanes;
+  return a;
+}
+
+void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
+  activate(device_);
+  const cuda::MatmulArgs a = matmul_args(w, x, y);
+  // The tensor-core GEMM works on K in steps of 32; other widths (tiny test models) take the GEMV.
+  if (opt_.exact_f32 || a.n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type) || a.K % 32 != 0) {
+    gemv(a);
+  } else {
+    void* s = scratch(kSlotGemm, cuda::gemm_scratch_bytes(a.n, a.K));
+    cuda::gemm(a, nullptr, nullptr, s, as_stream(stream_));
+  }
 }
 
 void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) {
   activate(device_);
-  check_own(x, "matmul");
-  check_f32(x, "matmul");
-  const int64_t n = x.rows();
-  if (opt_.exact_f32 || n > opt_.gemv_max_rows) {
+  if (opt_.exact_f32 || x.rows() > opt_.gemv_max_rows) {
     for (const MatmulOut& o : outs) matmul(*o.w, x, *o.y);
     return;
   }
   // Decode: the 8-bit activations are made once and serve every product that reads them.
   bool quantized = false;
   for (const MatmulOut& o : outs) {
-    const Tensor& w = *o.w;
-    Tensor& y = *o.y;
-    check_own(w, "matmul");
-    check_own(y, "matmul");
-    check_f32(y, "matmul");
-    PG_CHECK(x.cols() == w.ne[0], "matmul: input width " + std::to_string(x.cols()) + " != weight rows " + std::to_string(w.ne[0]));
-    PG_CHECK(y.cols() == w.ne[1] && y.rows() == n, "matmul: output shape mismatch");
-    PG_CHECK(cuda::gemv_supported(w.type), "CUDA matmul: weight type " + std::string(dtype_name(w.type)) + " is not supported");
-    cuda::MatmulArgs a;
-    a.type = w.type;
-    a.w = w.data;
-    a.row_bytes = w.row_bytes();
-    a.K = w.ne[0];
-    a.M = w.ne[1];
-    a.x = x.as<float>();
-    a.x_stride = x.cols();
-    a.y = y.as<float>();
-    a.y_stride = y.cols();
-    a.n = static_cast<int>(n);
-    a.lanes = opt_.gemv_lanes;
+    const cuda::MatmulArgs a = matmul_args(*o.w, x, *o.y);
     if (cuda::gemv_fast_q8(a)) {
       void* s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
       if (!quantized) cuda::quantize_q8(a, s, as_stream(stream_));

@@ -125,7 +125,8 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
   };
   void* scratch(int slot, size_t bytes);
-  void matmul_rows(const Tensor& w, const float* x, int64_t n, int64_t x_stride, float* y, int64_t y_stride);
+  // Checked arguments of y = x·wᵀ for the kernels (shapes, types, ownership).
+  cuda::MatmulArgs matmul_args(const Tensor& w, const Tensor& x, Tensor& y) const;
   void gemv(const cuda::MatmulArgs& a);  // default mode: gemv_fast where it applies, else the FP32 GEMV
   void check_own(const Tensor& t, const char* op) const;
   void check_not_capturing(const char* what) const;
