@@ -22,7 +22,22 @@ enum class RopeStyle { Norm, Neox };  // Norm: adjacent pairs (x[2i], x[2i+1]); 
 enum class Activation { Silu, GeluTanh };
 enum class ExpertGating { Softmax, Sigmoid };
 
+// Token trees (speculative verification): the draft rows of one sequence in one forward, at most this many.
+// A tree row sees the sequence's committed cells plus its ancestors among these rows (and itself).
+inline constexpr int kMaxTreeRows = 128;
+inline constexpr int kTreeMaskWords = kMaxTreeRows / 32;
+
 // Per-step indices that tell attention where each batch row's keys live. Built by the KV cache.
+//
+// Visibility of row r (logical positions of its sequence, read through the block table):
+//  - without a tree (tree_mask invalid): [begin, positions[r] + 1);
+//  - with a tree: [begin, kv_len[r]) plus every position kv_len[r] + j with bit j of tree_mask[r] set
+//    (bit j of word j/32, j < kMaxTreeRows). A tree's draft rows are stored at logical positions
+//    kv_len, kv_len+1, ... in batch order (so those cells exist in the block table) while their RoPE
+//    positions (positions[r]) are kv_len + depth. Chain rows of the same batch have kv_len[r] =
+//    positions[r] + 1 and no mask bits.
+//  begin = max(0, positions[r] + 1 − sliding_window) for sliding-window layers, else 0. The model
+//  guarantees that a tree's depth is below the window, so ancestors are never outside it.
 struct AttentionBatch {
   int n_tokens = 0;
   Tensor positions;    // I32 (n_tokens): logical position of row r in its sequence
@@ -31,7 +46,9 @@ struct AttentionBatch {
   Tensor block_table;  // I32 (n_seq_slots, max_blocks): physical block of each logical block
   int block_size = 0;  // cells per block
   int max_blocks = 0;  // block_table row length
-  int max_kv_len = 0;  // max over rows of positions[r] + 1 (an upper bound for kernel launches)
+  int max_kv_len = 0;  // max over rows of the highest visible logical position + 1 (bound for launches)
+  Tensor kv_len;       // I32 (n_tokens), valid only with tree_mask: end of row r's contiguous visible range
+  Tensor tree_mask;    // I32 (n_tokens, kTreeMaskWords) or invalid (no tree rows in this micro-batch)
 };
 
 struct AttentionParams {
@@ -127,6 +144,14 @@ class Backend {
   // ids (I32, rows) = per row of x (rows, cols) the column of the highest value, ties to the lowest
   // column; NaNs never win, except that a NaN in column 0 gives 0 (the engine's host argmax exactly).
   virtual void argmax_rows(const Tensor& x, Tensor& ids) = 0;
+  // Per row of x (rows, cols) the k largest values: ids (I32 (rows, k)) in descending order of value (ties
+  // to the lower column, NaN never chosen) and their log-softmax over the whole row, logprobs (F32 (rows, k)):
+  // x[id] − max − log Σ exp(x − max), sum in double. 1 ≤ k ≤ min(cols, 64).
+  virtual void topk_rows(const Tensor& x, int k, Tensor& ids, Tensor& logprobs) { not_implemented("topk_rows"); }
+  // Moves K/V rows inside one layer's cache: for i = 0, 1, ... in order, cell dst[i] ← cell src[i] (K and
+  // V). src, dst: I32 (n). The result is as if the copies ran one after another (a destination may be a
+  // later copy's source); used to compact an accepted tree path into consecutive positions.
+  virtual void kv_copy(KvLayer& kv, const Tensor& src_cells, const Tensor& dst_cells) { not_implemented("kv_copy"); }
   // Copies columns [col0, col0+dst.cols) of every group of `group` columns of src into dst:
   // src (n, g*group) → dst (n, g*w). Splits interleaved per-head blocks such as qwen35's [q | gate].
   virtual void gather_cols(const Tensor& src, int group, int col0, Tensor& dst) = 0;

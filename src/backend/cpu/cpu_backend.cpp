@@ -590,6 +590,9 @@ void CpuBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBa
   // Items are (row, KV head), longest rows first so that handing them out one by one ends balanced.
   const int64_t n_items = static_cast<int64_t>(n) * p.n_head_kv;
   double work = 0;
+  // Tree rows (speculative verification) see [begin, kv_len) plus the positions kv_len + j of their mask bits.
+  const int32_t* kv_len = batch.tree_mask.valid() ? batch.kv_len.as<int32_t>() : nullptr;
+  const uint32_t* tmask = batch.tree_mask.valid() ? batch.tree_mask.as<uint32_t>() : nullptr;
   for (int r = 0; r < n; ++r) work += static_cast<double>(pos[r] + 1);
   const bool serial = work * p.n_head * hd < 65536.0;
   std::vector<int>& order = attn_order_;
@@ -608,17 +611,26 @@ void CpuBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBa
     float* acc = scores + max_len * static_cast<size_t>(group);
     for (int64_t i = i0; i < i1; ++i) {
       const int r = order[static_cast<size_t>(i / p.n_head_kv)], hk = static_cast<int>(i % p.n_head_kv);
-      const int end = pos[r] + 1;
-      const int begin = p.sliding_window > 0 ? std::max(0, end - p.sliding_window) : 0;
+      const int end = kv_len ? kv_len[r] : pos[r] + 1;
+      const int begin = p.sliding_window > 0 ? std::max(0, pos[r] + 1 - p.sliding_window) : 0;
       const int32_t* table = bt + static_cast<int64_t>(seq[r]) * batch.max_blocks;
       const size_t head_off = static_cast<size_t>(hk) * static_cast<size_t>(hd);
+      auto cell_of = [&](int j) {
+        return static_cast<int64_t>(table[j / batch.block_size]) * batch.block_size + j % batch.block_size;
+      };
       for (int j = begin; j < end;) {  // walk the blocks of the paged cache
         const int blk = j / batch.block_size, j1 = std::min(end, (blk + 1) * batch.block_size);
         const int64_t cell0 = static_cast<int64_t>(table[blk]) * batch.block_size - static_cast<int64_t>(blk) * batch.block_size;
         for (; j < j1; ++j) offs[j - begin] = static_cast<size_t>((cell0 + j) * kv_w) + head_off;
       }
+      int len = std::max(0, end - begin);
+      if (tmask) {
+        const uint32_t* m = tmask + static_cast<int64_t>(r) * kTreeMaskWords;
+        for (int j = 0; j < kMaxTreeRows; ++j)
+          if (m[j / 32] >> (j % 32) & 1u) offs[len++] = static_cast<size_t>(cell_of(end + j) * kv_w) + head_off;
+      }
       AttnItem it{q.as<float>() + static_cast<int64_t>(r) * q.cols(), out.as<float>() + static_cast<int64_t>(r) * out.cols(),
-                  offs, end - begin};
+                  offs, len};
       const int h0 = hk * group;
 #if PG_ATTN_AVX2
       if (vec) {
@@ -644,6 +656,52 @@ void CpuBackend::mul_sigmoid(Tensor& x, const Tensor& gate) {
 void CpuBackend::softcap(Tensor& x, float cap) {
   float* p = x.as<float>();
   for (int64_t i = 0; i < x.n_elements(); ++i) p[i] = cap * std::tanh(p[i] / cap);
+}
+
+void CpuBackend::topk_rows(const Tensor& x, int k, Tensor& ids, Tensor& logprobs) {
+  const int64_t d = x.cols();
+  PG_CHECK(x.type == DType::F32 && ids.type == DType::I32 && logprobs.type == DType::F32, "topk_rows: types");
+  PG_CHECK(k >= 1 && k <= 64 && k <= d && ids.n_elements() >= x.rows() * k && logprobs.n_elements() >= x.rows() * k,
+           "topk_rows: shape mismatch");
+  for (int64_t r = 0; r < x.rows(); ++r) {
+    const float* row = x.as<float>() + r * d;
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < d; ++i) mx = std::max(mx, row[i]);  // NaN never wins std::max's comparison
+    double sum = 0;
+    for (int64_t i = 0; i < d; ++i)
+      if (!std::isnan(row[i])) sum += std::exp(static_cast<double>(row[i]) - mx);
+    const float lse = mx + static_cast<float>(std::log(sum));
+    // Insertion into a sorted list of k: the vocabulary is scanned once.
+    int32_t* id = ids.as<int32_t>() + r * k;
+    float* lp = logprobs.as<float>() + r * k;
+    int have = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      const float v = row[i];
+      if (std::isnan(v)) continue;
+      if (have == k && !(v > row[id[k - 1]])) continue;
+      int j = have < k ? have++ : k - 1;
+      while (j > 0 && v > row[id[j - 1]]) {
+        id[j] = id[j - 1];
+        --j;
+      }
+      id[j] = static_cast<int32_t>(i);
+    }
+    for (int j = have; j < k; ++j) id[j] = id[have > 0 ? have - 1 : 0];  // fewer than k non-NaN values
+    for (int j = 0; j < k; ++j) lp[j] = row[id[j]] - lse;
+  }
+}
+
+void CpuBackend::kv_copy(KvLayer& kv, const Tensor& src_cells, const Tensor& dst_cells) {
+  PG_CHECK(src_cells.n_elements() == dst_cells.n_elements(), "kv_copy: src and dst lengths differ");
+  const int32_t* s = src_cells.as<int32_t>();
+  const int32_t* d = dst_cells.as<int32_t>();
+  for (Tensor* t : {&kv.k, &kv.v}) {
+    const size_t rb = t->row_bytes();
+    for (int64_t i = 0; i < src_cells.n_elements(); ++i) {
+      PG_CHECK(s[i] >= 0 && s[i] < t->rows() && d[i] >= 0 && d[i] < t->rows(), "kv_copy: cell out of range");
+      if (s[i] != d[i]) std::memmove(t->as<uint8_t>() + static_cast<size_t>(d[i]) * rb, t->as<uint8_t>() + static_cast<size_t>(s[i]) * rb, rb);
+    }
+  }
 }
 
 void CpuBackend::argmax_rows(const Tensor& x, Tensor& ids) {
