@@ -132,15 +132,21 @@ LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedMode
   d.opt.budget = f.budget;
   if (t != spec::SpecType::kDraft) return d;
   d.path = draft;
-  BackendOptions bo;
-  bo.device = f.device.empty() ? mf.device : f.device;
-  bo.cpu.n_threads = mf.threads;
-  bo.cpu.exact_f32 = mf.exact;
-  d.backend = create_backend(bo);
+  // On the target's device the draft shares its backend: two CPU thread pools on the same cores
+  // would spin against each other.
+  Backend* be = target.backend.get();
+  if (!f.device.empty() && f.device != mf.device) {
+    BackendOptions bo;
+    bo.device = f.device;
+    bo.cpu.n_threads = mf.threads;
+    bo.cpu.exact_f32 = mf.exact;
+    d.backend = create_backend(bo);
+    be = d.backend.get();
+  }
   ModelOptions mo;
   mo.max_batch = mf.batch;
   try {
-    d.model = Model::load(draft, *d.backend, mo);
+    d.model = Model::load(draft, *be, mo);
   } catch (const Error& e) {
     throw Error("cannot load the draft model '" + draft + "': " + e.what());
   }
