@@ -36,6 +36,9 @@ KvCache::KvCache(Backend& backend, const std::vector<KvLayerShape>& shapes, cons
   len_.assign(static_cast<size_t>(opt_.n_seq), 0);
   refcount_.assign(static_cast<size_t>(opt_.n_blocks), 0);
   for (int b = opt_.n_blocks - 1; b >= 0; --b) free_.push_back(b);
+  trees_.resize(static_cast<size_t>(opt_.n_seq));
+  commit_src_ = backend_.alloc(DType::I32, kMaxTreeRows, 1);
+  commit_dst_ = backend_.alloc(DType::I32, kMaxTreeRows, 1);
   bool any_recurrent = false;
   for (const auto& r : recurrent) any_recurrent |= r.any();
   if (any_recurrent) {
@@ -46,6 +49,8 @@ KvCache::KvCache(Backend& backend, const std::vector<KvLayerShape>& shapes, cons
 }
 
 KvCache::~KvCache() {
+  backend_.free(commit_src_);
+  backend_.free(commit_dst_);
   for (auto& l : layers_) {
     if (l.k.valid()) backend_.free(l.k);
     if (l.v.valid()) backend_.free(l.v);
@@ -91,6 +96,11 @@ void KvCache::truncate(int seq, int n) {
     }
   }
   if (n < len_[static_cast<size_t>(seq)]) len_[static_cast<size_t>(seq)] = n;
+  drop_tree(seq);
+  release_blocks(seq, n);
+}
+
+void KvCache::release_blocks(int seq, int n) {
   const int keep = (n + opt_.block_size - 1) / opt_.block_size;
   int& have = n_blocks_of_[static_cast<size_t>(seq)];
   while (have > keep) {
@@ -100,6 +110,61 @@ void KvCache::truncate(int seq, int n) {
     slot = -1;
     table_dirty_ = true;
   }
+}
+
+void KvCache::set_tree(int seq, std::vector<int32_t> parent, std::vector<int32_t> rows) {
+  PG_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence slot out of range");
+  PG_CHECK(parent.size() == rows.size() && parent.size() <= static_cast<size_t>(kMaxTreeRows), "malformed tree record");
+  trees_[static_cast<size_t>(seq)] = {std::move(parent), std::move(rows)};
+}
+
+void KvCache::drop_tree(int seq) { trees_[static_cast<size_t>(seq)] = {}; }
+
+void KvCache::commit(int seq, const std::vector<int>& path) {
+  PG_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence slot out of range");
+  const Tree& t = trees_[static_cast<size_t>(seq)];
+  const int n_tree = static_cast<int>(t.parent.size());
+  PG_CHECK(n_tree > 0 || path.empty(), "commit: sequence " + std::to_string(seq) + " has no tree from a tree forward to commit from");
+  for (size_t i = 0; i < path.size(); ++i) {
+    const int j = path[i];
+    PG_CHECK(j >= 0 && j < n_tree, "commit: tree index " + std::to_string(j) + " is not a row of the sequence's tree (" +
+                                       std::to_string(n_tree) + " rows)");
+    const int want = i == 0 ? -1 : path[i - 1];
+    PG_CHECK(t.parent[static_cast<size_t>(j)] == want,
+             i == 0 ? "commit: the path must start at a root of the tree (tree index " + std::to_string(j) + " has a parent)"
+                    : "commit: tree index " + std::to_string(j) + " is not a child of " + std::to_string(want));
+  }
+  const int base = len_[static_cast<size_t>(seq)];
+  const int m = static_cast<int>(path.size());
+  // Node i of the path sits at logical position base + path[i] and moves to base + i. path[i] ≥ i (its i
+  // ancestors precede it in batch order), so copying in path order never overwrites a row still to be read.
+  std::vector<int32_t> src, dst;
+  for (int i = 0; i < m; ++i) {
+    if (path[static_cast<size_t>(i)] == i) continue;
+    src.push_back(cell(seq, base + path[static_cast<size_t>(i)]));
+    dst.push_back(cell(seq, base + i));
+  }
+  if (!src.empty()) {
+    const size_t bytes = src.size() * sizeof(int32_t);
+    backend_.upload(commit_src_, src.data(), bytes);
+    backend_.upload(commit_dst_, dst.data(), bytes);
+    const Tensor s = commit_src_.reshape_2d(static_cast<int64_t>(src.size()), 1), d = commit_dst_.reshape_2d(static_cast<int64_t>(src.size()), 1);
+    for (auto& l : layers_)
+      if (l.k.valid()) backend_.kv_copy(l, s, d);
+  }
+  if (recurrent_ && m > 0) {
+    const int last_row = t.rows[static_cast<size_t>(path.back())];
+    recurrent_->commit(seq, last_row);
+    // The accepted nodes' captures are now chain snapshots of the sequence (truncate can cut back into
+    // the accepted run); every other tree capture is dropped.
+    recurrent_->invalidate(seq, base);
+    for (int i = 0; i < m; ++i) recurrent_->set_tag(t.rows[static_cast<size_t>(path[static_cast<size_t>(i)])], {seq, base + i, true});
+  } else if (recurrent_) {
+    recurrent_->invalidate(seq, base);
+  }
+  len_[static_cast<size_t>(seq)] = base + m;
+  drop_tree(seq);
+  release_blocks(seq, base + m);
 }
 
 int32_t KvCache::cell(int seq, int pos) const {

@@ -76,6 +76,23 @@ class KvCache {
   RecurrentState* recurrent() { return recurrent_.get(); }
   const RecurrentState* recurrent() const { return recurrent_.get(); }
 
+  // ---- token trees (speculative verification) ----
+  // A tree forward (Model::forward with Batch::parent) stores the n tree rows of a sequence at logical
+  // positions seq_len + j, j = 0..n-1 in batch order, without advancing seq_len, and records the tree
+  // here: parent[j] (index j of the parent row, -1 for a root) and row[j] (the batch row, which is also
+  // the recurrent capture index of hybrid models). Anything else that changes the sequence (truncate,
+  // clear, restore, commit, a chain forward) drops the record.
+  void set_tree(int seq, std::vector<int32_t> parent, std::vector<int32_t> rows);
+  void drop_tree(int seq);
+  int tree_size(int seq) const { return static_cast<int>(trees_[static_cast<size_t>(seq)].parent.size()); }
+  // Accepts a root-to-node path of the sequence's last tree: path = tree indices j, root first, each the
+  // child of the previous (checked; an empty path accepts nothing). Afterwards the sequence holds those
+  // rows at positions seq_len, seq_len+1, ... (their K/V moved on the backend with one upload of the cell
+  // lists and one kv_copy per attention layer; a row already in place — a chain verified as a tree — is
+  // not copied), seq_len grows by path.size(), hybrid models take the recurrent state captured after the
+  // last node, and the cells of the rest of the tree are released.
+  void commit(int seq, const std::vector<int>& path);
+
   // Physical cell of a sequence position (reserve() must have covered it).
   int32_t cell(int seq, int pos) const;
   const std::vector<int32_t>& block_table() const { return table_; }  // (n_seq, max_blocks), -1 = none
@@ -99,6 +116,12 @@ class KvCache {
   std::vector<int32_t> free_;          // free block ids (stack)
   bool table_dirty_ = true;
   std::unique_ptr<RecurrentState> recurrent_;
+  struct Tree {
+    std::vector<int32_t> parent, rows;  // (n tree rows)
+  };
+  std::vector<Tree> trees_;             // (n_seq)
+  Tensor commit_src_, commit_dst_;      // I32 (kMaxTreeRows) cell lists of commit()'s kv_copy
+  void release_blocks(int seq, int n);  // frees the sequence's blocks past those holding positions [0, n)
 };
 
 }  // namespace pg

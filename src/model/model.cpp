@@ -18,6 +18,8 @@ struct Model::Workspace {
   static constexpr int kLogitRows = 64;  // logits are produced in chunks so the buffer stays small
   Tensor ids, pos, seq, cells, out_ids;  // I32 (cap)
   Tensor block_table;                    // I32 (n_seq, max_blocks)
+  Tensor kv_len;                         // I32 (cap) tree micro-batches: end of each row's committed range
+  Tensor tree_mask;                      // I32 (cap, kTreeMaskWords) tree micro-batches: ancestor bits
   Tensor x, h, o;                        // (cap, n_embd)
   Tensor qfull;                          // (cap, q rows incl. gate)
   Tensor q, gate;                        // (cap, n_head*head_dim)
@@ -38,12 +40,25 @@ struct Model::Workspace {
   Tensor rb_rows, rb_capture;            // I32 (cap)
   Tensor rb_seg;                         // I32 (cap, 4)
   uint64_t cache_id = 0;  // KvCache::id() the workspace was sized for
+  bool table_loaded = false;  // block_table holds the cache's table (uploaded at least once)
   std::vector<Tensor*> all;
   // Recorded decode steps (Backend::begin_graph), by step shape: see Model::forward_ubatch.
   std::map<std::vector<int32_t>, int> graphs;
   std::set<std::vector<int32_t>> warm;  // shapes run once uncaptured (scratch buffers sized)
   AttentionBatch ab;
   RecurrentBatch rb;
+};
+
+// Token trees of a batch (speculative verification), decided once per forward for every model: a
+// sequence with any row whose parent ≥ 0 is a tree sequence, all its rows are tree rows, stored at
+// logical positions seq_len + j (j = index among the sequence's tree rows, in batch order) and seeing
+// [0, seq_len) plus their ancestors and themselves.
+struct Model::TreePlan {
+  bool any = false;
+  std::vector<uint8_t> tree;     // (n_seq) 1 = the sequence's rows form a tree
+  std::vector<int32_t> j;        // (n) index among the sequence's tree rows; -1 for chain rows
+  std::vector<int32_t> kv_len;   // (n) tree rows: the sequence's committed length; chain rows: position + 1
+  std::vector<uint32_t> mask;    // (n, kTreeMaskWords) tree rows: bit j of each ancestor and of itself
 };
 
 // How the rows of a whole batch thread through recurrent state (hybrid models), decided once per
@@ -226,6 +241,8 @@ void Model::ensure_workspace(KvCache& cache) {
     mk(w.rb_capture, DType::I32, cap, 1);
     mk(w.rb_seg, DType::I32, 4, cap);
   }
+  mk(w.kv_len, DType::I32, cap, 1);
+  mk(w.tree_mask, DType::I32, kTreeMaskWords, cap);
   w.cache_id = cache.id();
   w.ab.block_table = w.block_table;
   w.ab.block_size = cache.options().block_size;
@@ -246,11 +263,7 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
              "position " + std::to_string(batch.positions[static_cast<size_t>(i)]) + " is beyond the context size " + std::to_string(cache.n_ctx()));
   }
   PG_CHECK(!fopt.argmax_only || fopt.argmax, "ForwardOptions::argmax_only needs ForwardOptions::argmax");
-  bool tree = false;
-  for (int32_t p : batch.parent) tree |= p >= 0;
-  // Rows at the same position in different branches would overwrite each other's K/V.
-  PG_CHECK(!tree || cfg_.n_attention_layers() == 0,
-           "tree-shaped batches (Batch::parent) need tree attention, which is not implemented yet");
+  const TreePlan tp = plan_tree(batch, cache);
   std::unique_ptr<RecurrentPlan> plan;
   if (cfg_.has_recurrent()) {
     plan = std::make_unique<RecurrentPlan>(plan_recurrent(batch, cache, fopt));
@@ -258,6 +271,34 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
     PG_CHECK(!fopt.capture, "state capture is only meaningful for models with recurrent (linear-attention) layers");
   }
   ensure_workspace(cache);
+  // Tree sequences: the cells of all their rows are reserved up front (a micro-batch may hold only part
+  // of a tree), and the cache records the tree for commit(). Any other sequence of the batch drops the
+  // record of an earlier tree: its rows overwrite those cells.
+  {
+    std::vector<int32_t> n_tree(static_cast<size_t>(cache.n_seq()), 0);
+    std::vector<uint8_t> seen(static_cast<size_t>(cache.n_seq()), 0);
+    for (int r = 0; r < n; ++r) {
+      const int s = batch.seq[static_cast<size_t>(r)];
+      seen[static_cast<size_t>(s)] = 1;
+      if (tp.tree[static_cast<size_t>(s)]) ++n_tree[static_cast<size_t>(s)];
+    }
+    for (int s = 0; s < cache.n_seq(); ++s) {
+      if (!seen[static_cast<size_t>(s)]) continue;
+      if (!tp.tree[static_cast<size_t>(s)]) {
+        cache.drop_tree(s);
+        continue;
+      }
+      if (!cache.reserve(s, cache.seq_len(s) + n_tree[static_cast<size_t>(s)])) throw Error("KV cache is full");
+      std::vector<int32_t> parent, rows;
+      for (int r = 0; r < n; ++r) {
+        if (batch.seq[static_cast<size_t>(r)] != s) continue;
+        const int p = batch.parent[static_cast<size_t>(r)];
+        parent.push_back(p < 0 ? -1 : tp.j[static_cast<size_t>(p)]);
+        rows.push_back(r);
+      }
+      cache.set_tree(s, std::move(parent), std::move(rows));
+    }
+  }
   if (plan && plan->capture) {
     // The state before the batch, so that rejecting every row is a rollback like the others.
     std::vector<uint8_t> seen(static_cast<size_t>(cache.n_seq()), 0);
@@ -275,11 +316,63 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
   for (int b0 = 0; b0 < n; b0 += ws_->cap) {
     const int b1 = std::min(n, b0 + ws_->cap);
     chunk.clear();
-    forward_ubatch(batch, b0, b1, cache, plan.get(), fopt, out_rows, chunk);
+    forward_ubatch(batch, b0, b1, cache, tp, plan.get(), fopt, out_rows, chunk);
     std::memcpy(logits.data() + out_pos, chunk.data(), chunk.size() * sizeof(float));
     out_pos += chunk.size();
     for (int r = b0; r < b1; ++r) out_rows += batch.logits[static_cast<size_t>(r)] ? 1 : 0;
   }
+}
+
+Model::TreePlan Model::plan_tree(const Batch& batch, const KvCache& cache) const {
+  const int n = batch.size();
+  TreePlan tp;
+  tp.tree.assign(static_cast<size_t>(cache.n_seq()), 0);
+  auto parent = [&](int r) { return batch.parent.empty() ? -1 : batch.parent[static_cast<size_t>(r)]; };
+  for (int r = 0; r < n; ++r)
+    if (parent(r) >= 0) tp.tree[static_cast<size_t>(batch.seq[static_cast<size_t>(r)])] = tp.any = true;
+  for (int32_t s : batch.tree_seqs) {
+    PG_CHECK(s >= 0 && s < cache.n_seq(), "Batch::tree_seqs: sequence slot out of range");
+    tp.tree[static_cast<size_t>(s)] = tp.any = true;
+  }
+  if (!tp.any) return tp;
+  // The shortest sliding window of the model's attention layers bounds a tree's depth: a row's window
+  // is applied to the committed range, so every ancestor must lie inside it.
+  int window = 0;
+  for (int il = 0; il < cfg_.n_layer; ++il)
+    if (cfg_.layer_kind[static_cast<size_t>(il)] == LayerKind::Attention && cfg_.layer_swa[static_cast<size_t>(il)] && cfg_.sliding_window > 0)
+      window = cfg_.sliding_window;
+  tp.j.assign(static_cast<size_t>(n), -1);
+  tp.kv_len.assign(static_cast<size_t>(n), 0);
+  tp.mask.assign(static_cast<size_t>(n) * kTreeMaskWords, 0);
+  std::vector<int32_t> count(static_cast<size_t>(cache.n_seq()), 0);
+  for (int r = 0; r < n; ++r) {
+    const int s = batch.seq[static_cast<size_t>(r)], pos = batch.positions[static_cast<size_t>(r)];
+    if (!tp.tree[static_cast<size_t>(s)]) {
+      tp.kv_len[static_cast<size_t>(r)] = pos + 1;
+      continue;
+    }
+    const std::string where = "tree row " + std::to_string(r) + " (sequence " + std::to_string(s) + ", position " + std::to_string(pos) + ")";
+    const int len = cache.seq_len(s), p = parent(r);
+    int& jj = count[static_cast<size_t>(s)];
+    PG_CHECK(jj < kMaxTreeRows, "sequence " + std::to_string(s) + " has more than " + std::to_string(kMaxTreeRows) +
+                                    " tree rows in one forward");
+    PG_CHECK(len + jj < cache.n_ctx(), where + ": the tree's rows are stored past the sequence's " + std::to_string(len) +
+                                           " tokens and do not fit in the context of " + std::to_string(cache.n_ctx()));
+    uint32_t* m = tp.mask.data() + static_cast<size_t>(r) * kTreeMaskWords;
+    if (p < 0) {
+      PG_CHECK(pos == len, where + ": a tree root (parent -1) must be at the sequence's length " + std::to_string(len));
+    } else {
+      PG_CHECK(p < r && batch.seq[static_cast<size_t>(p)] == s, where + ": parent must be an earlier row of the same sequence");
+      PG_CHECK(pos == batch.positions[static_cast<size_t>(p)] + 1, where + ": a tree row must be at its parent's position + 1");
+      std::copy_n(tp.mask.data() + static_cast<size_t>(p) * kTreeMaskWords, kTreeMaskWords, m);
+    }
+    PG_CHECK(window == 0 || pos - len < window, where + ": tree depth " + std::to_string(pos - len) +
+                                                    " reaches the sliding window (" + std::to_string(window) + ") of the model");
+    m[jj / 32] |= 1u << (jj % 32);
+    tp.j[static_cast<size_t>(r)] = jj++;
+    tp.kv_len[static_cast<size_t>(r)] = len;
+  }
+  return tp;
 }
 
 Model::RecurrentPlan Model::plan_recurrent(const Batch& batch, const KvCache& cache, const ForwardOptions& fopt) const {
@@ -298,6 +391,7 @@ Model::RecurrentPlan Model::plan_recurrent(const Batch& batch, const KvCache& ca
   auto parent = [&](int r) { return batch.parent.empty() ? -1 : batch.parent[static_cast<size_t>(r)]; };
   for (int r = 0; r < n; ++r)
     if (parent(r) >= 0) plan.tree[static_cast<size_t>(batch.seq[static_cast<size_t>(r)])] = 1;
+  for (int32_t s : batch.tree_seqs) plan.tree[static_cast<size_t>(s)] = 1;  // checked by plan_tree
   plan.pred.assign(static_cast<size_t>(n), -1);
   std::vector<int32_t> last(static_cast<size_t>(cache.n_seq()), -1);  // chain: previous row of the sequence
   for (int r = 0; r < n; ++r) {
@@ -372,8 +466,8 @@ void Model::build_recurrent_batch(const Batch& batch, int b0, int b1, const KvCa
   rb.seg = w.rb_seg.rows_view(0, rb.n_segments);
 }
 
-void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const RecurrentPlan* plan, const ForwardOptions& fopt,
-                           int out0, std::vector<float>& logits) {
+void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const TreePlan& tp, const RecurrentPlan* plan,
+                           const ForwardOptions& fopt, int out0, std::vector<float>& logits) {
   Workspace& w = *ws_;
   const ModelConfig& c = cfg_;
   const int n = b1 - b0;
@@ -382,27 +476,48 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
   // Host-side indices for this micro-batch.
   std::vector<int32_t> cells(static_cast<size_t>(n)), out_rows;
   int max_kv = 0;
+  bool tree_rows = false;
   for (int i = 0; i < n; ++i) {
     const int r = b0 + i;
     const int s = batch.seq[static_cast<size_t>(r)], p = batch.positions[static_cast<size_t>(r)];
-    if (!cache.reserve(s, std::max(cache.seq_len(s), p + 1))) throw Error("KV cache is full");
-    cells[static_cast<size_t>(i)] = cache.cell(s, p);
-    max_kv = std::max(max_kv, p + 1);
+    if (tp.any && tp.tree[static_cast<size_t>(s)]) {
+      // Tree row j lives at logical position seq_len + j (reserved by forward); it sees up to itself.
+      const int lp = tp.kv_len[static_cast<size_t>(r)] + tp.j[static_cast<size_t>(r)];
+      cells[static_cast<size_t>(i)] = cache.cell(s, lp);
+      max_kv = std::max(max_kv, lp + 1);
+      tree_rows = true;
+    } else {
+      if (!cache.reserve(s, std::max(cache.seq_len(s), p + 1))) throw Error("KV cache is full");
+      cells[static_cast<size_t>(i)] = cache.cell(s, p);
+      max_kv = std::max(max_kv, p + 1);
+    }
     if (batch.logits[static_cast<size_t>(r)]) out_rows.push_back(i);
   }
   be.upload(w.ids, batch.tokens.data() + b0, static_cast<size_t>(n) * 4);
   be.upload(w.pos, batch.positions.data() + b0, static_cast<size_t>(n) * 4);
   be.upload(w.seq, batch.seq.data() + b0, static_cast<size_t>(n) * 4);
   be.upload(w.cells, cells.data(), static_cast<size_t>(n) * 4);
-  if (cache.table_dirty()) {
+  // A workspace made for this cache has never seen its table (the cache's dirty flag may have been
+  // cleared by an earlier workspace, before another cache took the model's workspace).
+  if (cache.table_dirty() || !w.table_loaded) {
     be.upload(w.block_table, cache.block_table().data(), cache.block_table().size() * 4);
     cache.clear_dirty();
+    w.table_loaded = true;
   }
   w.ab.n_tokens = n;
   w.ab.positions = w.pos.rows_view(0, 1).reshape_2d(n, 1);
   w.ab.seq = w.seq.reshape_2d(n, 1);
   w.ab.cells = w.cells.reshape_2d(n, 1);
   w.ab.max_kv_len = max_kv;
+  if (tree_rows) {
+    be.upload(w.kv_len, tp.kv_len.data() + b0, static_cast<size_t>(n) * 4);
+    be.upload(w.tree_mask, tp.mask.data() + static_cast<size_t>(b0) * kTreeMaskWords, static_cast<size_t>(n) * kTreeMaskWords * 4);
+    w.ab.kv_len = w.kv_len.reshape_2d(n, 1);
+    w.ab.tree_mask = w.tree_mask.rows_view(0, n);
+  } else {
+    w.ab.kv_len = Tensor{};
+    w.ab.tree_mask = Tensor{};
+  }
   if (plan) build_recurrent_batch(batch, b0, b1, cache, *plan);
 
   Tensor ids = w.ids.reshape_2d(n, 1);
@@ -436,7 +551,9 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     int bucket = 256;
     while (bucket < max_kv) bucket *= 2;
     w.ab.max_kv_len = bucket;
-    std::vector<int32_t> key = {n, bucket};
+    // Whether the step has tree rows changes which attention form the backend records (kv_len and
+    // tree_mask are workspace tensors, uploaded above like the positions).
+    std::vector<int32_t> key = {n, bucket, tree_rows ? 1 : 0};
     if (plan) {
       // Segment lengths and captured rows shape the launches; a segment starting from a capture slot
       // (tree verification) can make the backend run segments in order, so those slots are in the key.
@@ -473,7 +590,7 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
   for (int i = 0; i < n; ++i) {
     const int r = b0 + i;
     const int s = batch.seq[static_cast<size_t>(r)];
-    if (plan && plan->tree[static_cast<size_t>(s)]) continue;
+    if (tp.any && tp.tree[static_cast<size_t>(s)]) continue;
     cache.set_len(s, std::max(cache.seq_len(s), batch.positions[static_cast<size_t>(r)] + 1));
   }
   if (plan && plan->capture) {

@@ -63,12 +63,18 @@ class Model {
   // returns the logits of rows with logits=1, in row order, as (n_outputs, n_vocab) row-major.
   // Sequence lengths in the cache advance to max(position)+1 of their rows.
   //
+  // Token trees (speculative verification): when any row of a sequence has parent ≥ 0, all rows of that
+  // sequence in this batch are tree rows: a root (parent -1) is at position seq_len, any other row at its
+  // parent's position + 1 (the parent an earlier row of the same sequence), at most kMaxTreeRows of them,
+  // depth below the model's sliding window. Tree row j (its index among the sequence's tree rows, in
+  // batch order) is stored at logical position seq_len + j and attends to the committed history and to
+  // its ancestors and itself; the sequence length does not advance, and KvCache::commit(seq, path)
+  // later keeps an accepted root-to-node path. Chain rows of other sequences may share the batch.
+  //
   // Hybrid models keep one recurrent state per sequence, so their rows must extend the history exactly:
   // in a chain batch (all parents -1) the rows of a sequence, in batch order, take positions
-  // seq_len, seq_len+1, ...; in a tree batch a row with parent -1 is at seq_len and any other row is at
-  // its parent's position + 1, its state deriving from the parent's (the sequence's committed state is
-  // left unchanged; see ForwardOptions::capture). Tree batches need tree attention, which is not
-  // implemented yet, so they are accepted only by models without attention layers.
+  // seq_len, seq_len+1, ...; in a tree each node's state derives from its parent's (the sequence's
+  // committed state is left unchanged; see ForwardOptions::capture, which tree batches need).
   void forward(const Batch& batch, KvCache& cache, std::vector<float>& logits, const ForwardOptions& fopt = {});
 
  private:
@@ -77,10 +83,12 @@ class Model {
   void ensure_workspace(KvCache& cache);
   void drop_workspace();
   static constexpr int kGraphMaxRows = 8;  // decode micro-batches up to this size replay recorded graphs
+  struct TreePlan;
   struct RecurrentPlan;
+  TreePlan plan_tree(const Batch& batch, const KvCache& cache) const;
   RecurrentPlan plan_recurrent(const Batch& batch, const KvCache& cache, const ForwardOptions& fopt) const;
-  void forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const RecurrentPlan* plan, const ForwardOptions& fopt,
-                      int out0, std::vector<float>& logits);
+  void forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, const TreePlan& tp, const RecurrentPlan* plan,
+                      const ForwardOptions& fopt, int out0, std::vector<float>& logits);
   void build_recurrent_batch(const Batch& batch, int b0, int b1, const KvCache& cache, const RecurrentPlan& plan);
   void attention_block(int il, int n, KvCache& cache);
   void deltanet_block(int il, int n, KvCache& cache);

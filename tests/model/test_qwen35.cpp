@@ -770,10 +770,10 @@ TEST(Qwen35Model, RejectsBatchesThatBreakTheRecurrentHistory) {
   b.clear();
   b.add(4, 3, 0, true);
   b.add(5, 4, 0, true);
-  b.parent[1] = 0;  // a tree needs tree attention (this model has attention layers)
+  b.parent[1] = 0;  // a tree needs capture (each node's recurrent state is kept for its children)
+  EXPECT_THROW(model->forward(b, *cache, out), Error);
   ForwardOptions cap;
   cap.capture = true;
-  EXPECT_THROW(model->forward(b, *cache, out, cap), Error);
   EXPECT_EQ(cache->seq_len(0), 3);
   // A cache made for another model has no recurrent state for this one.
   auto plain = KvCache(be, std::vector<KvLayerShape>(4, KvLayerShape{128, 128}), {1, 64, DType::F32, 16});

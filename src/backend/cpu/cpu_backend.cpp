@@ -686,7 +686,9 @@ void CpuBackend::topk_rows(const Tensor& x, int k, Tensor& ids, Tensor& logprobs
       }
       id[j] = static_cast<int32_t>(i);
     }
-    for (int j = have; j < k; ++j) id[j] = id[have > 0 ? have - 1 : 0];  // fewer than k non-NaN values
+    // Fewer than k non-NaN values: repeat the last one found (column 0 when the row is all NaN), so the
+    // ids are always valid columns.
+    for (int j = have; j < k; ++j) id[j] = have > 0 ? id[have - 1] : 0;
     for (int j = 0; j < k; ++j) lp[j] = row[id[j]] - lse;
   }
 }
