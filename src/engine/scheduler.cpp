@@ -198,7 +198,10 @@ void Scheduler::draft() {
     // Tokens this sequence may still emit: a verify step emits accepted drafts + 1, and its rows sit at
     // positions n_past .. n_past + depth, which must stay inside the slot.
     const int remaining = std::min(s.spec().max_tokens - s.n_generated(), opt_.n_ctx - s.n_past());
-    const int depth = std::min({opt_.spec.n_max, remaining - 1, spec::kMaxTreeNodes - 1});
+    int depth = std::min({opt_.spec.n_max, remaining - 1, spec::kMaxTreeNodes - 1});
+    // Tree rows see their ancestors through the tree mask, which must stay inside a sliding window.
+    const int window = model_.config().sliding_window;
+    if (opt_.spec.tree && window > 0) depth = std::min(depth, window - 1);
     if (depth < std::max(1, opt_.spec.n_min)) continue;
     spec::DraftInput in;
     in.slot = s.slot();
@@ -225,7 +228,9 @@ void Scheduler::draft() {
     if (d.has_tree && (d.tree.is_chain() || tree_forward_)) {
       v.tree = std::move(d.tree);
     } else if (opt_.spec.tree && tree_forward_ && !d.topk.empty()) {
-      v.tree = spec::build_ddtree(root, d.topk, std::min(opt_.spec.budget, spec::kMaxTreeNodes - 1));
+      // A tree's rows are stored at n_past + j (j = node index), so its size is bounded by the room left.
+      const int room = opt_.n_ctx - who[i]->n_past() - 1;
+      v.tree = spec::build_ddtree(root, d.topk, std::max(1, std::min({opt_.spec.budget, spec::kMaxTreeNodes - 1, room})));
     } else {
       v.tree = spec::build_chain(root, d.chain);
     }
@@ -253,6 +258,8 @@ void Scheduler::forward_step(std::vector<float>& logits, const ForwardOptions& f
       const int32_t p = batch_.parent[static_cast<size_t>(r)];
       sub_.parent.back() = p >= 0 ? p - b0 : -1;
     }
+    if (b0 == 0)  // tree rows are all in the first part
+      for (int32_t t : batch_.tree_seqs) sub_.tree_seqs.push_back(t);
   };
   const int n = batch_.size();
   int outs_first = 0;
@@ -291,8 +298,11 @@ void Scheduler::step() {
       const int row0 = batch_.size();
       const bool chain = v.tree.is_chain();
       for (int i = 0; i < v.tree.size(); ++i) {
-        batch_.add(v.tree.token[static_cast<size_t>(i)], s.n_past() + v.tree.depth[static_cast<size_t>(i)], s.slot(), true);
-        if (!chain && i > 0) batch_.parent.back() = row0 + v.tree.parent[static_cast<size_t>(i)];
+        const int32_t tok = v.tree.token[static_cast<size_t>(i)], pos = s.n_past() + v.tree.depth[static_cast<size_t>(i)];
+        if (chain)
+          batch_.add(tok, pos, s.slot(), true);
+        else
+          batch_.add_tree(tok, pos, s.slot(), i == 0 ? -1 : row0 + v.tree.parent[static_cast<size_t>(i)], true);
         out_seq_.push_back(&s);
       }
       budget -= v.tree.size();
@@ -376,8 +386,12 @@ void Scheduler::step() {
         release(s);
         continue;
       }
-      // Keep root + accepted drafts as the sequence's next positions; drop the rest of the draft.
-      cache_->truncate(s.slot(), n_past0 + accepted + 1);
+      // Keep root + accepted drafts as the sequence's next positions; drop the rest of the draft. A chain
+      // was written in place (cut it back); a tree's accepted path is compacted behind the history.
+      if (v.tree.is_chain())
+        cache_->truncate(s.slot(), n_past0 + accepted + 1);
+      else
+        cache_->commit(s.slot(), w.path);
       continue;
     }
     ++n_gen;

@@ -128,7 +128,7 @@ class Scheduler {
 
   // Speculation.
   std::unique_ptr<spec::Drafter> drafter_;
-  bool tree_forward_ = false;  // the target verifies tree batches (else DDTree falls back to chains)
+  bool tree_forward_ = true;  // the target verifies tree batches (Model::forward with parents)
   struct Verify {
     Sequence* seq;
     spec::DraftTree tree;

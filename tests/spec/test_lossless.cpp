@@ -101,10 +101,12 @@ std::vector<RequestSpec> random_requests(int n, int n_vocab, int max_tokens, uin
 
 std::string golden(const std::string& name) { return test::shared_path("golden/models/" + name + ".gguf").string(); }
 
-SpecOptions spec_of(spec::SpecType t, int n_max) {
+SpecOptions spec_of(spec::SpecType t, int n_max, int ddtree_budget = 0) {
   SpecOptions s;
   s.type = t;
   s.n_max = n_max;
+  s.tree = ddtree_budget > 0;
+  if (s.tree) s.budget = ddtree_budget;
   return s;
 }
 
@@ -130,10 +132,15 @@ TEST_P(GreedyLossless, SpeculativeEqualsPlain) {
       {"self-draft n_max 5", target, spec_of(spec::SpecType::kDraft, 5), true},
       {"self-draft n_max 64", target, spec_of(spec::SpecType::kDraft, 64), true},
       {"ngram n_max 8", "", spec_of(spec::SpecType::kNgram, 8), false},
+      {"self-draft ddtree budget 1", target, spec_of(spec::SpecType::kDraft, 4, 1), true},
+      {"self-draft ddtree budget 22", target, spec_of(spec::SpecType::kDraft, 8, 22), false},
+      {"self-draft ddtree budget 64", target, spec_of(spec::SpecType::kDraft, 16, 64), false},
   };
   for (const char* sib : {"Q4_0", "Q2_K"}) {
     const std::string p = std::string(PEREGRINE_SHARED_DIR) + "/golden/models/tiny-" + arch + "-" + sib + ".gguf";
-    if (std::filesystem::exists(p)) cases.push_back({std::string("draft ") + sib + " n_max 6", p, spec_of(spec::SpecType::kDraft, 6), false});
+    if (!std::filesystem::exists(p)) continue;
+    cases.push_back({std::string("draft ") + sib + " n_max 6", p, spec_of(spec::SpecType::kDraft, 6), false});
+    cases.push_back({std::string("draft ") + sib + " ddtree 16", p, spec_of(spec::SpecType::kDraft, 6, 16), false});
   }
   for (const auto& c : cases) {
     SCOPED_TRACE(arch + ": " + c.what);
@@ -141,7 +148,11 @@ TEST_P(GreedyLossless, SpeculativeEqualsPlain) {
     for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(sp.outs[i].ids, plain.outs[i].ids) << "request " << i;
     EXPECT_GT(sp.m.spec_rounds, 0u);
     EXPECT_GT(sp.m.spec_drafted, 0u);
-    if (c.full_accept) EXPECT_EQ(sp.m.spec_accepted, sp.m.spec_drafted) << "a model drafting for itself must be accepted whole";
+    // A model drafting for itself is accepted whole — up to near-ties for hybrids, whose draft
+    // recomputes its recurrent state by chunked prefill each step (another summation order).
+    const bool hybrid = arch.rfind("qwen35", 0) == 0;
+    if (c.full_accept && !hybrid) EXPECT_EQ(sp.m.spec_accepted, sp.m.spec_drafted) << "a model drafting for itself must be accepted whole";
+    else if (c.full_accept) EXPECT_GE(sp.m.spec_accepted * 100, sp.m.spec_drafted * 95);
     else EXPECT_LT(sp.m.spec_accepted, sp.m.spec_drafted) << "no rejection exercised";
     // Every request's own counters add up to the engine's.
     uint64_t dn = 0;
