@@ -11,6 +11,8 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "engine/scheduler.h"
+#include <fstream>
 
 namespace pg::cli {
 namespace {
@@ -37,6 +39,118 @@ std::vector<int> int_list(const std::string& text, const char* flag) {
   return v;
 }
 
+// Chat prompts of the bundled demo's domains (models/README.md): arithmetic, string tasks, letter
+// counts, unit conversion, small Python functions, small talk.
+const char* const kDemoPrompts[] = {
+    "What is 4821 + 377?", "What is 9034 - 2716?", "What is 56 * 12?", "Reverse the word lantern.",
+    "Write the word harbor in upper case.", "How many letters are in the word meadow?", "What is the first letter of copper?",
+    "How many times does the letter s appear in mississippi?", "Convert 7 kilometers to meters.", "Convert 3 hours to minutes.",
+    "Write a Python function that returns the sum of a list.", "Write a Python function that reverses a string.",
+    "Write a Python function that returns the maximum of a list.", "Write a Python function that counts the vowels in a string.",
+    "Hello! How are you today?", "What can you help me with?", "What is 1234 + 8765?", "Reverse the word violet.",
+    "What is the last letter of quartz?", "Convert 5 kilograms to grams.",
+};
+
+struct SpecRun {
+  double tps = 0;
+  int tokens = 0, drafted = 0, accepted = 0, rounds = 0;
+  std::vector<std::vector<int32_t>> ids;
+};
+
+// Greedy chat answers to every prompt, one at a time, through the engine's step loop.
+SpecRun spec_run(Model& model, const tok::Tokenizer& tok, const LoadedModel& lm, int n_batch, const engine::SpecOptions& spec,
+                 const std::vector<std::vector<int32_t>>& prompts, int n_gen) {
+  engine::SchedulerOptions so;
+  so.n_slots = 1;
+  so.n_ctx = lm.n_ctx;
+  so.n_batch = n_batch;
+  so.kv_type = lm.kv_type;
+  so.spec = spec;
+  engine::Scheduler sched(model, tok, so);
+  SpecRun r;
+  double decode_s = 0;
+  for (const auto& p : prompts) {
+    engine::RequestSpec rs;
+    rs.prompt = p;
+    rs.sampling.temperature = 0;
+    rs.max_tokens = n_gen;
+    auto h = sched.submit(rs);
+    engine::Event e;
+    std::vector<int32_t> ids;
+    for (;;) {
+      if (!h->next(e, std::chrono::milliseconds(100))) continue;
+      for (auto& t : e.tokens) ids.push_back(t.id);
+      if (e.done) break;
+    }
+    PG_CHECK(e.finish != engine::FinishReason::kError, "generation failed: " + e.error);
+    // Decode speed: tokens after the first over the time after the first (prefill excluded, as tg).
+    if (e.stats.n_generated > 1) {
+      decode_s += e.stats.decode_ms / 1000.0;
+      r.tokens += e.stats.n_generated - 1;
+    }
+    r.drafted += e.stats.draft_n;
+    r.accepted += e.stats.draft_n_accepted;
+    r.rounds += e.stats.draft_rounds;
+    r.ids.push_back(std::move(ids));
+  }
+  r.tps = decode_s > 0 ? r.tokens / decode_s : 0;
+  return r;
+}
+
+// peregrine bench --draft FILE | --spec-type ngram: AR vs speculative decode on chat prompts.
+int bench_spec(const ModelFlags& mf_in, const SpecFlags& spf, int n_gen, int reps, const std::string& prompt_file, bool bundled) {
+  ModelFlags mf = mf_in;
+  mf.ctx = std::max(mf.ctx, 1024);
+  auto lm = load_model(mf);
+  auto draft = load_spec(spf, mf, lm, mf.model, bundled);
+  PG_CHECK(draft.opt.on(), "nothing to compare: give a draft model (--draft FILE) or --spec-type ngram");
+  std::vector<std::string> qs;
+  if (!prompt_file.empty()) {
+    std::ifstream f(prompt_file);
+    PG_CHECK(f.good(), "cannot read prompt file '" + prompt_file + "'");
+    for (std::string line; std::getline(f, line);)
+      if (!line.empty()) qs.push_back(line);
+  } else {
+    qs.assign(std::begin(kDemoPrompts), std::end(kDemoPrompts));
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& q : qs)
+    prompts.push_back(lm.tokenizer->encode("<|im_start|>user\n" + q + "<|im_end|>\n<|im_start|>assistant\n", false, true));
+  engine::SpecOptions ar;
+  std::vector<std::pair<std::string, engine::SpecOptions>> modes = {{"AR", ar}};
+  engine::SpecOptions chain = draft.opt;
+  chain.tree = false;
+  modes.push_back({"chain n-max " + std::to_string(chain.n_max), chain});
+  if (draft.opt.tree) modes.push_back({"ddtree budget " + std::to_string(draft.opt.budget) + " depth " + std::to_string(draft.opt.n_max), draft.opt});
+  std::printf("model: %s, draft: %s (%s), %zu chat prompts, greedy, up to %d tokens each, median of %d runs\n",
+              lm.model->config().name.c_str(), draft.path.empty() ? "none" : draft.path.c_str(), spec::spec_type_name(draft.opt.type),
+              prompts.size(), n_gen, reps);
+  std::printf("| mode | tok/s | vs AR | drafted | accepted | steps | mean_accept_len | same text |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  double ar_tps = 0;
+  std::vector<std::vector<int32_t>> ref;
+  spec_run(*lm.model, *lm.tokenizer, lm, mf.batch, ar, {prompts[0]}, 8);  // warm-up
+  for (const auto& [name, so] : modes) {
+    std::vector<double> tps;
+    SpecRun last;
+    for (int r = 0; r < reps; ++r) {
+      last = spec_run(*lm.model, *lm.tokenizer, lm, mf.batch, so, prompts, n_gen);
+      tps.push_back(last.tps);
+    }
+    const double t = median(tps);
+    if (!so.on()) {
+      ar_tps = t;
+      ref = last.ids;
+    }
+    int same = 0;
+    for (size_t i = 0; i < ref.size() && i < last.ids.size(); ++i) same += ref[i] == last.ids[i];
+    std::printf("| %s | %.1f | %.2fx | %d | %d | %d | %.2f | %d/%zu |\n", name.c_str(), t, ar_tps > 0 ? t / ar_tps : 0.0, last.drafted,
+                last.accepted, last.rounds, last.rounds ? static_cast<double>(last.accepted + last.rounds) / last.rounds : 0.0, same,
+                prompts.size());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -53,7 +167,20 @@ int cmd_bench(int argc, char** argv) {
   a.opt("-r,--repetitions", &reps, "repetitions (the median is reported)");
   a.opt("-d,--depth", &depths, "tokens already in the KV cache before each test");
   a.opt("--bandwidth", &bandwidth, "memory bandwidth in GB/s for the roofline fraction (0 = not shown)");
+  SpecFlags spf;
+  std::string spec_prompts;
+  spf.add_to(a);
+  a.opt("--spec-prompts", &spec_prompts, "speculative test: one chat prompt per line (default: 20 built-in demo prompts)", "FILE");
+  a.footer("With a draft model (--draft FILE) or --spec-type ngram, bench instead measures speculative decoding: greedy chat answers\n"
+           "(-n tokens at most) to each prompt, AR vs chain (vs DDTree with --ddtree), tok/s and mean accepted length.");
   if (!a.parse(argc, argv)) return 0;
+  spf.validate();
+  if (!spf.draft.empty() || (!spf.type.empty() && spf.type != "none")) {
+    const bool bundled = mf.model.empty() && !std::getenv("PEREGRINE_MODEL");
+    if (mf.model.empty()) mf.model = default_model_path();
+    const std::vector<int> ng = int_list(gens, "-n");
+    return bench_spec(mf, spf, ng.empty() || ng[0] == 0 ? 128 : ng[0], reps, spec_prompts, bundled);
+  }
   const std::vector<int> n_prompts = int_list(prompts, "-p"), n_gens = int_list(gens, "-n"), ds = int_list(depths, "-d");
   PG_CHECK(reps > 0, "-r must be positive");
   const int max_p = *std::max_element(n_prompts.begin(), n_prompts.end()), max_n = *std::max_element(n_gens.begin(), n_gens.end());

@@ -1,5 +1,8 @@
 // peregrine run: the continuation of a raw prompt, streamed to stdout (logs on stderr).
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -7,13 +10,14 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "engine/generate.h"
+#include "engine/scheduler.h"
 
 namespace pg::cli {
 
 int cmd_run(int argc, char** argv) {
   ModelFlags mf;
   SamplingFlags sf;
+  SpecFlags spf;
   std::string prompt, prompt_file;
   int n_predict = 128;
   bool no_bos = false, no_parse_special = false, show_stats = false;
@@ -23,6 +27,7 @@ int cmd_run(int argc, char** argv) {
   a.opt("-f,--file", &prompt_file, "read the prompt from a file", "FILE");
   a.opt("-n,--n-predict", &n_predict, "tokens to generate (-1 = until end of generation)");
   sf.add_to(a);
+  spf.add_to(a);
   a.flag("--no-bos", &no_bos, "do not add BOS even if the model asks for it");
   a.flag("--no-parse-special", &no_parse_special, "treat special-token text in the prompt as plain text");
   a.flag("--stats", &show_stats, "print timings to stderr");
@@ -35,31 +40,49 @@ int cmd_run(int argc, char** argv) {
     prompt = ss.str();
   }
   PG_CHECK(n_predict >= -1, "n-predict must be ≥ -1");
+  spf.validate();
+  const bool bundled = mf.model.empty() && !std::getenv("PEREGRINE_MODEL");
+  if (mf.model.empty()) mf.model = default_model_path();
   auto lm = load_model(mf);
+  auto draft = load_spec(spf, mf, lm, mf.model, bundled);
   const auto& tok = *lm.tokenizer;
   std::vector<int32_t> ids = tok.encode(prompt, false, !no_parse_special);
   if (!no_bos && tok.add_bos() && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());
   PG_CHECK(!ids.empty(), "the prompt is empty and the model adds no BOS token");
-  SamplingParams sp = sf.resolve();
-  Sampler sampler(sp, lm.model->config().n_vocab);
-  auto cache = lm.model->make_cache({1, lm.n_ctx, lm.kv_type});
-  tok::Detokenizer detok(tok, false);
-  detok.continuation();
-  GenerateOptions go;
-  go.n_predict = n_predict;
-  auto st = generate(*lm.model, *cache, ids, sampler, go, [&](int32_t t) { return tok.is_eog(t); }, [&](int32_t t) {
-    const std::string s = detok.push(t);
-    std::fwrite(s.data(), 1, s.size(), stdout);
+  PG_CHECK(static_cast<int>(ids.size()) < lm.n_ctx,
+           "prompt of " + std::to_string(ids.size()) + " tokens does not fit the context of " + std::to_string(lm.n_ctx));
+  // The same step loop as the server (engine/scheduler.h), with one slot.
+  engine::SchedulerOptions so;
+  so.n_slots = 1;
+  so.n_ctx = lm.n_ctx;
+  so.n_batch = mf.batch;
+  so.kv_type = lm.kv_type;
+  so.spec = draft.opt;
+  engine::Scheduler sched(*lm.model, tok, so);
+  engine::RequestSpec rs;
+  rs.prompt = ids;
+  rs.sampling = sf.resolve();
+  const int room = lm.n_ctx - static_cast<int>(ids.size());
+  rs.max_tokens = n_predict < 0 ? room : std::min(n_predict, room);
+  if (rs.max_tokens == 0) return 0;
+  auto h = sched.submit(rs);
+  engine::Event e;
+  engine::RequestStats st;
+  for (;;) {
+    if (!h->next(e, std::chrono::milliseconds(100))) continue;
+    std::fwrite(e.text.data(), 1, e.text.size(), stdout);
     std::fflush(stdout);
-    return true;
-  });
-  const std::string rest = detok.finish();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
-  std::fflush(stdout);
+    if (e.done) {
+      PG_CHECK(e.finish != engine::FinishReason::kError, "generation failed: " + e.error);
+      st = e.stats;
+      break;
+    }
+  }
   if (show_stats)
     std::fprintf(stderr, "\nprompt: %d tokens in %.1f ms (%.1f tok/s); generation: %d tokens in %.1f ms (%.1f tok/s)\n", st.n_prompt,
                  st.prompt_ms, st.n_prompt * 1000.0 / std::max(st.prompt_ms, 1e-9), st.n_generated, st.decode_ms,
                  st.n_generated * 1000.0 / std::max(st.decode_ms, 1e-9));
+  if (so.spec.on()) std::fprintf(stderr, "\n%s\n", spec_line(st.draft_n, st.draft_n_accepted, st.draft_rounds).c_str());
   return 0;
 }
 

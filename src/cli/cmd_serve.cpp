@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "chat/chat_template.h"
 #include "cli/common.h"
+#include "spec/drafter.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/scheduler.h"
@@ -41,6 +42,7 @@ std::string mib(size_t bytes) {
 int cmd_serve(int argc, char** argv) {
   ModelFlags mf;
   SamplingFlags sf;
+  SpecFlags spf;
   std::string host = "127.0.0.1", api_key, model_name, template_file, cors;
   int port = 8080, parallel = 4, default_max_tokens = 0, http_threads = 0, max_queue = 1024;
   double timeout = 600;
@@ -66,11 +68,13 @@ int cmd_serve(int argc, char** argv) {
   a.opt("--threads-http", &http_threads, "HTTP worker threads (0 = automatic)");
   a.opt("--max-queue", &max_queue, "requests allowed to wait for a slot before new ones get 503");
   sf.add_to(a);
+  spf.add_to(a);
   a.flag("-v,--verbose", &verbose, "log every request");
   a.footer(
       "Unlike llama-server's, -c is the context of each slot: the KV cache holds np × c tokens.\n"
       "Example: peregrine serve -m model.gguf -c 8192 -np 4 --port 8080");
   if (!a.parse(argc, argv)) return 0;
+  spf.validate();
 
   PG_CHECK(port >= 0 && port <= 65535, "invalid port " + std::to_string(port));
   PG_CHECK(parallel >= 1 && parallel <= 256, "--parallel must be in [1, 256], got " + std::to_string(parallel));
@@ -102,8 +106,10 @@ int cmd_serve(int argc, char** argv) {
     template_from = template_file;
   }
 
+  const bool bundled = mf.model.empty() && !std::getenv("PEREGRINE_MODEL");
   if (mf.model.empty()) mf.model = default_model_path();
   auto lm = load_model(mf);
+  auto draft = load_spec(spf, mf, lm, mf.model, bundled);
   const ModelConfig& cfg = lm.model->config();
   std::string tool_use_src;
   if (template_src.empty()) {
@@ -125,6 +131,7 @@ int cmd_serve(int argc, char** argv) {
   so.n_batch = mf.batch;
   so.max_queue = max_queue;
   so.kv_type = lm.kv_type;
+  so.spec = draft.opt;
   engine::Scheduler sched(*lm.model, *lm.tokenizer, so);
 
   server::ServerOptions o;
@@ -161,6 +168,12 @@ int cmd_serve(int argc, char** argv) {
   std::fprintf(stderr, "  context   %d tokens per slot × %d slots (KV cache %s, %s), batch %d\n", lm.n_ctx, parallel,
                mib(sched.kv_bytes()).c_str(), mf.cache_type.c_str(), so.n_batch);
   std::fprintf(stderr, "  backend   %s\n", lm.backend->name().c_str());
+  if (so.spec.on())
+    std::fprintf(stderr, "  speculate %s%s%s, %s, up to %d drafted tokens per step%s\n", spec::spec_type_name(so.spec.type),
+                 draft.path.empty() ? "" : " with ", draft.path.c_str(), so.spec.tree ? "DDTree" : "chain", so.spec.n_max,
+                 so.spec.tree ? (", budget " + std::to_string(so.spec.budget) + " nodes").c_str() : "");
+  else
+    std::fprintf(stderr, "  speculate off\n");
   if (template_src.empty())
     std::fprintf(stderr, "  template  none: chat endpoints are off (give --chat-template-file); /v1/completions works\n");
   else

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "spec/drafter.h"
 
 namespace pg::cli {
 
@@ -89,6 +90,76 @@ SamplingParams SamplingFlags::resolve() const {
   SamplingParams r = p;
   r.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
   return r;
+}
+
+void SpecFlags::add_to(Args& a) {
+  a.opt("-md,--spec-draft-model,--model-draft,--draft", &draft, "draft model for speculative decoding (same vocabulary as the target)", "FILE");
+  a.opt("--spec-type", &type, "speculative decoding: none, draft or ngram (default: draft when a draft model is given or bundled)", "TYPE");
+  a.opt("--spec-draft-n-max,--draft-max", &n_max, "tokens drafted per step at most (chain length, tree depth)");
+  a.opt("--spec-draft-n-min", &n_min, "drafts shorter than this are not verified");
+  a.opt("--spec-draft-device,--draft-device", &device, "device of the draft model (default: the target's)", "DEV");
+  a.flag("--ddtree", &ddtree, "verify a DDTree token tree built from the draft's top-k instead of a chain");
+  a.opt("--ddtree-budget", &budget, "DDTree draft nodes per step (1..127)");
+  a.opt("--spec-tree", &tree, "draft shape: ddtree or chain (default chain; --ddtree = ddtree)", "SHAPE");
+}
+
+void SpecFlags::validate() const {
+  if (!type.empty()) spec::parse_spec_type(type);
+  PG_CHECK(tree.empty() || tree == "ddtree" || tree == "chain", "unknown --spec-tree '" + tree + "' (expected ddtree or chain)");
+  PG_CHECK(budget >= 1 && budget <= spec::kMaxTreeNodes - 1,
+           "--ddtree-budget must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "], got " + std::to_string(budget));
+  PG_CHECK(n_max >= 1 && n_max <= spec::kMaxTreeNodes - 1,
+           "--spec-draft-n-max must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "], got " + std::to_string(n_max));
+  PG_CHECK(n_min >= 0 && n_min <= n_max, "--spec-draft-n-min must be in [0, --spec-draft-n-max], got " + std::to_string(n_min));
+}
+
+LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedModel& target, const std::string& target_path, bool bundled) {
+  namespace fs = std::filesystem;
+  f.validate();
+  LoadedDraft d;
+  std::string draft = f.draft;
+  if (draft.empty() && bundled && fs::path(target_path).filename() == kBundledModel) {
+    std::error_code ec;
+    const fs::path p = fs::path(target_path).parent_path() / kBundledDraft;
+    if (fs::exists(p, ec)) draft = p.string();
+  }
+  spec::SpecType t = f.type.empty() ? (draft.empty() ? spec::SpecType::kNone : spec::SpecType::kDraft) : spec::parse_spec_type(f.type);
+  PG_CHECK(t != spec::SpecType::kDraft || !draft.empty(), "--spec-type draft needs a draft model (-md FILE)");
+  d.opt.type = t;
+  d.opt.n_max = f.n_max;
+  d.opt.n_min = f.n_min;
+  d.opt.tree = f.ddtree || f.tree == "ddtree";
+  d.opt.budget = f.budget;
+  if (t != spec::SpecType::kDraft) return d;
+  d.path = draft;
+  // On the target's device the draft shares its backend: two CPU thread pools on the same cores
+  // would spin against each other.
+  Backend* be = target.backend.get();
+  if (!f.device.empty() && f.device != mf.device) {
+    BackendOptions bo;
+    bo.device = f.device;
+    bo.cpu.n_threads = mf.threads;
+    bo.cpu.exact_f32 = mf.exact;
+    d.backend = create_backend(bo);
+    be = d.backend.get();
+  }
+  ModelOptions mo;
+  mo.max_batch = mf.batch;
+  try {
+    d.model = Model::load(draft, *be, mo);
+  } catch (const Error& e) {
+    throw Error("cannot load the draft model '" + draft + "': " + e.what());
+  }
+  spec::check_same_vocab(*target.model, *d.model, draft);
+  d.opt.draft = d.model.get();
+  return d;
+}
+
+std::string spec_line(int drafted, int accepted, int steps) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "spec: drafted %d accepted %d steps %d mean_accept_len %.2f", drafted, accepted, steps,
+                steps > 0 ? static_cast<double>(accepted + steps) / steps : 0.0);
+  return buf;
 }
 
 }  // namespace pg::cli

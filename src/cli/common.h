@@ -6,6 +6,7 @@
 #include "backend/factory.h"
 #include "cli/args.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -45,6 +46,37 @@ struct SamplingFlags {
   void add_to(Args& a);
   SamplingParams resolve() const;
 };
+
+// Speculative decoding flags (run, chat, bench, serve).
+struct SpecFlags {
+  std::string draft;             // -md FILE
+  std::string type;              // --spec-type; empty: draft when a draft model is given or bundled, else none
+  int n_max = 16, n_min = 0;     // --spec-draft-n-max / --spec-draft-n-min
+  std::string device;            // --spec-draft-device; empty = the target's device
+  bool ddtree = false;           // --ddtree
+  std::string tree;              // --spec-tree ddtree|chain
+  int budget = 22;               // --ddtree-budget
+
+  void add_to(Args& a);
+  // Checks the values that need no model (one clear error before anything loads).
+  void validate() const;
+};
+
+// The bundled draft (models/), used with the bundled target when no -m is given.
+constexpr const char* kBundledDraft = "peregrine-demo-draft-Q8_0.gguf";
+
+struct LoadedDraft {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::string path;
+  engine::SpecOptions opt;  // opt.draft points at model
+};
+
+// Resolves the flags against the loaded target (`target_path` is the file it came from,
+// `bundled` true when no -m was given): loads the draft on its device, checks its vocabulary.
+LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedModel& target, const std::string& target_path, bool bundled);
+// "spec: drafted N accepted M steps S mean_accept_len X" (the stable form of `peregrine run`'s line).
+std::string spec_line(int drafted, int accepted, int steps);
 
 DType parse_cache_type(const std::string& s);
 bool stderr_is_tty();

@@ -93,6 +93,13 @@ void Metrics::on_step(int rows, int prompt_tokens, int generated_tokens, double 
   while (!recent_.empty() && t - recent_.front().t > kWindow) recent_.pop_front();
 }
 
+void Metrics::on_spec(int drafted, int accepted) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++s_.spec_rounds;
+  s_.spec_drafted += static_cast<uint64_t>(drafted);
+  s_.spec_accepted += static_cast<uint64_t>(accepted);
+}
+
 void Metrics::set_occupancy(int active, int queued, int slots, int kv_used, int kv_total) {
   std::lock_guard<std::mutex> lk(mu_);
   s_.active = active;

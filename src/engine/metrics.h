@@ -40,6 +40,12 @@ struct MetricsSnapshot {
   int slots = 0;
   int kv_blocks_used = 0, kv_blocks_total = 0;
   double prompt_tps = 0, generation_tps = 0;  // over the last few seconds
+  // Speculative decoding: verify rounds (one per speculating sequence and step), tokens drafted and
+  // accepted over all of them. Mean accepted length τ = (accepted + rounds) / rounds counts the bonus.
+  uint64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;
+  double spec_mean_accept_len() const {
+    return spec_rounds ? static_cast<double>(spec_accepted + spec_rounds) / static_cast<double>(spec_rounds) : 0.0;
+  }
 };
 
 class Metrics {
@@ -55,6 +61,7 @@ class Metrics {
   void on_token_gap(double gap_s);
   void on_finish(const std::string& reason, double duration_s);
   void on_step(int rows, int prompt_tokens, int generated_tokens, double seconds);
+  void on_spec(int drafted, int accepted);
   void set_occupancy(int active, int queued, int slots, int kv_used, int kv_total);
 
  private:

@@ -39,6 +39,7 @@ struct RequestSpec {
   bool special_text = false;         // detokenize control tokens (formats whose markup is control tokens)
   int logprobs = -1;                 // -1: off; 0: logprob of each chosen token; n > 0: plus the n most likely (≤ 20)
   Clock::time_point deadline = Clock::time_point::max();
+  bool speculative = true;           // speculate when the engine has a drafter (false: plain decoding)
 };
 
 struct TokenOut {
@@ -53,6 +54,9 @@ struct RequestStats {
   double prompt_ms = 0;   // slot → first token (prefill)
   double decode_ms = 0;   // first token → end
   double ttft_ms = 0;     // submission → first token
+  int draft_rounds = 0;      // speculative decoding: verify steps of this request
+  int draft_n = 0;           // speculative decoding: tokens drafted for this request
+  int draft_n_accepted = 0;  // of which the target accepted
 };
 
 // Output since the previous next(): text and tokens; the final one has done = true.

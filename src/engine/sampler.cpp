@@ -80,6 +80,36 @@ bool Sampler::raw_argmax() const {
 
 int32_t Sampler::sample(const float* logits) {
   if (raw_argmax()) return argmax(logits, n_vocab_);
+  const int32_t g = prepare(logits);
+  if (g >= 0) return g;
+  std::discrete_distribution<size_t> dist(w_.begin(), w_.end());
+  return cand_[dist(rng_)].second;
+}
+
+void Sampler::distribution(const float* logits, std::vector<float>& probs) {
+  probs.assign(static_cast<size_t>(n_vocab_), 0.0f);
+  if (raw_argmax()) {
+    probs[static_cast<size_t>(argmax(logits, n_vocab_))] = 1.0f;
+    return;
+  }
+  const int32_t g = prepare(logits);
+  if (g >= 0) {
+    probs[static_cast<size_t>(g)] = 1.0f;
+    return;
+  }
+  double s = 0;
+  for (double v : w_) s += v;
+  for (size_t i = 0; i < w_.size(); ++i) probs[static_cast<size_t>(cand_[i].second)] = static_cast<float>(w_[i] / s);
+}
+
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+int32_t Sampler::draw(const std::vector<float>& weights) {
+  std::discrete_distribution<int32_t> dist(weights.begin(), weights.end());
+  return dist(rng_);
+}
+
+int32_t Sampler::prepare(const float* logits) {
   const bool penalties = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
 
   // Work on a copy of the logits as (logit, id) candidates.
@@ -160,12 +190,11 @@ int32_t Sampler::sample(const float* logits) {
     while (keep < n && cand_[keep].first >= thresh) ++keep;
     n = keep;
   }
-  // temperature, then draw
-  std::vector<double> w(n);
+  // temperature: the weights of the candidates the draw chooses from
+  w_.resize(n);
   const double mx = cand_[0].first;
-  for (size_t i = 0; i < n; ++i) w[i] = std::exp((cand_[i].first - mx) / p_.temperature);
-  std::discrete_distribution<size_t> dist(w.begin(), w.end());
-  return cand_[dist(rng_)].second;
+  for (size_t i = 0; i < n; ++i) w_[i] = std::exp((cand_[i].first - mx) / p_.temperature);
+  return -1;
 }
 
 }  // namespace pg

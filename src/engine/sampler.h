@@ -38,6 +38,12 @@ class Sampler {
 
   // Picks the next token from raw logits (n_vocab), applying the chain. Does not record it.
   int32_t sample(const float* logits);
+  // The distribution sample(logits) draws from, over the whole vocabulary (one-hot when greedy).
+  void distribution(const float* logits, std::vector<float>& probs);
+  // Draws from the sampler's generator: U[0,1), and a token from non-negative weights (n_vocab).
+  // Speculative sampling of sampled drafts uses these so one seed decides a whole request.
+  double uniform();
+  int32_t draw(const std::vector<float>& weights);
   // Records a token as part of the history (prompt or generated) the penalties look at.
   void accept(int32_t token);
   void reset();
@@ -52,6 +58,10 @@ class Sampler {
   std::mt19937_64 rng_;
   std::deque<int32_t> history_;
   std::vector<std::pair<float, int32_t>> cand_;  // scratch (logit, id), reused across calls
+  std::vector<double> w_;                        // scratch: weights of the first w_.size() candidates
+  // Applies the chain to cand_; returns the token when the choice is deterministic (greedy after
+  // penalties), else -1 with the draw's weights in w_ (over cand_[0, w_.size())).
+  int32_t prepare(const float* logits);
 };
 
 // Greedy choice: highest logit, ties to the lowest id (as llama.cpp).

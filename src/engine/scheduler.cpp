@@ -4,8 +4,18 @@
 #include <cmath>
 
 #include "core/log.h"
+#include "spec/verify.h"
 
 namespace pg::engine {
+
+void SpecOptions::validate() const {
+  PG_CHECK(n_max >= 1 && n_max <= spec::kMaxTreeNodes - 1,
+           "--spec-draft-n-max must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "], got " + std::to_string(n_max));
+  PG_CHECK(n_min >= 0 && n_min <= n_max, "--spec-draft-n-min must be in [0, n-max], got " + std::to_string(n_min));
+  PG_CHECK(budget >= 1 && budget <= spec::kMaxTreeNodes - 1,
+           "--ddtree-budget must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "], got " + std::to_string(budget));
+  PG_CHECK(type != spec::SpecType::kDraft || draft != nullptr, "speculative type 'draft' needs a draft model (-md FILE)");
+}
 
 Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOptions& opt)
     : model_(model), tok_(tok), opt_(opt), n_vocab_(model.config().n_vocab) {
@@ -20,6 +30,19 @@ Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOpt
   ko.n_ctx = opt_.n_ctx;
   ko.type = opt_.kv_type;
   ko.block_size = opt_.kv_block_size;
+  if (opt_.spec.on()) {
+    opt_.spec.validate();
+    if (opt_.spec.type == spec::SpecType::kDraft) {
+      spec::check_same_vocab(model_, *opt_.spec.draft, opt_.spec.draft->config().name);
+      drafter_ = spec::make_model_drafter(*opt_.spec.draft, opt_.n_slots, opt_.n_ctx);
+    } else {
+      drafter_ = spec::make_ngram_drafter();
+    }
+    // Hybrid targets cut a verified chain back from per-row snapshots of the recurrent state; verify
+    // rows run as their own capturing forward, so capture slots for every verify row of a step suffice.
+    const int rows = 1 + (opt_.spec.tree ? std::max(opt_.spec.budget, opt_.spec.n_max) : opt_.spec.n_max);
+    if (model_.config().has_recurrent()) ko.n_capture = opt_.n_slots * std::min(rows, spec::kMaxTreeNodes);
+  }
   cache_ = model_.make_cache(ko);
   kv_bytes_ = cache_->bytes();
   for (int s = opt_.n_slots - 1; s >= 0; --s) free_slots_.push_back(s);
@@ -93,6 +116,7 @@ void Scheduler::publish_occupancy() {
 void Scheduler::release(Sequence& s) {
   if (s.slot() >= 0) {
     cache_->clear(s.slot());
+    if (drafter_) drafter_->release(s.slot());
     free_slots_.push_back(s.slot());
     --n_active_;
   }
@@ -163,19 +187,133 @@ void Scheduler::loop() {
   n_active_ = 0;
 }
 
+void Scheduler::draft() {
+  verify_.clear();
+  if (!drafter_) return;
+  draft_in_.clear();
+  std::vector<Sequence*> who;
+  for (auto& sp : active_) {
+    Sequence& s = *sp;
+    if (s.phase() != Sequence::Phase::kDecode || !s.spec().speculative) continue;
+    // Tokens this sequence may still emit: a verify step emits accepted drafts + 1, and its rows sit at
+    // positions n_past .. n_past + depth, which must stay inside the slot.
+    const int remaining = std::min(s.spec().max_tokens - s.n_generated(), opt_.n_ctx - s.n_past());
+    int depth = std::min({opt_.spec.n_max, remaining - 1, spec::kMaxTreeNodes - 1});
+    // Tree rows see their ancestors through the tree mask, which must stay inside a sliding window.
+    const int window = model_.config().sliding_window;
+    if (opt_.spec.tree && window > 0) depth = std::min(depth, window - 1);
+    if (depth < std::max(1, opt_.spec.n_min)) continue;
+    spec::DraftInput in;
+    in.slot = s.slot();
+    in.history = s.history();
+    in.n_max = depth;
+    in.k = opt_.spec.tree && tree_forward_ ? std::min(opt_.spec.budget, model_.config().n_vocab) : 1;
+    draft_in_.push_back(in);
+    who.push_back(&s);
+  }
+  if (draft_in_.empty()) return;
+  draft_out_.resize(draft_in_.size());
+  try {
+    drafter_->propose(draft_in_, draft_out_);
+  } catch (const std::exception& e) {
+    // A failed draft costs only this step's speculation; the drafter starts its slots over.
+    PG_WARN("drafting failed, decoding without it this step: %s", e.what());
+    for (auto* s : who) drafter_->release(s->slot());
+    return;
+  }
+  for (size_t i = 0; i < who.size(); ++i) {
+    spec::Draft& d = draft_out_[i];
+    const int32_t root = who[i]->last_token();
+    Verify v{who[i], {}, 0};
+    if (d.has_tree && (d.tree.is_chain() || tree_forward_)) {
+      v.tree = std::move(d.tree);
+    } else if (opt_.spec.tree && tree_forward_ && !d.topk.empty()) {
+      // A tree's rows are stored at n_past + j (j = node index), so its size is bounded by the room left.
+      const int room = opt_.n_ctx - who[i]->n_past() - 1;
+      v.tree = spec::build_ddtree(root, d.topk, std::max(1, std::min({opt_.spec.budget, spec::kMaxTreeNodes - 1, room})));
+    } else {
+      v.tree = spec::build_chain(root, d.chain);
+    }
+    // A tree deeper than allowed would write past the slot; drafters answer within n_max, so this is a bug guard.
+    int deepest = 0;
+    for (int32_t dd : v.tree.depth) deepest = std::max(deepest, dd);
+    PG_CHECK(deepest <= draft_in_[i].n_max, "drafter proposed deeper than asked");
+    if (v.tree.n_draft() < std::max(1, opt_.spec.n_min)) continue;
+    verify_.push_back(std::move(v));
+  }
+}
+
+// Runs batch_ (its first n_first rows are decode/verify rows). Hybrid targets run verify rows as a
+// capturing forward of their own (the capture slots cover only those), then the prompt rows.
+void Scheduler::forward_step(std::vector<float>& logits, const ForwardOptions& fopt, int n_first) {
+  if (verify_.empty() || !cache_->recurrent()) {
+    model_.forward(batch_, *cache_, logits, fopt);
+    return;
+  }
+  auto part = [&](int b0, int b1) {
+    sub_.clear();
+    for (int r = b0; r < b1; ++r) {
+      sub_.add(batch_.tokens[static_cast<size_t>(r)], batch_.positions[static_cast<size_t>(r)], batch_.seq[static_cast<size_t>(r)],
+               batch_.logits[static_cast<size_t>(r)] != 0);
+      const int32_t p = batch_.parent[static_cast<size_t>(r)];
+      sub_.parent.back() = p >= 0 ? p - b0 : -1;
+    }
+    if (b0 == 0)  // tree rows are all in the first part
+      for (int32_t t : batch_.tree_seqs) sub_.tree_seqs.push_back(t);
+  };
+  const int n = batch_.size();
+  int outs_first = 0;
+  for (int r = 0; r < n_first; ++r) outs_first += batch_.logits[static_cast<size_t>(r)];
+  ForwardOptions f1 = fopt;
+  f1.capture = true;
+  part(0, n_first);
+  model_.forward(sub_, *cache_, logits, f1);
+  if (n_first == n) return;
+  ForwardOptions f2 = fopt;
+  if (f2.argmax) {
+    f2.argmax += outs_first;
+    if (f2.argmax_only) f2.argmax_only += outs_first;
+  }
+  part(n_first, n);
+  model_.forward(sub_, *cache_, sub_logits_, f2);
+  logits.resize(logits.size() + sub_logits_.size());
+  std::copy(sub_logits_.begin(), sub_logits_.end(), logits.end() - static_cast<std::ptrdiff_t>(sub_logits_.size()));
+}
+
 void Scheduler::step() {
   const auto t0 = Clock::now();
+  draft();
   batch_.clear();
   out_seq_.clear();
   int budget = opt_.n_batch, n_prompt_rows = 0, n_gen = 0;
+  size_t vi = 0;
   for (auto& sp : active_) {
     Sequence& s = *sp;
     if (s.phase() != Sequence::Phase::kDecode) continue;
+    if (vi < verify_.size() && verify_[vi].seq == &s) {
+      // Verify rows: every node of the draft, at position n_past + depth; chains as plain rows (they
+      // extend the history in order), trees with their parents.
+      Verify& v = verify_[vi++];
+      v.out0 = static_cast<int>(out_seq_.size());
+      const int row0 = batch_.size();
+      const bool chain = v.tree.is_chain();
+      for (int i = 0; i < v.tree.size(); ++i) {
+        const int32_t tok = v.tree.token[static_cast<size_t>(i)], pos = s.n_past() + v.tree.depth[static_cast<size_t>(i)];
+        if (chain)
+          batch_.add(tok, pos, s.slot(), true);
+        else
+          batch_.add_tree(tok, pos, s.slot(), i == 0 ? -1 : row0 + v.tree.parent[static_cast<size_t>(i)], true);
+        out_seq_.push_back(&s);
+      }
+      budget -= v.tree.size();
+      continue;
+    }
     batch_.add(s.last_token(), s.n_past(), s.slot(), true);
     out_seq_.push_back(&s);
     s.decoded();
     --budget;
   }
+  const int n_first = batch_.size();
   for (auto& sp : active_) {
     if (budget <= 0) break;
     Sequence& s = *sp;
@@ -206,7 +344,7 @@ void Scheduler::step() {
     fopt.argmax_only = greedy_only_.data();
   }
   try {
-    model_.forward(batch_, *cache_, logits_, fopt);
+    forward_step(logits_, fopt, n_first);
   } catch (const std::exception& e) {
     // A failed forward leaves the cache contents of every sequence in it undefined: end them all.
     PG_WARN("forward failed: %s", e.what());
@@ -219,11 +357,47 @@ void Scheduler::step() {
     return;
   }
   const auto now = Clock::now();
-  for (size_t i = 0; i < out_seq_.size(); ++i) {
+  auto row_logits = [&](size_t i) { return logits_.data() + i * static_cast<size_t>(n_vocab_); };
+  vi = 0;
+  for (size_t i = 0; i < out_seq_.size();) {
     Sequence& s = *out_seq_[i];
+    if (vi < verify_.size() && verify_[vi].out0 == static_cast<int>(i) && verify_[vi].seq == &s) {
+      Verify& v = verify_[vi++];
+      i += static_cast<size_t>(v.tree.size());
+      const int n_past0 = s.n_past();
+      const int max_emit = std::min(s.spec().max_tokens - s.n_generated(), opt_.n_ctx - n_past0);
+      const bool g = greedy_only_[static_cast<size_t>(v.out0)] != 0;
+      auto at = [&](int node) { return static_cast<size_t>(v.out0 + node); };
+      const spec::WalkResult w = spec::walk(
+          v.tree, [&](int node) { return s.choose(g ? nullptr : row_logits(at(node)), g ? greedy_[at(node)] : -1); }, max_emit);
+      const int accepted = static_cast<int>(w.path.size()) - 1;
+      s.on_draft(v.tree.n_draft(), accepted);
+      metrics_.on_spec(v.tree.n_draft(), accepted);
+      // Emit the accepted drafts, then the bonus, each with the logits of the node it was chosen at;
+      // the first end condition ends the run.
+      bool alive = true;
+      for (int j = 0; j <= accepted && alive; ++j) {
+        const int32_t t = j < accepted ? v.tree.token[static_cast<size_t>(w.path[static_cast<size_t>(j + 1)])] : w.bonus;
+        s.set_n_past(n_past0 + j + 1);
+        alive = s.emit(t, g ? nullptr : row_logits(at(w.path[static_cast<size_t>(j)])), opt_.n_ctx, now, metrics_);
+        ++n_gen;
+      }
+      if (!alive) {
+        release(s);
+        continue;
+      }
+      // Keep root + accepted drafts as the sequence's next positions; drop the rest of the draft. A chain
+      // was written in place (cut it back); a tree's accepted path is compacted behind the history.
+      if (v.tree.is_chain())
+        cache_->truncate(s.slot(), n_past0 + accepted + 1);
+      else
+        cache_->commit(s.slot(), w.path);
+      continue;
+    }
     ++n_gen;
     const int32_t greedy = greedy_only_[i] ? greedy_[i] : -1;
-    if (!s.on_logits(logits_.data() + i * static_cast<size_t>(n_vocab_), opt_.n_ctx, now, metrics_, greedy)) release(s);
+    if (!s.on_logits(row_logits(i), opt_.n_ctx, now, metrics_, greedy)) release(s);
+    ++i;
   }
   std::erase_if(active_, [](const std::unique_ptr<Sequence>& s) { return s->phase() == Sequence::Phase::kDone; });
   metrics_.on_step(batch_.size(), n_prompt_rows, n_gen,

@@ -8,6 +8,11 @@
 //      sequences still prefilling, up to n_batch rows, so running streams keep flowing while a
 //      long prompt is read,
 //   4. runs one forward and samples every sequence that got logits.
+// With a drafter (SpecOptions), step 3 first asks it — once, for every decoding sequence — for a
+// draft and lays each draft out as verify rows [root, drafts…] instead of the one decode row; step 4
+// walks each sequence's draft against the target's tokens at its nodes (spec/verify.h), emits the
+// accepted run plus the bonus through the same end checks as plain decoding, and cuts the cache back
+// to the accepted path. Several sequences speculate in the same step, each with its own draft.
 // Sequence state (sequence.h) is kept apart from the step so that speculative verification,
 // prefix reuse and several models can later change how a step is built without touching it.
 #pragma once
@@ -25,9 +30,23 @@
 #include "engine/request.h"
 #include "engine/sequence.h"
 #include "model/model.h"
+#include "spec/drafter.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pg::engine {
+
+// Speculative decoding (docs/speculative.md).
+struct SpecOptions {
+  spec::SpecType type = spec::SpecType::kNone;
+  Model* draft = nullptr;  // kDraft: the draft model (any backend); the scheduler gives it a cache
+  int n_max = 16;          // draft depth per step (chain length; DDTree depth)
+  int n_min = 0;           // a draft shorter than this is not verified (plain decode row instead)
+  bool tree = false;       // verify a DDTree built from the drafter's per-depth top-k instead of a chain
+  int budget = 22;         // DDTree draft nodes (root excluded), 1..127
+  // Throws pg::Error for absurd values.
+  void validate() const;
+  bool on() const { return type != spec::SpecType::kNone; }
+};
 
 struct SchedulerOptions {
   int n_slots = 4;        // sequences decoded together (KV slots)
@@ -36,6 +55,7 @@ struct SchedulerOptions {
   int max_queue = 1024;   // requests waiting for a slot beyond which submit() refuses
   DType kv_type = DType::F16;
   int kv_block_size = 64;
+  SpecOptions spec;
 };
 
 // submit() refuses a request before any work is done.
@@ -76,6 +96,9 @@ class Scheduler {
   void step();
   void release(Sequence& s);
   void publish_occupancy();
+  // Drafts for the decoding sequences that speculate this step; fills verify_.
+  void draft();
+  void forward_step(std::vector<float>& logits, const ForwardOptions& fopt, int n_first);
 
   Model& model_;
   const tok::Tokenizer& tok_;
@@ -102,6 +125,20 @@ class Scheduler {
   std::vector<Sequence*> out_seq_;  // sequence of each logits row
   std::vector<uint8_t> greedy_only_;  // per logits row: only the backend's argmax is needed
   std::vector<int32_t> greedy_;       // per logits row: the backend's argmax
+
+  // Speculation.
+  std::unique_ptr<spec::Drafter> drafter_;
+  bool tree_forward_ = true;  // the target verifies tree batches (Model::forward with parents)
+  struct Verify {
+    Sequence* seq;
+    spec::DraftTree tree;
+    int out0 = 0;  // logits row of the tree's root; node i is row out0 + i
+  };
+  std::vector<Verify> verify_;
+  std::vector<spec::DraftInput> draft_in_;
+  std::vector<spec::Draft> draft_out_;
+  Batch sub_;  // a part of batch_ run as its own forward (hybrid targets: capture only the verify rows)
+  std::vector<float> sub_logits_;
 
   std::thread thread_;
 };

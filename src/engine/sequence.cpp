@@ -56,6 +56,7 @@ void Sequence::admit(int slot, Clock::time_point now, Metrics& m) {
   n_prefilled_ = n_past_ = 0;
   sampler_.reset();
   for (int32_t t : spec_.prompt) sampler_.accept(t);
+  history_ = spec_.prompt;
   m.on_admit(ms_between(submitted_, now) / 1000.0);
 }
 
@@ -65,8 +66,16 @@ void Sequence::prefilled(int n) {
 }
 
 bool Sequence::on_logits(const float* logits, int n_ctx, Clock::time_point now, Metrics& m, int32_t greedy) {
+  return emit(choose(logits, greedy), logits, n_ctx, now, m);
+}
+
+int32_t Sequence::choose(const float* logits, int32_t greedy) {
   const int32_t t = greedy >= 0 ? greedy : sampler_.sample(logits);
   sampler_.accept(t);
+  return t;
+}
+
+bool Sequence::emit(int32_t t, const float* logits, int n_ctx, Clock::time_point now, Metrics& m) {
   ++n_generated_;
   if (n_generated_ == 1) {
     first_token_ = now;
@@ -91,6 +100,7 @@ bool Sequence::on_logits(const float* logits, int n_ctx, Clock::time_point now, 
   e.text = stop_.push(detok_.push(t));
   handle_->push(std::move(e));
   last_ = t;
+  history_.push_back(t);
   if (stop_.matched()) {
     finish(FinishReason::kStop, now, m);
     return false;
@@ -122,6 +132,9 @@ void Sequence::finish(FinishReason r, Clock::time_point now, Metrics& m, std::st
   RequestStats& s = e.stats;
   s.n_prompt = n_prompt();
   s.n_generated = n_generated_;
+  s.draft_rounds = draft_rounds_;
+  s.draft_n = draft_n_;
+  s.draft_n_accepted = draft_accepted_;
   const bool admitted = phase_ != Phase::kWaiting;
   s.queue_ms = ms_between(submitted_, admitted ? admitted_ : now);
   if (n_generated_ > 0) {

@@ -45,6 +45,25 @@ class Sequence {
   // backend's argmax, when ≥ 0 — then logits may be null), detokenizes, checks the end conditions and
   // publishes the output. Returns false when the sequence finished.
   bool on_logits(const float* logits, int n_ctx, Clock::time_point now, Metrics& m, int32_t greedy = -1);
+
+  // ---- speculative steps (engine/scheduler.cpp): choose, then emit ----
+  // The target's token from one node's logits (or `greedy`, the backend's argmax, when ≥ 0), recorded
+  // in the sampler's history — called once per emitted token, along the accepted path.
+  int32_t choose(const float* logits, int32_t greedy = -1);
+  // Publishes a chosen token exactly as on_logits does after choosing (end-of-generation, stop
+  // strings, max_tokens, context end). `logits` (for logprobs) may be null when logprobs are off.
+  // Returns false when the sequence finished; the caller drops the rest of the accepted run.
+  bool emit(int32_t t, const float* logits, int n_ctx, Clock::time_point now, Metrics& m);
+  // The verify rows of root + `accepted` drafts are now the sequence's cache: n_past advances past them.
+  void set_n_past(int n) { n_past_ = n; }
+  // Prompt + every token generated so far (the last is last_token()): what a drafter continues.
+  const std::vector<int32_t>& history() const { return history_; }
+  void on_draft(int drafted, int accepted) {
+    ++draft_rounds_;
+    draft_n_ += drafted;
+    draft_accepted_ += accepted;
+  }
+  bool wants_logprobs() const { return spec_.logprobs >= 0; }
   // Ends the sequence (any phase) and publishes the final event.
   void finish(FinishReason r, Clock::time_point now, Metrics& m, std::string error = {});
 
@@ -60,6 +79,8 @@ class Sequence {
   int slot_ = -1;
   int n_prefilled_ = 0, n_past_ = 0, n_generated_ = 0;
   int32_t last_ = -1;
+  std::vector<int32_t> history_;
+  int draft_rounds_ = 0, draft_n_ = 0, draft_accepted_ = 0;
   Clock::time_point submitted_, admitted_, first_token_, last_token_time_;
 };
 

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "server/context.h"
+#include "spec/drafter.h"
 #include "server/prepare.h"
 
 namespace pg::server {
@@ -67,6 +68,13 @@ HttpOut handle_props(Context& ctx, const HttpIn&) {
   runtime["clamp_max_tokens"] = ctx.opt.clamp_max_tokens;
   runtime["http_threads"] = ctx.opt.http_threads;
   runtime["host"] = ctx.opt.host;
+  json spec = json::object();
+  spec["type"] = spec::spec_type_name(so.spec.type);
+  spec["draft_model"] = so.spec.draft ? json(so.spec.draft->config().name) : json(nullptr);
+  spec["n_max"] = so.spec.n_max;
+  spec["n_min"] = so.spec.n_min;
+  spec["tree"] = so.spec.tree ? "ddtree" : "chain";
+  spec["ddtree_budget"] = so.spec.budget;
   json r = json::object();
   r["model"] = ctx.opt.model_name;
   r["model_path"] = ctx.opt.model_path;
@@ -80,6 +88,7 @@ HttpOut handle_props(Context& ctx, const HttpIn&) {
   r["build_info"] = ctx.opt.build_info;
   r["default_generation_settings"] = json{{"n_ctx", so.n_ctx}, {"params", params}};
   r["runtime"] = runtime;
+  r["speculative"] = spec;
   return HttpOut::json_reply(r);
 }
 
@@ -108,6 +117,12 @@ HttpOut handle_metrics(Context& ctx, const HttpIn&) {
   histogram(s, "peregrine_request_duration_seconds", "Submission to the end of the request.", m.request_duration);
   metric(s, "peregrine_prompt_tokens_per_second", "gauge", "Prompt tokens per second over the last 10 seconds.", m.prompt_tps);
   metric(s, "peregrine_generation_tokens_per_second", "gauge", "Generated tokens per second over the last 10 seconds.", m.generation_tps);
+  metric(s, "peregrine_spec_steps_total", "counter", "Speculative verify steps (one per speculating sequence and step).",
+         static_cast<double>(m.spec_rounds));
+  metric(s, "peregrine_spec_draft_tokens_total", "counter", "Tokens drafted for speculative verification.", static_cast<double>(m.spec_drafted));
+  metric(s, "peregrine_spec_accepted_tokens_total", "counter", "Drafted tokens the target accepted.", static_cast<double>(m.spec_accepted));
+  metric(s, "peregrine_spec_mean_accept_length", "gauge", "Tokens emitted per verify step (accepted drafts + the bonus token), over all steps.",
+         m.spec_mean_accept_len());
   metric(s, "peregrine_sequences_active", "gauge", "Sequences holding a slot.", m.active);
   metric(s, "peregrine_sequences_queued", "gauge", "Requests waiting for a slot.", m.queued);
   metric(s, "peregrine_slots", "gauge", "Parallel sequence slots.", m.slots);

@@ -51,6 +51,9 @@ json timings_json(const engine::RequestStats& s) {
   t["predicted_per_second"] = s.decode_ms > 0 ? decoded * 1000.0 / s.decode_ms : 0.0;
   t["queue_ms"] = s.queue_ms;
   t["ttft_ms"] = s.ttft_ms;
+  // Speculative decoding (llama-server's names): tokens drafted for the request and accepted.
+  t["draft_n"] = s.draft_n;
+  t["draft_n_accepted"] = s.draft_n_accepted;
   return t;
 }
 

@@ -1,0 +1,66 @@
+// Drafters propose continuations of a sequence for the target to verify in one forward.
+//
+// A drafter answers for several sequences at once (the runner asks every speculating sequence of a
+// step together, so a draft model runs one forward per depth for all of them). It may answer with
+// an explicit tree (`tree`, e.g. the n-gram drafter's chain), or with per-position candidate lists
+// (`topk`, one entry per drafted depth, and `chain`, its greedy path) from which the runner builds a
+// chain or a DDTree. A DFlash drafter (issue 13) fits the second form: one parallel pass gives the
+// marginals of a 16-token block.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "spec/tree.h"
+
+namespace pg {
+class Model;
+}
+
+namespace pg::spec {
+
+enum class SpecType : uint8_t { kNone, kDraft, kNgram };
+// "none" | "draft" (alias "draft-simple") | "ngram" (aliases "ngram-simple", "ngram-cache"); throws
+// pg::Error naming the accepted values otherwise.
+SpecType parse_spec_type(const std::string& s);
+const char* spec_type_name(SpecType t);
+
+struct DraftInput {
+  int slot = 0;                                // the target's sequence slot (drafters keep state per slot)
+  std::span<const int32_t> history;            // prompt + generated tokens; the last one is the root
+  int n_max = 16;                              // draft depth wanted
+  int k = 1;                                   // candidates per depth wanted (1 = chain only)
+};
+
+struct Draft {
+  std::vector<int32_t> chain;  // (depth) the drafter's greedy continuation
+  std::vector<TopK> topk;      // (depth) per-position candidates, or empty
+  bool has_tree = false;       // `tree` is the proposal as is
+  DraftTree tree;
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual const char* name() const = 0;
+  // Fills out[i] for in[i].
+  virtual void propose(std::span<const DraftInput> in, std::span<Draft> out) = 0;
+  // The slot's sequence ended (or a new one takes the slot): drop its state.
+  virtual void release(int /*slot*/) {}
+};
+
+// Prompt lookup: the longest suffix of the history (n_max_ngram … n_min_ngram tokens) that occurred
+// before, and the tokens that followed its most recent earlier occurrence.
+std::unique_ptr<Drafter> make_ngram_drafter(int n_min_ngram = 1, int n_max_ngram = 4);
+
+// A draft model with its own KV cache (n_slots × n_ctx) on its own backend: greedy autoregressive
+// steps, one forward per depth for every sequence, keeping its cache at the longest common prefix of
+// what it saw and the history it is given (rejected drafts are rolled back, not recomputed).
+std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx);
+
+// Throws pg::Error unless the draft's vocabulary is the target's (same size and same token texts).
+void check_same_vocab(const Model& target, const Model& draft, const std::string& draft_path);
+
+}  // namespace pg::spec
