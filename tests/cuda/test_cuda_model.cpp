@@ -4,8 +4,10 @@
 // then 15 teacher-forced decode steps (the CPU's own greedy tokens fed back one at a time).
 //  - CUDA exact mode (FP32 GEMV for every matmul) with an F32 KV cache: max |Δlogit| ≤ 1e-3 (the
 //    golden README's bound for F32 engines; logits have std ≈ 2).
-//  - CUDA default mode (FP16 tensor-core GEMM for the 24-row prompt) with an F16 KV cache against the
-//    CPU with an F16 KV cache: max |Δ| ≤ 0.1, RMS ≤ 0.02.
+//  - CUDA default mode with an F16 KV cache against the CPU's default mode with an F16 KV cache: both
+//    round the activations of quantized weights to 8 bits the same way (q8_0 / q8_K, as llama.cpp's CPU
+//    backend), so what is left is summation order and the GEMM's FP16 tiles for the 24-row prompt:
+//    max |Δ| ≤ 0.1, RMS ≤ 0.02. (Against the CPU's exact mode, the 8-bit rounding itself showed: 0.14.)
 // And greedy 64-token continuations of the base F16 models, CUDA default mode vs CPU: identical, except
 // after a step where the CPU's top-2 margin is below 0.1 (a near-tie), which is printed, not failed.
 #include <gtest/gtest.h>
@@ -81,7 +83,10 @@ TEST_P(CudaModel, LogitsMatchCpu) {
   const std::string path = test::shared_path("golden/models/" + stem + ".gguf").string();
   auto cpu = test::make_cpu_exact();
   const Logits ref32 = run(*cpu, path, DType::F32, 15, {});
-  const Logits ref16 = run(*cpu, path, DType::F16, 15, ref32.tokens);
+  CpuOptions co;
+  co.n_threads = 2;
+  CpuBackend cpu_default(co);
+  const Logits ref16 = run(cpu_default, path, DType::F16, 15, ref32.tokens);
   ASSERT_EQ(ref32.prompt.size(), kPrompt.size() * static_cast<size_t>(ref32.n_vocab));
 
   auto exact = test::make_cuda(true);

@@ -82,6 +82,8 @@ class CudaBackend final : public Backend {
   void mul_sigmoid(Tensor& x, const Tensor& gate) override;
   void softcap(Tensor& x, float cap) override;
   void argmax_rows(const Tensor& x, Tensor& ids) override;
+  void topk_rows(const Tensor& x, int k, Tensor& ids, Tensor& logprobs) override;
+  void kv_copy(KvLayer& kv, const Tensor& src_cells, const Tensor& dst_cells) override;
   void gather_cols(const Tensor& src, int group, int col0, Tensor& dst) override;
   void moe_route(const Tensor& logits, int k, ExpertGating gating, bool norm, float scale, Tensor& ids,
                  Tensor& weights) override;

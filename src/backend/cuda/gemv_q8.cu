@@ -15,8 +15,9 @@
 // pieces, so each warp load instruction covers 4 whole superblocks. Reduction: warp shuffles, fixed
 // order (deterministic). Grouped mode (MoE decode): grid row g uses expert ids[g] and activation row g/x_div.
 //
-// Numerics: the activation quantization (round(x/d), d = max|x|/127 per 32 values) adds a relative error
-// of ~0.5 % per product sum; the CPU backend's default mode quantizes activations the same way (q8_0/q8_K).
+// Numerics: the activations are rounded exactly as the CPU backend's default mode (and llama.cpp's CPU
+// backend) rounds them — q8_0 per 32 values for the 32-value block types, q8_K per 256 for the K-quants
+// (act_quant_kernel below) — ~0.5 % relative error per product sum, the same on both backends.
 // Exact mode never comes here.
 #include <algorithm>
 
@@ -416,35 +417,113 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_half_kernel(const Fas
   store_rows<NA>(p, row, a0, acc, lane);
 }
 
-// x (n, K) → q (n, K) int8 and d (n, K/32): d = max|x|/127 per 32 values, q = round(x/d). One thread per 32.
-__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t x_stride, int n, int64_t K, int8_t* __restrict__ q,
-                                   float* __restrict__ d) {
-  const int64_t nb = K / 32;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n * nb) return;
-  const int64_t r = i / nb, b = i % nb;
-  const float4* xp = reinterpret_cast<const float4*>(x + r * x_stride + b * 32);
-  float v[32];
-  float amax = 0.0f;
+// ---- activation quantization (the CPU default mode's rounding, i.e. ggml-cpu's from_float) -------------
+//
+// One warp per 256 activations, lane l holding values 8l..8l+7. Two roundings, chosen by the weight type
+// exactly as the CPU's vec_dot_type() does:
+//  - kActQ8_0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; Q8_1 has the same quants): per 32 values
+//    d = fp16(amax/127), q = round-half-even(x·127/amax) saturated to int8 (quant_q8_0_act_scalar);
+//  - kActQ8_K (the K-quants, IQ4_XS): per 256 values, max = the value of largest magnitude (the first
+//    one on ties), iscale = −127/max, q = min(127, round-half-even(iscale·x)), d = 1/iscale (quant_q8_k).
+// Identical quants and scales on both backends mean CUDA-vs-CPU differences in default mode come only
+// from summation order (they did not before: 32-value FP32 scales for every type drifted 0.14 in logits).
+// Outputs: int8 quants with one FP32 scale per 32 (a Q8_K scale repeated 8 times, so the dot kernels
+// above stay per-32), or the dequantized values q·d as FP32 (the FP32 GEMV) or FP16 (the GEMM's tile
+// input), so every matmul of default mode sees the same rounded activations.
+enum ActOut { kOutQ8, kOutF32, kOutF16 };
+
+template <int MODE, int OUT>
+__global__ void __launch_bounds__(128) act_quant_kernel(const float* __restrict__ x, int64_t x_stride, const int32_t* __restrict__ x_rows,
+                                                        int n, int64_t K, void* __restrict__ out, float* __restrict__ d_out) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t chunks = (K + 255) / 256;
+  const int64_t wid = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  if (wid >= n * chunks) return;  // whole warps only: the shuffles below need every lane
+  const int64_t r = wid / chunks, e0 = (wid % chunks) * 256 + 8 * lane;
+  const bool live = e0 < K;  // Q8_0 rows need not be a multiple of 256 long (K is a multiple of 32)
+  const float* src = x + static_cast<int64_t>(x_rows ? x_rows[r] : r) * x_stride + e0;
+  float v[8];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float4 t = xp[k];
-    v[4 * k] = t.x, v[4 * k + 1] = t.y, v[4 * k + 2] = t.z, v[4 * k + 3] = t.w;
-    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w))));
+  for (int j = 0; j < 8; ++j) v[j] = live ? src[j] : 0.0f;
+  int q[8];
+  float d;
+  if constexpr (MODE == kActQ8_K) {
+    float amax = 0.0f, mx = 0.0f;
+    int idx = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float a = fabsf(v[j]);
+      if (a > amax) amax = a, mx = v[j], idx = static_cast<int>(e0) + j;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float oa = __shfl_xor_sync(0xffffffffu, amax, o), om = __shfl_xor_sync(0xffffffffu, mx, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (oa > amax || (oa == amax && oi < idx)) amax = oa, mx = om, idx = oi;
+    }
+    if (amax == 0.0f) {
+      d = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = 0;
+    } else {
+      const float iscale = __fdiv_rn(-127.0f, mx);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = min(127, __float2int_rn(__fmul_rn(iscale, v[j])));
+      d = __fdiv_rn(1.0f, iscale);
+    }
+  } else {
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));  // the 4 lanes of one 32-value block
+    d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
+    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float t = rintf(__fmul_rn(v[j], id));
+      q[j] = t != t ? -128 : static_cast<int>(fminf(fmaxf(t, -128.0f), 127.0f));
+    }
   }
-  const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
-  uint32_t packed[8];
+  if (!live) return;
+  if constexpr (OUT == kOutQ8) {
+    uint32_t w0 = 0, w1 = 0;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    uint32_t word = 0;
+    for (int j = 0; j < 4; ++j) {
+      w0 |= (static_cast<uint32_t>(q[j]) & 0xffu) << (8 * j);
+      w1 |= (static_cast<uint32_t>(q[4 + j]) & 0xffu) << (8 * j);
+    }
+    *reinterpret_cast<uint2*>(static_cast<int8_t*>(out) + r * K + e0) = make_uint2(w0, w1);
+    if ((lane & 3) == 0) d_out[r * (K / 32) + e0 / 32] = d;
+  } else if constexpr (OUT == kOutF32) {
+    float* o = static_cast<float*>(out) + r * K + e0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) word |= (static_cast<uint32_t>(static_cast<int>(roundf(v[4 * k + j] * id))) & 0xffu) << (8 * j);
-    packed[k] = word;
+    for (int j = 0; j < 8; ++j) o[j] = __fmul_rn(static_cast<float>(q[j]), d);
+  } else {
+    constexpr float kMax = 65504.0f;
+    uint32_t h[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float a = fminf(fmaxf(__fmul_rn(static_cast<float>(q[2 * j]), d), -kMax), kMax);
+      const float b = fminf(fmaxf(__fmul_rn(static_cast<float>(q[2 * j + 1]), d), -kMax), kMax);
+      h[j] = static_cast<uint32_t>(__half_as_ushort(__float2half_rn(a))) | (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(b))) << 16);
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + r * K + e0) = make_uint4(h[0], h[1], h[2], h[3]);
   }
-  int4* qp = reinterpret_cast<int4*>(q + r * K + b * 32);
-  qp[0] = make_int4(static_cast<int>(packed[0]), static_cast<int>(packed[1]), static_cast<int>(packed[2]), static_cast<int>(packed[3]));
-  qp[1] = make_int4(static_cast<int>(packed[4]), static_cast<int>(packed[5]), static_cast<int>(packed[6]), static_cast<int>(packed[7]));
-  d[r * nb + b] = dd;
+}
+
+template <int OUT>
+void launch_act_quant(int mode, const float* x, int64_t x_stride, const int32_t* x_rows, int64_t n, int64_t K, void* out, float* d,
+                      cudaStream_t stream) {
+  PG_CHECK(K % 32 == 0 && (mode != kActQ8_K || K % 256 == 0), "activation quantization: K=" + std::to_string(K) + " is not a multiple of the block");
+  const int64_t warps = n * ((K + 255) / 256);
+  if (warps == 0) return;
+  const auto blocks = static_cast<unsigned>((warps + 3) / 4);
+  if (mode == kActQ8_K)
+    act_quant_kernel<kActQ8_K, OUT><<<blocks, 128, 0, stream>>>(x, x_stride, x_rows, static_cast<int>(n), K, out, d);
+  else
+    act_quant_kernel<kActQ8_0, OUT><<<blocks, 128, 0, stream>>>(x, x_stride, x_rows, static_cast<int>(n), K, out, d);
+  check_launch("act_quant");
 }
 
 template <class F>
@@ -548,11 +627,38 @@ bool gemv_fast_q8(const MatmulArgs& a) {
 }
 
 void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream) {
-  const int64_t rows = activation_rows(a), threads = rows * (a.K / 32);
-  if (threads == 0) return;
-  quantize_q8_kernel<<<static_cast<unsigned>((threads + 127) / 128), 128, 0, stream>>>(a.x, a.x_stride, static_cast<int>(rows), a.K,
-                                                                                      scratch_q(scratch), scratch_d(a, scratch));
-  check_launch("quantize_q8");
+  launch_act_quant<kOutQ8>(act_quant_mode(a.type), a.x, a.x_stride, nullptr, activation_rows(a), a.K, scratch_q(scratch), scratch_d(a, scratch),
+                           stream);
+}
+
+int act_quant_mode(DType t) {
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q8_0:
+    case DType::IQ4_NL:
+      return kActQ8_0;
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::IQ4_XS:
+      return kActQ8_K;
+    default:
+      return kActNone;
+  }
+}
+
+void act_quant_f32(int mode, const float* x, int64_t x_stride, int64_t n, int64_t K, float* out, cudaStream_t stream) {
+  launch_act_quant<kOutF32>(mode, x, x_stride, nullptr, n, K, out, nullptr, stream);
+}
+
+void act_quant_f16(int mode, const float* x, int64_t x_stride, const int32_t* x_rows, int64_t n, int64_t K, uint16_t* out,
+                   cudaStream_t stream) {
+  launch_act_quant<kOutF16>(mode, x, x_stride, x_rows, n, K, out, nullptr, stream);
 }
 
 bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_quantized) {
