@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kv/paged_kv_cache.h"
 #include "model/arch.h"
 
 namespace pg {
@@ -189,7 +190,7 @@ std::unique_ptr<KvCache> Model::make_cache(const KvCacheOptions& opt) {
         rec[static_cast<size_t>(il)] = {static_cast<int64_t>(cfg_.ssm_conv_kernel - 1) * conv_dim,
                                         static_cast<int64_t>(cfg_.ssm_dt_rank) * cfg_.ssm_state * cfg_.ssm_state};
   }
-  return std::make_unique<KvCache>(backend_, shapes, opt, rec);
+  return std::make_unique<PagedKvCache>(backend_, shapes, opt, rec);
 }
 
 void Model::ensure_workspace(KvCache& cache) {
@@ -252,7 +253,7 @@ void Model::ensure_workspace(KvCache& cache) {
   mk(w.tree_mask, DType::I32, kTreeMaskWords, cap);
   w.cache_id = cache.id();
   w.ab.block_table = w.block_table;
-  w.ab.block_size = cache.options().block_size;
+  w.ab.block_size = cache.block_size();
   w.ab.max_blocks = cache.max_blocks();
 }
 
@@ -521,12 +522,12 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     if (tp.any && tp.tree[static_cast<size_t>(s)]) {
       // Tree row j lives at logical position seq_len + j (reserved by forward); it sees up to itself.
       const int lp = tp.kv_len[static_cast<size_t>(r)] + tp.j[static_cast<size_t>(r)];
-      cells[static_cast<size_t>(i)] = cache.cell(s, lp);
+      cells[static_cast<size_t>(i)] = cache.write_cell(s, lp);
       max_kv = std::max(max_kv, lp + 1);
       tree_rows = true;
     } else {
       if (!cache.reserve(s, std::max(cache.seq_len(s), p + 1))) throw Error("KV cache is full");
-      cells[static_cast<size_t>(i)] = cache.cell(s, p);
+      cells[static_cast<size_t>(i)] = cache.write_cell(s, p);
       max_kv = std::max(max_kv, p + 1);
     }
     if (batch.logits[static_cast<size_t>(r)]) out_rows.push_back(i);
