@@ -162,6 +162,7 @@ void PagedKvCache::commit(int seq, const std::vector<int>& path) {
 
 void PagedKvCache::copy_cells(const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
   if (src.empty()) return;
+  rows_copied_ += static_cast<int64_t>(src.size());
   const size_t bytes = src.size() * sizeof(int32_t);
   backend_.upload(copy_src_, src.data(), bytes);
   backend_.upload(copy_dst_, dst.data(), bytes);

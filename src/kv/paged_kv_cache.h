@@ -51,6 +51,9 @@ class PagedKvCache final : public KvCache {
   bool has_layer(int il) const override { return layers_[static_cast<size_t>(il)].k.valid(); }
 
   int block_refcount(int block) const { return refcount_[static_cast<size_t>(block)]; }
+  // K/V rows moved so far by commit() and copy-on-write (per layer count once): a chain verified as a
+  // tree commits with none.
+  int64_t rows_copied() const { return rows_copied_; }
 
  private:
   void check_seq(int seq) const;
@@ -76,6 +79,7 @@ class PagedKvCache final : public KvCache {
     std::vector<int32_t> parent, rows;  // (n tree rows)
   };
   std::vector<Tree> trees_;             // (n_seq)
+  int64_t rows_copied_ = 0;
   Tensor copy_src_, copy_dst_;          // I32 (max(kMaxTreeRows, block_size)) cell lists of copy_cells()
 };
 
