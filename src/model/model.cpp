@@ -305,7 +305,9 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
     for (int s = 0; s < cache.n_seq(); ++s) {
       if (!seen[static_cast<size_t>(s)]) continue;
       if (!tp.tree[static_cast<size_t>(s)]) {
-        cache.drop_tree(s);
+        // An uncommitted tree is abandoned: release its cells past the sequence (truncate to the
+        // current length touches no recurrent state).
+        if (cache.tree_size(s) > 0) cache.truncate(s, cache.seq_len(s));
         continue;
       }
       if (!cache.reserve(s, cache.seq_len(s) + n_tree[static_cast<size_t>(s)])) throw Error("KV cache is full");

@@ -280,6 +280,22 @@ TEST(TreeCommit, ChainCommitsWithoutCopies) {
   c->commit(0, {0, 2, 3});
   EXPECT_EQ(paged.rows_copied(), 2);
   EXPECT_EQ(c->seq_len(0), 16);
+  // A tree left uncommitted is abandoned by the next chain forward: its cells return to the pool.
+  const int free_before = c->free_blocks();
+  Tree wide;
+  for (int i = 0; i < 40; ++i) {
+    wide.tok.push_back(i);
+    wide.parent.push_back(i == 0 ? -1 : 0);
+    wide.depth.push_back(i == 0 ? 0 : 1);
+  }
+  b.clear();
+  add_tree(b, wide, 0, 16);
+  f.model->forward(b, *c, out);
+  EXPECT_LT(c->free_blocks(), free_before);
+  f.chain(*c, {1});
+  EXPECT_EQ(c->tree_size(0), 0);
+  EXPECT_EQ(c->free_blocks(), free_before - 1);  // 17 tokens: the 16 of before fill one block exactly
+  EXPECT_THROW(c->commit(0, {0}), Error);
 }
 
 // Bad trees are clear errors and change nothing.
