@@ -292,8 +292,10 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
   }
   ensure_workspace(cache);
   // Tree sequences: the cells of all their rows are reserved up front (a micro-batch may hold only part
-  // of a tree), and the cache records the tree for commit(). Any other sequence of the batch drops the
-  // record of an earlier tree: its rows overwrite those cells.
+  // of a tree), and once every row is computed the cache records the tree for commit(). Every sequence
+  // of the batch first drops the record of an earlier tree (its rows overwrite those cells), so a
+  // forward that fails leaves no tree to commit.
+  std::vector<std::pair<int, std::pair<std::vector<int32_t>, std::vector<int32_t>>>> trees;  // (seq, (parent, rows))
   {
     std::vector<int32_t> n_tree(static_cast<size_t>(cache.n_seq()), 0);
     std::vector<uint8_t> seen(static_cast<size_t>(cache.n_seq()), 0);
@@ -304,12 +306,10 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
     }
     for (int s = 0; s < cache.n_seq(); ++s) {
       if (!seen[static_cast<size_t>(s)]) continue;
-      if (!tp.tree[static_cast<size_t>(s)]) {
-        // An uncommitted tree is abandoned: release its cells past the sequence (truncate to the
-        // current length touches no recurrent state).
-        if (cache.tree_size(s) > 0) cache.truncate(s, cache.seq_len(s));
-        continue;
-      }
+      // An uncommitted tree is abandoned: release its cells past the sequence (truncate to the current
+      // length touches no recurrent state).
+      if (cache.tree_size(s) > 0) cache.truncate(s, cache.seq_len(s));
+      if (!tp.tree[static_cast<size_t>(s)]) continue;
       if (!cache.reserve(s, cache.seq_len(s) + n_tree[static_cast<size_t>(s)])) throw Error("KV cache is full");
       std::vector<int32_t> parent, rows;
       for (int r = 0; r < n; ++r) {
@@ -318,7 +318,7 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
         parent.push_back(p < 0 ? -1 : tp.j[static_cast<size_t>(p)]);
         rows.push_back(r);
       }
-      cache.set_tree(s, std::move(parent), std::move(rows));
+      trees.push_back({s, {std::move(parent), std::move(rows)}});
     }
   }
   if (plan && plan->capture) {
@@ -362,6 +362,7 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
     out_pos += chunk.size();
     for (int r = b0; r < b1; ++r) out_rows += batch.logits[static_cast<size_t>(r)] ? 1 : 0;
   }
+  for (auto& [s, t] : trees) cache.set_tree(s, std::move(t.first), std::move(t.second));
 }
 
 Model::TreePlan Model::plan_tree(const Batch& batch, const KvCache& cache) const {
