@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kv/paged_kv_cache.h"
 #include "model/arch.h"
 
 namespace pg {
@@ -189,7 +190,7 @@ std::unique_ptr<KvCache> Model::make_cache(const KvCacheOptions& opt) {
         rec[static_cast<size_t>(il)] = {static_cast<int64_t>(cfg_.ssm_conv_kernel - 1) * conv_dim,
                                         static_cast<int64_t>(cfg_.ssm_dt_rank) * cfg_.ssm_state * cfg_.ssm_state};
   }
-  return std::make_unique<KvCache>(backend_, shapes, opt, rec);
+  return std::make_unique<PagedKvCache>(backend_, shapes, opt, rec);
 }
 
 void Model::ensure_workspace(KvCache& cache) {
@@ -252,7 +253,7 @@ void Model::ensure_workspace(KvCache& cache) {
   mk(w.tree_mask, DType::I32, kTreeMaskWords, cap);
   w.cache_id = cache.id();
   w.ab.block_table = w.block_table;
-  w.ab.block_size = cache.options().block_size;
+  w.ab.block_size = cache.block_size();
   w.ab.max_blocks = cache.max_blocks();
 }
 
@@ -291,8 +292,10 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
   }
   ensure_workspace(cache);
   // Tree sequences: the cells of all their rows are reserved up front (a micro-batch may hold only part
-  // of a tree), and the cache records the tree for commit(). Any other sequence of the batch drops the
-  // record of an earlier tree: its rows overwrite those cells.
+  // of a tree), and once every row is computed the cache records the tree for commit(). Every sequence
+  // of the batch first drops the record of an earlier tree (its rows overwrite those cells), so a
+  // forward that fails leaves no tree to commit.
+  std::vector<std::pair<int, std::pair<std::vector<int32_t>, std::vector<int32_t>>>> trees;  // (seq, (parent, rows))
   {
     std::vector<int32_t> n_tree(static_cast<size_t>(cache.n_seq()), 0);
     std::vector<uint8_t> seen(static_cast<size_t>(cache.n_seq()), 0);
@@ -303,10 +306,10 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
     }
     for (int s = 0; s < cache.n_seq(); ++s) {
       if (!seen[static_cast<size_t>(s)]) continue;
-      if (!tp.tree[static_cast<size_t>(s)]) {
-        cache.drop_tree(s);
-        continue;
-      }
+      // An uncommitted tree is abandoned: release its cells past the sequence (truncate to the current
+      // length touches no recurrent state).
+      if (cache.tree_size(s) > 0) cache.truncate(s, cache.seq_len(s));
+      if (!tp.tree[static_cast<size_t>(s)]) continue;
       if (!cache.reserve(s, cache.seq_len(s) + n_tree[static_cast<size_t>(s)])) throw Error("KV cache is full");
       std::vector<int32_t> parent, rows;
       for (int r = 0; r < n; ++r) {
@@ -315,7 +318,7 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
         parent.push_back(p < 0 ? -1 : tp.j[static_cast<size_t>(p)]);
         rows.push_back(r);
       }
-      cache.set_tree(s, std::move(parent), std::move(rows));
+      trees.push_back({s, {std::move(parent), std::move(rows)}});
     }
   }
   if (plan && plan->capture) {
@@ -359,6 +362,7 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
     out_pos += chunk.size();
     for (int r = b0; r < b1; ++r) out_rows += batch.logits[static_cast<size_t>(r)] ? 1 : 0;
   }
+  for (auto& [s, t] : trees) cache.set_tree(s, std::move(t.first), std::move(t.second));
 }
 
 Model::TreePlan Model::plan_tree(const Batch& batch, const KvCache& cache) const {
@@ -521,12 +525,12 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     if (tp.any && tp.tree[static_cast<size_t>(s)]) {
       // Tree row j lives at logical position seq_len + j (reserved by forward); it sees up to itself.
       const int lp = tp.kv_len[static_cast<size_t>(r)] + tp.j[static_cast<size_t>(r)];
-      cells[static_cast<size_t>(i)] = cache.cell(s, lp);
+      cells[static_cast<size_t>(i)] = cache.write_cell(s, lp);
       max_kv = std::max(max_kv, lp + 1);
       tree_rows = true;
     } else {
       if (!cache.reserve(s, std::max(cache.seq_len(s), p + 1))) throw Error("KV cache is full");
-      cells[static_cast<size_t>(i)] = cache.cell(s, p);
+      cells[static_cast<size_t>(i)] = cache.write_cell(s, p);
       max_kv = std::max(max_kv, p + 1);
     }
     if (batch.logits[static_cast<size_t>(r)]) out_rows.push_back(i);

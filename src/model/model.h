@@ -71,8 +71,9 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   ModelBytes bytes() const { return bytes_; }
 
-  // Makes the cache for this model: K/V for attention layers and, for hybrid models, the recurrent state
-  // of the linear-attention layers (with opt.n_capture capture slots).
+  // Makes the cache for this model (a PagedKvCache behind the KvCache interface): K/V for attention
+  // layers and, for hybrid models, the recurrent state of the linear-attention layers (with
+  // opt.n_capture capture slots).
   std::unique_ptr<KvCache> make_cache(const KvCacheOptions& opt);
 
   // Evaluates the batch: writes every row's K/V into the cache (reserving blocks as needed), and
