@@ -366,7 +366,7 @@ TEST(KvAccuracy, RotatedKForBlockTypes) {
 // KV head as in qwen3-8b): printed for docs/kv-cache-types.md, not a pass/fail check, so disabled in
 // ctest; run with --gtest_also_run_disabled_tests --gtest_filter='*Speed*'.
 TEST(KvAttnSpeed, DISABLED_NsPerKey) {
-  const int hd = 128, len = 4096, nq = 4, reps = 20;
+  const int hd = 128, len = 4096, nq = 4, reps = 2;
   std::printf("\n| type | scores SIMD ns/key | scalar | accumulate SIMD ns/key | scalar |\n|---|---|---|---|---|\n");
   for (DType t : kKv) {
     Cache c(t, 1, hd, len, gaussian(static_cast<size_t>(len) * hd, 1));
@@ -374,16 +374,22 @@ TEST(KvAttnSpeed, DISABLED_NsPerKey) {
     for (int j = 0; j < len; ++j) offs[static_cast<size_t>(j)] = c.off(j, 0);
     const int w = kv_head_width(t, hd);
     std::vector<float> qp(static_cast<size_t>(nq) * w, 0.1f), s(static_cast<size_t>(nq) * len, 0.001f), acc(static_cast<size_t>(nq) * w);
+    // The best of 15 trials of `reps` calls: the machine is shared, and the minimum is what the
+    // kernel costs when it is not preempted.
     double ns[4];
     for (int k = 0; k < 4; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int r = 0; r < reps; ++r) {
-        if (k == 0) kv_scores(t, hd, qp.data(), nq, c.bytes.data(), offs.data(), len, s.data());
-        if (k == 1) kv_scores_scalar(t, hd, qp.data(), nq, c.bytes.data(), offs.data(), len, s.data());
-        if (k == 2) kv_accumulate(t, hd, s.data(), nq, c.bytes.data(), offs.data(), len, acc.data());
-        if (k == 3) kv_accumulate_scalar(t, hd, s.data(), nq, c.bytes.data(), offs.data(), len, acc.data());
+      ns[k] = 1e30;
+      for (int trial = 0; trial < 15; ++trial) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int r = 0; r < reps; ++r) {
+          if (k == 0) kv_scores(t, hd, qp.data(), nq, c.bytes.data(), offs.data(), len, s.data());
+          if (k == 1) kv_scores_scalar(t, hd, qp.data(), nq, c.bytes.data(), offs.data(), len, s.data());
+          if (k == 2) kv_accumulate(t, hd, s.data(), nq, c.bytes.data(), offs.data(), len, acc.data());
+          if (k == 3) kv_accumulate_scalar(t, hd, s.data(), nq, c.bytes.data(), offs.data(), len, acc.data());
+        }
+        ns[k] = std::min(ns[k], std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+                                    (reps * len));
       }
-      ns[k] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / (reps * len);
     }
     std::printf("| %s | %.1f | %.1f | %.1f | %.1f |\n", kv_type_name(t).c_str(), ns[0], ns[1], ns[2], ns[3]);
   }

@@ -15,6 +15,7 @@
 #include "core/fp16.h"
 #include "core/kv_quant.h"
 #include "core/quant.h"
+#include "gguf/synth.h"
 
 namespace pg {
 namespace {
@@ -94,6 +95,27 @@ TEST(KvLayout, WidthsBytesBits) {
   EXPECT_EQ(kv_row_bytes(DType::Q8_0, 4, 256), 1088u);
   EXPECT_THROW(kv_row_bytes(DType::F16, 0, 128), Error);
   EXPECT_THROW(kv_head_width(DType::Q6_K, 128), Error);
+}
+
+// The K/V row widths of real models need no padding: every `gguf synth` preset (published configs of
+// llama 3, qwen3, qwen3moe, qwen35, ...) has head_dim a multiple of 32, and the qwen3 / qwen35 ones a
+// multiple of 128 (tq3_0's group), so their rows are exactly n_head_kv whole-block heads.
+TEST(KvLayout, RealModelHeadsNeedNoPadding) {
+  int n = 0;
+  for (const auto& name : gguf::synth_preset_names()) {
+    const auto cfg = gguf::synth_preset(name);
+    const int hd = static_cast<int>(cfg.head_dim_or_default());
+    ASSERT_GT(hd, 0) << name;
+    for (DType t : {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1})
+      EXPECT_EQ(kv_head_width(t, hd), hd) << name << " " << dtype_name(t);
+    if (cfg.arch.rfind("qwen3", 0) == 0) {
+      EXPECT_EQ(kv_head_width(DType::TQ3_0, hd), hd) << name;
+    }
+    EXPECT_EQ(kv_row_bytes(DType::Q8_0, static_cast<int>(cfg.n_head_kv), hd),
+              row_bytes(DType::Q8_0, cfg.n_head_kv * hd)) << name;
+    ++n;
+  }
+  EXPECT_GE(n, 5);
 }
 
 // ---- row codecs of every type ------------------------------------------------------------------------
