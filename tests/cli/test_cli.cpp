@@ -173,7 +173,7 @@ TEST(Cli, SpeculativeFlagsRejectBadValues) {
       {{"--ddtree-budget", "0"}, "--ddtree-budget"},
       {{"--ddtree-budget", "500"}, "--ddtree-budget"},
       {{"--spec-tree", "forest"}, "--spec-tree"},
-      {{"--spec-draft-n-max", "0"}, "--spec-draft-n-max"},
+      {{"--spec-draft-n-max", "-1"}, "--spec-draft-n-max"},
       {{"-md", other_vocab}, "vocabulary"},
       {{"--draft", not_model}, "draft model"},
       {{"--spec-type", "draft", "-m", stories()}, "needs a draft model"},
