@@ -126,28 +126,25 @@ int bench_spec(const ModelFlags& mf_in, const SpecFlags& spf, int n_gen, int rep
               lm.model->config().name.c_str(), draft.path.empty() ? "none" : draft.path.c_str(), spec::spec_type_name(draft.opt.type),
               prompts.size(), n_gen, reps);
   std::printf("| mode | tok/s | vs AR | drafted | accepted | steps | mean_accept_len | same text |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
-  double ar_tps = 0;
-  std::vector<std::vector<int32_t>> ref;
+  // Modes alternate within each repetition and every speculative mode is compared with the AR run of
+  // the same repetition: on a shared machine the load drifts, and a ratio of neighbours drifts less.
   spec_run(*lm.model, *lm.tokenizer, lm, mf.batch, ar, {prompts[0]}, 8);  // warm-up
-  for (const auto& [name, so] : modes) {
-    std::vector<double> tps;
-    SpecRun last;
-    for (int r = 0; r < reps; ++r) {
-      last = spec_run(*lm.model, *lm.tokenizer, lm, mf.batch, so, prompts, n_gen);
-      tps.push_back(last.tps);
+  std::vector<std::vector<double>> tps(modes.size()), ratio(modes.size());
+  std::vector<SpecRun> last(modes.size());
+  for (int r = 0; r < reps; ++r)
+    for (size_t m = 0; m < modes.size(); ++m) {
+      last[m] = spec_run(*lm.model, *lm.tokenizer, lm, mf.batch, modes[m].second, prompts, n_gen);
+      tps[m].push_back(last[m].tps);
+      ratio[m].push_back(tps[0].back() > 0 ? last[m].tps / tps[0].back() : 0.0);
     }
-    const double t = median(tps);
-    if (!so.on()) {
-      ar_tps = t;
-      ref = last.ids;
-    }
+  for (size_t m = 0; m < modes.size(); ++m) {
+    const SpecRun& l = last[m];
     int same = 0;
-    for (size_t i = 0; i < ref.size() && i < last.ids.size(); ++i) same += ref[i] == last.ids[i];
-    std::printf("| %s | %.1f | %.2fx | %d | %d | %d | %.2f | %d/%zu |\n", name.c_str(), t, ar_tps > 0 ? t / ar_tps : 0.0, last.drafted,
-                last.accepted, last.rounds, last.rounds ? static_cast<double>(last.accepted + last.rounds) / last.rounds : 0.0, same,
-                prompts.size());
-    std::fflush(stdout);
+    for (size_t i = 0; i < l.ids.size(); ++i) same += l.ids[i] == last[0].ids[i];
+    std::printf("| %s | %.1f | %.2fx | %d | %d | %d | %.2f | %d/%zu |\n", modes[m].first.c_str(), median(tps[m]), median(ratio[m]), l.drafted,
+                l.accepted, l.rounds, l.rounds ? static_cast<double>(l.accepted + l.rounds) / l.rounds : 0.0, same, prompts.size());
   }
+  std::printf("(tok/s: median over repetitions; vs AR: median of the per-repetition ratio to that repetition's AR run)\n");
   return 0;
 }
 

@@ -1,6 +1,8 @@
 // peregrine chat: a conversation in the terminal through the model's chat template. Each turn
 // reuses the KV cache for the part of the prompt that did not change.
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -9,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "engine/scheduler.h"
 
 namespace pg::cli {
 namespace {
@@ -49,6 +52,7 @@ std::string visible_part(const std::string& r) {
 int cmd_chat(int argc, char** argv) {
   ModelFlags mf;
   SamplingFlags sf;
+  SpecFlags spf;
   std::string system, template_file, prompt;
   int n_predict = 512;
   bool no_think = false, show_reasoning = false;
@@ -57,6 +61,7 @@ int cmd_chat(int argc, char** argv) {
   mf.add_to(a);
   sf.p.temperature = 0.7f;
   sf.add_to(a);
+  spf.add_to(a);
   a.opt("-p,--prompt", &prompt, "answer this one message and exit");
   a.opt("--system", &system, "system prompt");
   a.opt("--chat-template-file", &template_file, "use this Jinja template instead of the model's", "FILE");
@@ -65,7 +70,11 @@ int cmd_chat(int argc, char** argv) {
   a.flag("--show-reasoning", &show_reasoning, "print the model's reasoning (<think> blocks) too");
   if (!a.parse(argc, argv)) return 0;
   PG_CHECK(n_predict > 0, "n-predict must be positive");
+  spf.validate();
+  const bool bundled = mf.model.empty() && !std::getenv("PEREGRINE_MODEL");
+  if (mf.model.empty()) mf.model = default_model_path();
   auto lm = load_model(mf);
+  auto draft = load_spec(spf, mf, lm, mf.model, bundled);
   const auto& tok = *lm.tokenizer;
   std::string src;
   if (!template_file.empty()) {
@@ -84,12 +93,17 @@ int cmd_chat(int argc, char** argv) {
   nlohmann::ordered_json vars = nlohmann::ordered_json::object();
   if (no_think) vars["enable_thinking"] = false;
 
-  const int n_vocab = lm.model->config().n_vocab;
-  auto cache = lm.model->make_cache({1, lm.n_ctx, lm.kv_type});
-  std::vector<int32_t> cached;  // tokens whose K/V are in the cache
-  Sampler sampler(sf.resolve(), n_vocab);
+  // The same step loop as the server (engine/scheduler.h), with one slot; each turn is one request.
+  engine::SchedulerOptions so;
+  so.n_slots = 1;
+  so.n_ctx = lm.n_ctx;
+  so.n_batch = mf.batch;
+  so.kv_type = lm.kv_type;
+  so.spec = draft.opt;
+  engine::Scheduler sched(*lm.model, tok, so);
+  const SamplingParams sp = sf.resolve();
   const bool interactive = prompt.empty();
-  std::vector<float> logits;
+  int turn = 0;
 
   for (;;) {
     std::string line;
@@ -104,21 +118,14 @@ int cmd_chat(int argc, char** argv) {
     std::vector<int32_t> ids = tok.encode(text, true, true);
     PG_CHECK(static_cast<int>(ids.size()) + n_predict <= lm.n_ctx, "the conversation no longer fits the context (" +
                                                                      std::to_string(lm.n_ctx) + " tokens; use -c)");
-    // Reuse the cached prefix; at least the last prompt token is evaluated to get fresh logits.
-    size_t keep = 0;
-    while (keep < cached.size() && keep + 1 < ids.size() && cached[keep] == ids[keep]) ++keep;
-    cache->truncate(0, static_cast<int>(keep));
-    cached.resize(keep);
-    Batch b;
-    for (size_t i = keep; i < ids.size(); ++i) b.add(ids[i], static_cast<int32_t>(i), 0, i + 1 == ids.size());
-    lm.model->forward(b, *cache, logits);
-    cached = ids;
-    sampler.reset();
-    for (int32_t t : ids) sampler.accept(t);
-
+    engine::RequestSpec rs;
+    rs.prompt = ids;
+    rs.sampling = sp;
+    rs.sampling.seed = sp.seed + static_cast<uint64_t>(turn++);
+    rs.max_tokens = n_predict;
+    auto h = sched.submit(rs);
     std::string reply;
     size_t printed = 0;
-    tok::Detokenizer detok(tok, false);
     auto show = [&](bool final) {
       const std::string v = show_reasoning ? reply : (final ? split_reasoning(reply).second : visible_part(reply));
       if (v.size() > printed && v.compare(0, printed, v, 0, printed) == 0) {
@@ -127,18 +134,14 @@ int cmd_chat(int argc, char** argv) {
         printed = v.size();
       }
     };
-    for (int i = 0; i < n_predict; ++i) {
-      const int32_t t = sampler.sample(logits.data());
-      sampler.accept(t);
-      if (tok.is_eog(t)) break;
-      reply += detok.push(t);
+    engine::Event e;
+    for (;;) {
+      if (!h->next(e, std::chrono::milliseconds(100))) continue;
+      reply += e.text;
       show(false);
-      b.clear();
-      b.add(t, static_cast<int32_t>(cached.size()), 0, true);
-      lm.model->forward(b, *cache, logits);
-      cached.push_back(t);
+      if (e.done) break;
     }
-    reply += detok.finish();
+    PG_CHECK(e.finish != engine::FinishReason::kError, "generation failed: " + e.error);
     show(true);
     std::fputc('\n', stdout);
     std::fflush(stdout);

@@ -95,7 +95,7 @@ SamplingParams SamplingFlags::resolve() const {
 void SpecFlags::add_to(Args& a) {
   a.opt("-md,--spec-draft-model,--model-draft,--draft", &draft, "draft model for speculative decoding (same vocabulary as the target)", "FILE");
   a.opt("--spec-type", &type, "speculative decoding: none, draft or ngram (default: draft when a draft model is given or bundled)", "TYPE");
-  a.opt("--spec-draft-n-max,--draft-max", &n_max, "tokens drafted per step at most (chain length, tree depth)");
+  a.opt("--spec-draft-n-max,--draft-max", &n_max, "tokens drafted per step at most (chain length, tree depth); 0 = 3 for chains, 8 for DDTree");
   a.opt("--spec-draft-n-min", &n_min, "drafts shorter than this are not verified");
   a.opt("--spec-draft-device,--draft-device", &device, "device of the draft model (default: the target's)", "DEV");
   a.flag("--ddtree", &ddtree, "verify a DDTree token tree built from the draft's top-k instead of a chain");
@@ -108,9 +108,9 @@ void SpecFlags::validate() const {
   PG_CHECK(tree.empty() || tree == "ddtree" || tree == "chain", "unknown --spec-tree '" + tree + "' (expected ddtree or chain)");
   PG_CHECK(budget >= 1 && budget <= spec::kMaxTreeNodes - 1,
            "--ddtree-budget must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "], got " + std::to_string(budget));
-  PG_CHECK(n_max >= 1 && n_max <= spec::kMaxTreeNodes - 1,
-           "--spec-draft-n-max must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "], got " + std::to_string(n_max));
-  PG_CHECK(n_min >= 0 && n_min <= n_max, "--spec-draft-n-min must be in [0, --spec-draft-n-max], got " + std::to_string(n_min));
+  PG_CHECK(n_max >= 0 && n_max <= spec::kMaxTreeNodes - 1,
+           "--spec-draft-n-max must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "] (0 = auto), got " + std::to_string(n_max));
+  PG_CHECK(n_min >= 0 && (n_max == 0 || n_min <= n_max), "--spec-draft-n-min must be in [0, --spec-draft-n-max], got " + std::to_string(n_min));
 }
 
 LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedModel& target, const std::string& target_path, bool bundled) {
@@ -126,9 +126,12 @@ LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedMode
   spec::SpecType t = f.type.empty() ? (draft.empty() ? spec::SpecType::kNone : spec::SpecType::kDraft) : spec::parse_spec_type(f.type);
   PG_CHECK(t != spec::SpecType::kDraft || !draft.empty(), "--spec-type draft needs a draft model (-md FILE)");
   d.opt.type = t;
-  d.opt.n_max = f.n_max;
-  d.opt.n_min = f.n_min;
   d.opt.tree = f.ddtree || f.tree == "ddtree";
+  // Auto depth: every drafted token costs a verify row, and on a compute-bound device (the 2-core CPU
+  // with the demo pair) rows cost nearly an AR step each, so chains stay short; a tree spends its
+  // budget across depth 8 (docs/benchmarks.md).
+  d.opt.n_max = f.n_max > 0 ? f.n_max : (d.opt.tree ? 8 : 3);
+  d.opt.n_min = std::min(f.n_min, d.opt.n_max);
   d.opt.budget = f.budget;
   if (t != spec::SpecType::kDraft) return d;
   d.path = draft;

@@ -51,7 +51,7 @@ struct SamplingFlags {
 struct SpecFlags {
   std::string draft;             // -md FILE
   std::string type;              // --spec-type; empty: draft when a draft model is given or bundled, else none
-  int n_max = 16, n_min = 0;     // --spec-draft-n-max / --spec-draft-n-min
+  int n_max = 0, n_min = 0;      // --spec-draft-n-max (0 = auto: 3 for chains, 8 for DDTree) / --spec-draft-n-min
   std::string device;            // --spec-draft-device; empty = the target's device
   bool ddtree = false;           // --ddtree
   std::string tree;              // --spec-tree ddtree|chain

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/log.h"
 #include "spec/verify.h"
@@ -44,13 +46,21 @@ Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOpt
     if (model_.config().has_recurrent()) ko.n_capture = opt_.n_slots * std::min(rows, spec::kMaxTreeNodes);
   }
   cache_ = model_.make_cache(ko);
+  // PEREGRINE_PROFILE_STEPS=1: where a step's time goes (drafting vs the forward), printed at the end.
+  if (const char* e = std::getenv("PEREGRINE_PROFILE_STEPS"); e && *e == '1') profile_ = true;
   kv_bytes_ = cache_->bytes();
   for (int s = opt_.n_slots - 1; s >= 0; --s) free_slots_.push_back(s);
   publish_occupancy();
   thread_ = std::thread([this] { loop(); });
 }
 
-Scheduler::~Scheduler() { shutdown(); }
+Scheduler::~Scheduler() {
+  shutdown();
+  if (profile_ && prof_steps_ > 0)
+    std::fprintf(stderr, "scheduler profile: %llu steps, %.1f rows/step, draft %.3f ms/step, forward %.3f ms/step\n",
+                 static_cast<unsigned long long>(prof_steps_), static_cast<double>(prof_rows_) / static_cast<double>(prof_steps_),
+                 1000 * prof_[0] / static_cast<double>(prof_steps_), 1000 * prof_[1] / static_cast<double>(prof_steps_));
+}
 
 MetricsSnapshot Scheduler::metrics() const {
   MetricsSnapshot m = metrics_.snapshot();
@@ -283,6 +293,7 @@ void Scheduler::forward_step(std::vector<float>& logits, const ForwardOptions& f
 void Scheduler::step() {
   const auto t0 = Clock::now();
   draft();
+  const auto t_drafted = Clock::now();
   batch_.clear();
   out_seq_.clear();
   int budget = opt_.n_batch, n_prompt_rows = 0, n_gen = 0;
@@ -344,7 +355,14 @@ void Scheduler::step() {
     fopt.argmax_only = greedy_only_.data();
   }
   try {
+    const auto tf = Clock::now();
     forward_step(logits_, fopt, n_first);
+    if (profile_) {
+      prof_[0] += std::chrono::duration<double>(t_drafted - t0).count();
+      prof_[1] += std::chrono::duration<double>(Clock::now() - tf).count();
+      prof_rows_ += batch_.size();
+      ++prof_steps_;
+    }
   } catch (const std::exception& e) {
     // A failed forward leaves the cache contents of every sequence in it undefined: end them all.
     PG_WARN("forward failed: %s", e.what());

@@ -139,6 +139,9 @@ class Scheduler {
   std::vector<spec::Draft> draft_out_;
   Batch sub_;  // a part of batch_ run as its own forward (hybrid targets: capture only the verify rows)
   std::vector<float> sub_logits_;
+  bool profile_ = false;
+  double prof_[2] = {0, 0};  // seconds: drafting, forward
+  uint64_t prof_rows_ = 0, prof_steps_ = 0;
 
   std::thread thread_;
 };

@@ -129,5 +129,67 @@ TEST(Cli, HelpAndErrors) {
   EXPECT_EQ(notmodel.exit_code, 1);
 }
 
+// Speculative decoding surface: the bundled target speculates with the bundled draft by default and
+// prints exactly one `spec:` line on stderr after the text, whose text equals plain decoding's; the
+// flags' bad values are one clear error before anything runs.
+TEST(Cli, RunSpeculatesWithTheBundledDraftByDefault) {
+  const std::string p = "<|im_start|>user\nWhat is 4821 + 377?<|im_end|>\n<|im_start|>assistant\n";
+  auto plain = run_command({exe(), "run", "-p", p, "-n", "64", "--temp", "0", "--spec-type", "none"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(plain.err.find("spec:"), std::string::npos);
+  for (std::vector<std::string> extra : {std::vector<std::string>{}, {"--ddtree", "--ddtree-budget", "12", "--spec-draft-n-max", "6"},
+                                         {"--spec-type", "ngram"}}) {
+    std::vector<std::string> cmd = {exe(), "run", "-p", p, "-n", "64", "--temp", "0"};
+    cmd.insert(cmd.end(), extra.begin(), extra.end());
+    auto r = run_command(cmd);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, plain.out);
+    size_t n_lines = 0, at = 0;
+    std::string line;
+    for (size_t pos = r.err.find("spec: "); pos != std::string::npos; pos = r.err.find("spec: ", pos + 1)) {
+      ++n_lines;
+      at = pos;
+    }
+    ASSERT_EQ(n_lines, 1u) << r.err;
+    line = r.err.substr(at, r.err.find('\n', at) - at);
+    int drafted = -1, accepted = -1, steps = -1;
+    double mean = -1;
+    ASSERT_EQ(std::sscanf(line.c_str(), "spec: drafted %d accepted %d steps %d mean_accept_len %lf", &drafted, &accepted, &steps, &mean), 4)
+        << line;
+    EXPECT_GE(drafted, accepted);
+    EXPECT_GE(accepted, 0);
+    if (extra.empty()) {
+      EXPECT_GT(accepted, 0) << line;
+      EXPECT_NEAR(mean, static_cast<double>(accepted + steps) / steps, 0.01);
+    }
+  }
+}
+
+TEST(Cli, SpeculativeFlagsRejectBadValues) {
+  const std::string other_vocab = test::shared_path("golden/models/tiny-qwen3-f16.gguf").string();
+  const std::string not_model = std::string(PEREGRINE_SOURCE_DIR) + "/models/README.md";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--spec-type", "eagle9"}, "--spec-type"},
+      {{"--ddtree-budget", "0"}, "--ddtree-budget"},
+      {{"--ddtree-budget", "500"}, "--ddtree-budget"},
+      {{"--spec-tree", "forest"}, "--spec-tree"},
+      {{"--spec-draft-n-max", "-1"}, "--spec-draft-n-max"},
+      {{"-md", other_vocab}, "vocabulary"},
+      {{"--draft", not_model}, "draft model"},
+      {{"--spec-type", "draft", "-m", stories()}, "needs a draft model"},
+  };
+  for (const auto& [flags, what] : cases) {
+    for (const char* cmd : {"run", "bench"}) {
+      std::vector<std::string> c = {exe(), cmd};
+      if (std::string(cmd) == "run") c.insert(c.end(), {"-p", "hi", "-n", "4"});
+      c.insert(c.end(), flags.begin(), flags.end());
+      auto r = run_command(c);
+      EXPECT_EQ(r.exit_code, 1) << cmd << " " << flags[0] << ": " << r.err;
+      EXPECT_NE(r.err.find("error:"), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find(what), std::string::npos) << cmd << " " << flags[0] << ": " << r.err;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pg

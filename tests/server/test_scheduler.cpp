@@ -358,5 +358,68 @@ TEST(Scheduler, LogprobsAndSeededSamplingAreReproducible) {
   }
 }
 
+
+// Speculation inside the continuous-batching loop: several streams speculate in the same steps (with
+// the n-gram drafter and a draft model), their token streams, concatenated texts and finish reasons
+// are those of plain decoding whatever the event chunking, and cancellation frees a speculating slot
+// (its draft state included) within a step.
+TEST(Scheduler, SpeculativeStreamsEqualPlainAndCancel) {
+  auto plain_l = load_stories();
+  SchedulerOptions o;
+  o.n_slots = 4;
+  o.n_ctx = 512;
+  std::vector<Result> plain;
+  {
+    Scheduler s(*plain_l.model, *plain_l.tok, o);
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (const auto& p : kPrompts) hs.push_back(s.submit(greedy(p, 60)));
+    for (auto& h : hs) plain.push_back(drain(*h));
+  }
+  for (auto type : {spec::SpecType::kNgram, spec::SpecType::kDraft}) {
+    auto l = load_stories();
+    auto draft = load_stories();  // the same weights as a draft: a separate model instance with its own cache
+    SchedulerOptions so = o;
+    so.spec.type = type;
+    so.spec.n_max = 4;
+    so.spec.draft = draft.model.get();
+    Scheduler s(*l.model, *l.tok, so);
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (const auto& p : kPrompts) hs.push_back(s.submit(greedy(p, 60)));
+    for (size_t i = 0; i < hs.size(); ++i) {
+      Result r = drain(*hs[i]);
+      EXPECT_EQ(r.ids, plain[i].ids) << kPrompts[i];
+      EXPECT_EQ(r.text, plain[i].text) << kPrompts[i];
+      EXPECT_EQ(r.last.finish, plain[i].last.finish) << kPrompts[i];
+    }
+    EXPECT_GT(s.metrics().spec_rounds, 0u);
+    // Cancel a long speculating request: it ends within a step and its slot takes the next one.
+    auto req = greedy("Once upon a time", 400);
+    req.stop_at_eog = false;
+    auto h = s.submit(req);
+    Event e;
+    int got = 0;
+    while (got < 3 && h->next(e, 30s)) got += static_cast<int>(e.tokens.size());
+    h->cancel();
+    Result r = drain(*h, 30s);
+    EXPECT_EQ(r.last.finish, FinishReason::kCancelled);
+    EXPECT_EQ(drain(*s.submit(greedy("The little dog", 5)), 30s).last.finish, FinishReason::kLength);
+    for (int i = 0; i < 50 && s.metrics().active != 0; ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(s.metrics().kv_blocks_used, 0);
+  }
+}
+
+TEST(Scheduler, SpeculativeOptionsAreChecked) {
+  auto l = load_stories();
+  SchedulerOptions o;
+  o.spec.type = spec::SpecType::kDraft;  // no draft model
+  EXPECT_THROW(Scheduler(*l.model, *l.tok, o), Error);
+  o.spec.type = spec::SpecType::kNgram;
+  o.spec.budget = 0;
+  EXPECT_THROW(Scheduler(*l.model, *l.tok, o), Error);
+  o.spec.budget = 22;
+  o.spec.n_max = 200;
+  EXPECT_THROW(Scheduler(*l.model, *l.tok, o), Error);
+}
+
 }  // namespace
 }  // namespace pg::engine
