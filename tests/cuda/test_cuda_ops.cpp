@@ -141,8 +141,8 @@ TEST(CudaOps, MatmulDefaultModeMatchesCpuDefault) {
         Tensor yc = cpu->alloc(DType::F32, M, n);
         cpu->matmul(wc, xc, yc);
         const auto ref = fetch(*cpu, yc);
-        // MMQ (integer tensor cores) from its default row count (9) and from 2 rows; off (0): the GEMM.
-        for (int mmq_min : {9, 2, 0}) {
+        // MMQ (integer tensor cores) from its default row count (2) and from 9 rows; off (0): the GEMV.
+        for (int mmq_min : {2, 9, 0}) {
           SCOPED_TRACE(std::string(dtype_name(t)) + " K=" + std::to_string(K) + " M=" + std::to_string(M) + " n=" + std::to_string(n) +
                        " mmq_min_rows=" + std::to_string(mmq_min));
           CudaOptions o;
@@ -729,7 +729,8 @@ TEST(CudaOps, MoeFfn) {
       const bool q8 = !exact && c.t != DType::F16 && c.t != DType::BF16;
       const bool tc = !exact && c.n > 8 && !q8;
       EXPECT_EQ(e.bad, 0u);
-      EXPECT_LE(e.rel, q8 ? 1.5e-2 : tc ? (c.t == DType::BF16 ? 8e-3 : 3e-3) : 2e-5) << (exact ? "exact" : "fast") << " max_abs " << e.max_abs;
+      // Three chained 8-bit-activation products (gate/up, then down on their GLU): up to 1.9 % measured.
+      EXPECT_LE(e.rel, q8 ? 2.5e-2 : tc ? (c.t == DType::BF16 ? 8e-3 : 3e-3) : 2e-5) << (exact ? "exact" : "fast") << " max_abs " << e.max_abs;
       gpu->free(out);
       // Fused gate_up experts (qwen35moe): per expert rows [0, ff) gate, [ff, 2ff) up. The same kernels
       // read the same bytes, so the result is bit-identical.

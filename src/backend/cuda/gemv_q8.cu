@@ -435,7 +435,7 @@ enum ActOut { kOutQ8, kOutF32, kOutF16 };
 template <int MODE, int OUT>
 __global__ void __launch_bounds__(128) act_quant_kernel(const float* __restrict__ x, int64_t x_stride, const int32_t* __restrict__ x_rows,
                                                         int n, int64_t K, void* __restrict__ out, float* __restrict__ d_out,
-                                                        int32_t* __restrict__ s_out) {
+                                                        int32_t* __restrict__ s_out, uint4* __restrict__ split_out) {
   const int lane = static_cast<int>(threadIdx.x & 31);
   const int64_t chunks = (K + 255) / 256;
   const int64_t wid = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
@@ -493,6 +493,20 @@ __global__ void __launch_bounds__(128) act_quant_kernel(const float* __restrict_
   qs += __shfl_xor_sync(0xffffffffu, qs, 1);
   qs += __shfl_xor_sync(0xffffffffu, qs, 2);
   (void)qs;
+  if constexpr (MODE == kActQ8_K && OUT == kOutQ8) {
+    // MMQ's min terms as int8 tensor-core operands: per 256 values, the 8 block sums split as
+    // Σq = 64·h + l (h in −64..63, l in 0..63), packed as bytes [h0..h3][h4..h7][l0..l3][l4..l7].
+    if (split_out) {
+      uint32_t hw[2] = {0, 0}, lw[2] = {0, 0};
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int su = __shfl_sync(0xffffffffu, qs, 4 * u);
+        hw[u >> 2] |= (static_cast<uint32_t>(su >> 6) & 0xffu) << (8 * (u & 3));
+        lw[u >> 2] |= (static_cast<uint32_t>(su & 63)) << (8 * (u & 3));
+      }
+      if (lane == 0) split_out[wid] = make_uint4(hw[0], hw[1], lw[0], lw[1]);
+    }
+  }
   if (!live) return;
   if constexpr (OUT == kOutQ8) {
     uint32_t w0 = 0, w1 = 0;
@@ -525,15 +539,15 @@ __global__ void __launch_bounds__(128) act_quant_kernel(const float* __restrict_
 
 template <int OUT>
 void launch_act_quant(int mode, const float* x, int64_t x_stride, const int32_t* x_rows, int64_t n, int64_t K, void* out, float* d,
-                      cudaStream_t stream, int32_t* sums = nullptr) {
+                      cudaStream_t stream, int32_t* sums = nullptr, uint4* split = nullptr) {
   PG_CHECK(K % 32 == 0 && (mode != kActQ8_K || K % 256 == 0), "activation quantization: K=" + std::to_string(K) + " is not a multiple of the block");
   const int64_t warps = n * ((K + 255) / 256);
   if (warps == 0) return;
   const auto blocks = static_cast<unsigned>((warps + 3) / 4);
   if (mode == kActQ8_K)
-    act_quant_kernel<kActQ8_K, OUT><<<blocks, 128, 0, stream>>>(x, x_stride, x_rows, static_cast<int>(n), K, out, d, sums);
+    act_quant_kernel<kActQ8_K, OUT><<<blocks, 128, 0, stream>>>(x, x_stride, x_rows, static_cast<int>(n), K, out, d, sums, split);
   else
-    act_quant_kernel<kActQ8_0, OUT><<<blocks, 128, 0, stream>>>(x, x_stride, x_rows, static_cast<int>(n), K, out, d, sums);
+    act_quant_kernel<kActQ8_0, OUT><<<blocks, 128, 0, stream>>>(x, x_stride, x_rows, static_cast<int>(n), K, out, d, sums, split);
   check_launch("act_quant");
 }
 
@@ -566,6 +580,7 @@ struct MmqParams {
   const int8_t* xq;    // (n, K)
   const float* xd;     // (n, K/32)
   const int32_t* xs;   // (n, K/32) Σq
+  const uint4* xsplit; // (n, K/256) Σq split for the min-term mma (q8_K only)
   int64_t K;
   int n;
   float* y;            // (n, y_stride) when grid.y == 1
@@ -601,7 +616,6 @@ struct MqK4 {  // Q4_K, group u = sub-block u; thread t: values 8t..8t+7 of the 
     const uint32_t w = s ? r.q[u >> 1].y : r.q[u >> 1].x;
     return (w >> (4 * (u & 1))) & 0x0F0F0F0Fu;
   }
-  __device__ static void scale_min(const Raw& r, int u, int& sc, int& m) { K4::scale_min(r.hd, u, sc, m); }
   __device__ static float d(const Raw& r) { return h2f(r.hd.x); }
   __device__ static float dmin(const Raw& r) { return h2f(r.hd.x >> 16); }
 };
@@ -624,7 +638,6 @@ struct MqK5 {  // Q5_K: as Q4_K plus the 5th bit of value l of group u in bit u 
     const uint32_t w = s ? r.q[u >> 1].y : r.q[u >> 1].x, h = s ? r.qh.y : r.qh.x;
     return ((w >> (4 * (u & 1))) & 0x0F0F0F0Fu) | (((h >> u) & 0x01010101u) << 4);
   }
-  __device__ static void scale_min(const Raw& r, int u, int& sc, int& m) { K4::scale_min(r.hd, u, sc, m); }
   __device__ static float d(const Raw& r) { return h2f(r.hd.x); }
   __device__ static float dmin(const Raw& r) { return h2f(r.hd.x >> 16); }
 };
@@ -635,22 +648,32 @@ struct MmqAcc {
 };
 
 // Q4_K / Q5_K: acc += xd·(d·Σ_u sc_u·c_u − dmin·Σ_u m_u·xsum_u) per superblock (xd is per superblock: q8_K).
+// The 6-bit scales and mins of all 8 groups are unpacked as bytes with a few word operations; the min
+// term Σ_u m_u·xsum_u is itself an integer matrix product (16 rows × 8 groups · 8 groups × 8 columns),
+// done by two more mma with the block sums split as 64·h + l (scratch_split) so both operands fit int8.
 template <class T, int NT>
 __device__ __forceinline__ void mmq_sb_kquant(const MmqParams& p, const uint8_t* w0, const uint8_t* w1, int sb, int g, int t,
                                               MmqAcc<NT>& acc) {
   const typename T::Raw r0 = T::load(w0 + static_cast<size_t>(sb) * T::kBytes, t);
   const typename T::Raw r1 = T::load(w1 + static_cast<size_t>(sb) * T::kBytes, t);
-  int isum[NT][4], imin[NT][4];
+  // Bytes j of sc[0] / sc[1]: scales of groups j / 4 + j; m[0] / m[1] the mins (get_scale_min_k4).
+  auto unpack = [](const uint4& hd, uint32_t (&sc)[2], uint32_t (&m)[2]) {
+    sc[0] = hd.y & 0x3f3f3f3fu;
+    m[0] = hd.z & 0x3f3f3f3fu;
+    sc[1] = (hd.w & 0x0f0f0f0fu) | ((hd.y >> 2) & 0x30303030u);
+    m[1] = ((hd.w >> 4) & 0x0f0f0f0fu) | ((hd.z >> 2) & 0x30303030u);
+  };
+  uint32_t sc0[2], m0[2], sc1[2], m1[2];
+  unpack(r0.hd, sc0, m0);
+  unpack(r1.hd, sc1, m1);
+  int isum[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) isum[nt][i] = 0, imin[nt][i] = 0;
-  const int64_t nb32 = p.K / 32;
+    for (int i = 0; i < 4; ++i) isum[nt][i] = 0;
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
-    int sc0, m0, sc1, m1;
-    T::scale_min(r0, u, sc0, m0);
-    T::scale_min(r1, u, sc1, m1);
+    const int s0 = static_cast<int>((sc0[u >> 2] >> (8 * (u & 3))) & 0xff), s1 = static_cast<int>((sc1[u >> 2] >> (8 * (u & 3))) & 0xff);
     const uint32_t a00 = T::a(r0, u, 0), a10 = T::a(r1, u, 0), a01 = T::a(r0, u, 1), a11 = T::a(r1, u, 1);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -659,21 +682,26 @@ __device__ __forceinline__ void mmq_sb_kquant(const MmqParams& p, const uint8_t*
       int c[4] = {0, 0, 0, 0};
       mma_s8(c, a00, a10, b.x);
       mma_s8(c, a01, a11, b.y);
-      const int c0 = min(8 * nt + 2 * t, p.n - 1), c1 = min(8 * nt + 2 * t + 1, p.n - 1);
-      const int s0 = __ldg(p.xs + c0 * nb32 + sb * 8 + u), s1 = __ldg(p.xs + c1 * nb32 + sb * 8 + u);
-      isum[nt][0] += sc0 * c[0], isum[nt][1] += sc0 * c[1], isum[nt][2] += sc1 * c[2], isum[nt][3] += sc1 * c[3];
-      imin[nt][0] += m0 * s0, imin[nt][1] += m0 * s1, imin[nt][2] += m1 * s0, imin[nt][3] += m1 * s1;
+      isum[nt][0] += s0 * c[0], isum[nt][1] += s0 * c[1], isum[nt][2] += s1 * c[2], isum[nt][3] += s1 * c[3];
     }
   }
+  // Min terms: A = the mins (k = group: t = 0 holds groups 0..3, t = 1 groups 4..7, t ≥ 2 zero padding).
+  const uint32_t am0 = t < 2 ? m0[t] : 0u, am1 = t < 2 ? m1[t] : 0u;
   const float d0 = T::d(r0), d1 = T::d(r1), n0 = T::dmin(r0), n1 = T::dmin(r1);
+  const int64_t nb32 = p.K / 32, nsb = p.K / 256;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
+    const int arow = min(8 * nt + g, p.n - 1);
+    const uint4 sp = __ldg(p.xsplit + arow * nsb + sb);
+    int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
+    mma_s8(ch, am0, am1, t == 0 ? sp.x : t == 1 ? sp.y : 0u);
+    mma_s8(cl, am0, am1, t == 0 ? sp.z : t == 1 ? sp.w : 0u);
     const int c0 = min(8 * nt + 2 * t, p.n - 1), c1 = min(8 * nt + 2 * t + 1, p.n - 1);
     const float x0 = __ldg(p.xd + c0 * nb32 + sb * 8), x1 = __ldg(p.xd + c1 * nb32 + sb * 8);
-    acc.f[nt][0] += x0 * (d0 * static_cast<float>(isum[nt][0]) - n0 * static_cast<float>(imin[nt][0]));
-    acc.f[nt][1] += x1 * (d0 * static_cast<float>(isum[nt][1]) - n0 * static_cast<float>(imin[nt][1]));
-    acc.f[nt][2] += x0 * (d1 * static_cast<float>(isum[nt][2]) - n1 * static_cast<float>(imin[nt][2]));
-    acc.f[nt][3] += x1 * (d1 * static_cast<float>(isum[nt][3]) - n1 * static_cast<float>(imin[nt][3]));
+    acc.f[nt][0] += x0 * (d0 * static_cast<float>(isum[nt][0]) - n0 * static_cast<float>(64 * ch[0] + cl[0]));
+    acc.f[nt][1] += x1 * (d0 * static_cast<float>(isum[nt][1]) - n0 * static_cast<float>(64 * ch[1] + cl[1]));
+    acc.f[nt][2] += x0 * (d1 * static_cast<float>(isum[nt][2]) - n1 * static_cast<float>(64 * ch[2] + cl[2]));
+    acc.f[nt][3] += x1 * (d1 * static_cast<float>(isum[nt][3]) - n1 * static_cast<float>(64 * ch[3] + cl[3]));
   }
 }
 
@@ -951,7 +979,7 @@ FastParams make_params(const MatmulArgs& a) {
 size_t gemv_fast_scratch_bytes(const MatmulArgs& a) {
   if (a.type == DType::F16 || a.type == DType::BF16) return 0;
   const int64_t rows = activation_rows(a);
-  return static_cast<size_t>(rows * a.K) + 2 * static_cast<size_t>(rows * (a.K / 32)) * sizeof(float) + 16;
+  return static_cast<size_t>(rows * a.K) + 2 * static_cast<size_t>(rows * (a.K / 32)) * sizeof(float) + static_cast<size_t>(rows * (a.K / 256)) * 16 + 32;
 }
 
 namespace {
@@ -960,8 +988,13 @@ int8_t* scratch_q(void* s) { return static_cast<int8_t*>(s); }
 float* scratch_d(const MatmulArgs& a, void* s) {
   return reinterpret_cast<float*>(static_cast<uint8_t*>(s) + ((static_cast<size_t>(activation_rows(a) * a.K) + 15) & ~size_t{15}));
 }
-// Then Σq per 32 values, (rows, K/32) int32, right after the scales.
+// Then Σq per 32 values, (rows, K/32) int32, right after the scales; then (q8_K only) the same sums split
+// for MMQ, (rows, K/256) uint4, at the next 16-byte boundary.
 int32_t* scratch_s(const MatmulArgs& a, void* s) { return reinterpret_cast<int32_t*>(scratch_d(a, s) + activation_rows(a) * (a.K / 32)); }
+uint4* scratch_split(const MatmulArgs& a, void* s) {
+  const auto p = reinterpret_cast<uintptr_t>(scratch_s(a, s) + activation_rows(a) * (a.K / 32));
+  return reinterpret_cast<uint4*>((p + 15) & ~uintptr_t{15});
+}
 }  // namespace
 
 bool gemv_fast_q8(const MatmulArgs& a) {
@@ -973,7 +1006,7 @@ bool gemv_fast_q8(const MatmulArgs& a) {
 
 void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream) {
   launch_act_quant<kOutQ8>(act_quant_mode(a.type), a.x, a.x_stride, nullptr, activation_rows(a), a.K, scratch_q(scratch), scratch_d(a, scratch),
-                           stream, scratch_s(a, scratch));
+                           stream, scratch_s(a, scratch), act_quant_mode(a.type) == kActQ8_K && a.K % 256 == 0 ? scratch_split(a, scratch) : nullptr);
 }
 
 int act_quant_mode(DType t) {
@@ -1060,6 +1093,7 @@ void mmq(const MatmulArgs& a, void* scratch, void* part, int n_sm, cudaStream_t 
   p.xq = scratch_q(scratch);
   p.xd = scratch_d(a, scratch);
   p.xs = scratch_s(a, scratch);
+  p.xsplit = scratch_split(a, scratch);
   p.K = a.K;
   p.n = a.n;
   p.y = a.y;
