@@ -153,8 +153,9 @@ TEST(CudaOps, MatmulDefaultModeMatchesCpuDefault) {
           const ErrStats e = compare(fetch(*gpu, yg), ref);
           // Q4_1/Q5_1: the CPU's q8_1 activations carry their block sums in FP16 (the min term), which the
           // CUDA side (the FP32 GEMV on q·d) does exactly: 2⁻¹¹ relative on that term.
-          const bool mmq = mmq_min > 0 && n >= mmq_min && n <= 64 && K % 256 == 0 &&
-                           (t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::Q8_0 || t == DType::Q4_0);
+          const bool legacy = t == DType::Q8_0 || t == DType::Q4_0;  // MMQ from 9 rows only
+          const bool mmq = mmq_min > 0 && n >= (legacy ? std::max(mmq_min, 9) : mmq_min) && n <= 64 && K % 256 == 0 &&
+                           (t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || legacy);
           const bool q8_1 = t == DType::Q4_1 || t == DType::Q5_1;
           EXPECT_EQ(e.bad, 0u);
           EXPECT_LE(e.rel, q8_1 ? 2e-3 : 2e-5) << "max_abs " << e.max_abs << (mmq ? " (MMQ)" : "");

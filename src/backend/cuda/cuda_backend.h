@@ -38,8 +38,9 @@ struct CudaOptions {
   // Default mode: matmuls with mmq_min_rows..64 activation rows of Q4_K/Q5_K/Q6_K/Q8_0/Q4_0 weights run
   // on integer tensor cores (MMQ, gemv_q8.cu) instead of the GEMV (below mmq_min_rows) or the FP16 GEMM
   // (above 64): the same 8-bit activations as the GEMV and the CPU, and a verification batch priced near
-  // one read of the weights. 2 was measured faster than the dp4a GEMV from 2 rows up (device run 12:
-  // qwen3-8b Q4_K_M forward of 8 rows 6.4 ms vs 13.3 ms). 0 turns MMQ off. Environment:
+  // one read of the weights. 2 was measured faster than the dp4a GEMV from 2 rows up for the K-quants
+  // (device run 13: qwen3-8b Q4_K_M forward of 8 rows 6.4 ms vs 13.3 ms); Q8_0/Q4_0 use MMQ from 9 rows
+  // whatever this says (slower than the GEMV below). 0 turns MMQ off. Environment:
   // PEREGRINE_MMQ_MIN_ROWS (factory).
   int mmq_min_rows = 2;
 };
