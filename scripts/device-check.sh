@@ -25,7 +25,7 @@
 # tool:  run(command="scripts/device-check.sh", carry=[".deps"], timeout_s=600)
 #
 # Environment: OUT (set by the device tool), BUDGET_S (seconds this script may use, default 570; steps
-# that would not fit are skipped and say so), JOBS (default 16), ARCHS (default 90), MODELS, ROWS, LANES,
+# that would not fit are skipped and say so), JOBS (default 16), ARCHS (default 90), MODELS, ROWS, LANES, MMQ_MIN_ROWS,
 # GRAPHS_OFF, TESTS, KERNELS, KERNEL_TYPES (see their defaults below). A packed .deps/debs.tar.xz (smaller
 # to carry) is unpacked into .deps/debs first.
 set -uo pipefail
@@ -41,6 +41,7 @@ KERNEL_TYPES=${KERNEL_TYPES:-q4_k,q6_k,q8_0,q5_k,q4_0,iq4_xs,f16,bf16}
 BANDWIDTH=${BANDWIDTH:-4300}
 ROWS=${ROWS:-1,2,4,8,16,22,32,64}  # row counts of the verification-shaped forwards (bench -p list)
 LANES=${LANES:-}                   # GEMV lanes-per-row candidates to time besides the default (e.g. "16 8")
+MMQ_MIN_ROWS=${MMQ_MIN_ROWS:-}     # other CudaOptions::mmq_min_rows values to time the row forwards with (e.g. "2 0")
 GRAPHS_OFF=${GRAPHS_OFF:-0}        # 1: also tg128 with CUDA graphs off
 TESTS=${TESTS:-1}                  # 0: skip the CUDA tests
 KERNELS=${KERNELS:-1}              # 0: skip pg_cuda_bench
@@ -157,6 +158,9 @@ if ((CLI_OK)); then
       bench_one "$LOG" "$preset $type pp512, pp4096, tg128 at depths 0 and 4096" -m "$MODEL" -p 512,4096 -n 128 -d 0,4096 -r 2
       # Verification-shaped steps: one forward of R rows (speculative trees, concurrent decoding).
       bench_one "$LOG" "$preset $type rows ${ROWS}" -m "$MODEL" -p "$ROWS" -n 0 -r 3
+      for v in $MMQ_MIN_ROWS; do  # the row count from which MMQ replaces the GEMV (CudaOptions::mmq_min_rows)
+        PEREGRINE_MMQ_MIN_ROWS=$v bench_one "$LOG" "$preset $type rows ${ROWS}, MMQ from $v rows" -m "$MODEL" -p "$ROWS" -n 0 -r 3
+      done
       ((GRAPHS_OFF)) && PEREGRINE_CUDA_GRAPHS=0 bench_one "$LOG" "$preset $type tg128, graphs off" -m "$MODEL" -p 0 -n 128 -r 2
       for lanes in $LANES; do
         PEREGRINE_GEMV_LANES=$lanes bench_one "$LOG" "$preset $type tg128, GEMV lanes $lanes" -m "$MODEL" -p 0 -n 128 -r 2

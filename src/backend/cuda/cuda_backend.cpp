@@ -41,7 +41,7 @@ namespace {
 using cuda::check;
 
 // Scratch slots: each op that needs temporary device memory has its own, so their sizes never fight.
-enum ScratchSlot { kSlotGemm, kSlotAttention, kSlotMoe, kSlotMoeGemm, kSlotQ8, kSlotActF32, kSlotCount };
+enum ScratchSlot { kSlotGemm, kSlotAttention, kSlotMoe, kSlotMoeGemm, kSlotQ8, kSlotActF32, kSlotMmqPart, kSlotCount };
 
 constexpr size_t kStageBytes = size_t{8} << 20;  // pinned upload ring
 constexpr int kStageSegments = 4;
@@ -70,6 +70,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_EXACT"); e && *e && std::strcmp(e, "0") != 0) opt.exact_f32 = true;
   if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPHS"); e && std::strcmp(e, "0") == 0) opt.graphs = false;
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
+  if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   return create_cuda_backend(index, opt);
 }
 
@@ -83,6 +84,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index, const CudaOptions& opt) 
 CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), opt_(opt) {
   PG_CHECK(opt_.gemv_max_rows >= 1 && opt_.gemv_max_rows <= 8, "CudaOptions::gemv_max_rows must be 1..8");
   PG_CHECK(opt_.gemv_lanes == 32 || opt_.gemv_lanes == 16 || opt_.gemv_lanes == 8, "CudaOptions::gemv_lanes must be 32, 16 or 8");
+  PG_CHECK(opt_.mmq_min_rows >= 0 && opt_.mmq_min_rows <= cuda::kMmqMaxRows, "CudaOptions::mmq_min_rows must be 0..64");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -399,11 +401,30 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& w, const Tensor& x, Tens
   return a;
 }
 
+bool CudaBackend::use_mmq(const cuda::MatmulArgs& a) const {
+  if (opt_.exact_f32 || opt_.mmq_min_rows <= 0 || !cuda::mmq_supported(a)) return false;
+  // Q8_0/Q4_0 (2-byte-aligned 32-value blocks, one scale load per block): MMQ only above 8 rows; up to 8
+  // the dp4a GEMV is faster (device run 14, 12288×4096: Q8_0 2 rows 34 vs 62 µs, Q4_0 8 rows 52 vs 65).
+  const bool legacy = a.type == DType::Q8_0 || a.type == DType::Q4_0;
+  return a.n >= (legacy ? std::max(opt_.mmq_min_rows, 9) : opt_.mmq_min_rows);
+}
+
+void CudaBackend::mmq(const cuda::MatmulArgs& a, bool x_quantized) {
+  void* xs = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
+  const size_t pb = cuda::mmq_part_bytes(a, n_sm_);
+  cuda::mmq(a, xs, pb ? scratch(kSlotMmqPart, pb) : nullptr, n_sm_, as_stream(stream_), x_quantized);
+}
+
 void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
   activate(device_);
   const cuda::MatmulArgs a = matmul_args(w, x, y);
+  if (use_mmq(a)) return mmq(a, false);
+  // Default mode, quantized weights without MMQ, up to 64 rows: the GEMV kernels (rows in groups of 8),
+  // which keep the CPU's 8-bit activation rounding exactly; the FP16 GEMM would not (its rounding of the
+  // activations flips 8-bit roundings downstream: logits 0.2 off the CPU on the tiny models).
+  const bool q8_rows = !opt_.exact_f32 && a.n <= cuda::kMmqMaxRows && cuda::act_quant_mode(w.type) != cuda::kActNone;
   // The tensor-core GEMM works on K in steps of 32; other widths (tiny test models) take the GEMV.
-  if (opt_.exact_f32 || a.n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type) || a.K % 32 != 0) {
+  if (opt_.exact_f32 || q8_rows || a.n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type) || a.K % 32 != 0) {
     gemv(a);
   } else {
     void* s = scratch(kSlotGemm, cuda::gemm_scratch_bytes(a.n, a.K));
@@ -415,8 +436,25 @@ void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
 
 void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) {
   activate(device_);
-  if (opt_.exact_f32 || x.rows() > opt_.gemv_max_rows) {
+  if (opt_.exact_f32 || x.rows() > std::max(opt_.gemv_max_rows, cuda::kMmqMaxRows)) {
     for (const MatmulOut& o : outs) matmul(*o.w, x, *o.y);
+    return;
+  }
+  if (x.rows() > opt_.gemv_max_rows || (opt_.mmq_min_rows > 0 && x.rows() >= opt_.mmq_min_rows)) {
+    // MMQ rows: one quantization of x for every product that takes it (the scratch slot of the 8-bit
+    // activations is sized by x alone, so it is not reallocated between the products).
+    int quantized = cuda::kActNone;
+    for (const MatmulOut& o : outs) {
+      const cuda::MatmulArgs a = matmul_args(*o.w, x, *o.y);
+      if (!use_mmq(a)) {
+        matmul(*o.w, x, *o.y);
+        quantized = cuda::kActNone;  // matmul may have used the scratch for its own quantization
+        continue;
+      }
+      const int mode = cuda::act_quant_mode(a.type);
+      mmq(a, quantized == mode);
+      quantized = mode;
+    }
     return;
   }
   // Decode: the 8-bit activations are made once and serve every product that reads them with the same

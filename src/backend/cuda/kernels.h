@@ -57,6 +57,15 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
 bool gemv_fast_q8(const MatmulArgs& a);
 void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream);
 
+// Default-mode matmul for 1..kMmqMaxRows activation rows on integer tensor cores (gemv_q8.cu: MMQ), for
+// Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 with K a multiple of 256 (not grouped). The activations are the
+// quantize_q8 ones in `scratch` (gemv_fast_scratch_bytes; x_quantized: already there, as for gemv_fast);
+// `part` holds the split-K partials (mmq_part_bytes, may be 0 and then null).
+constexpr int kMmqMaxRows = 64;
+bool mmq_supported(const MatmulArgs& a);
+size_t mmq_part_bytes(const MatmulArgs& a, int n_sm);
+void mmq(const MatmulArgs& a, void* scratch, void* part, int n_sm, cudaStream_t stream, bool x_quantized = false);
+
 // The activation rounding of the CPU backend's default mode (ggml-cpu's vec_dot_type) for weights of
 // type t: kActQ8_0 (32 values, FP16 scale, half-even), kActQ8_K (256 values, signed-max scale) or none.
 constexpr int kActNone = 0, kActQ8_0 = 1, kActQ8_K = 2;
