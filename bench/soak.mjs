@@ -80,7 +80,7 @@ function request(base, agent, kind, i) {
   else if (kind === 'chat') body = { messages: user(i), max_tokens: 24 };
   else if (kind === 'anthropic') { path = '/v1/messages'; body = { model: 'x', max_tokens: 24, messages: user(i), stream: i % 2 === 0 }; }
   else if (kind === 'tokenize') { path = '/tokenize'; body = { content: 'Once upon a time '.repeat(1 + (i % 200)), with_pieces: i % 3 === 0 }; }
-  else if (kind === 'hangup') { body = { messages: user(i), max_tokens: 200, stream: true, ignore_eos: true }; hangup = true; }
+  else if (kind === 'hangup') { body = { messages: user(i), max_tokens: 120, stream: true, ignore_eos: true }; hangup = true; }
   else path = '/health';
   const t0 = performance.now();
   return new Promise((resolve) => {
