@@ -457,6 +457,8 @@ struct HttpServer::Impl {
     else if (ver == "HTTP/1.0") r.minor = 0;
     else throw Refuse{505, "only HTTP/1.0 and HTTP/1.1 are served"};
     if (r.target.empty()) throw Refuse{400, "empty request target"};
+    for (unsigned char ch : r.target)
+      if (ch <= 0x20 || ch == 0x7f) throw Refuse{400, "control character in the request target"};
     std::string_view t = r.target;
     if (t.rfind("http://", 0) == 0 || t.rfind("https://", 0) == 0) {
       // absolute-form: the path starts after the authority
