@@ -80,7 +80,7 @@ function request(base, agent, kind, i) {
   else if (kind === 'chat') body = { messages: user(i), max_tokens: 24 };
   else if (kind === 'anthropic') { path = '/v1/messages'; body = { model: 'x', max_tokens: 24, messages: user(i), stream: i % 2 === 0 }; }
   else if (kind === 'tokenize') { path = '/tokenize'; body = { content: 'Once upon a time '.repeat(1 + (i % 200)), with_pieces: i % 3 === 0 }; }
-  else if (kind === 'hangup') { body = { messages: user(i), max_tokens: 200, stream: true, ignore_eos: true }; hangup = true; }
+  else if (kind === 'hangup') { body = { messages: user(i), max_tokens: 120, stream: true, ignore_eos: true }; hangup = true; }
   else path = '/health';
   const t0 = performance.now();
   return new Promise((resolve) => {
@@ -112,14 +112,17 @@ async function main() {
   }
   console.log(`soak: ${a.clients} clients × ${a.minutes} min against ${a.url} (pid ${a.pid || '?'})`);
   const end = Date.now() + a.minutes * 60000;
-  let done = 0, failed = 0;
+  let done = 0, failed = 0, inferences = 0;
   const failures = new Map();
   let lat = [];
   const all = [];
   const client = async (c) => {
     const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
-    for (let i = c; Date.now() < end; i += a.clients) {
-      const r = await request(a.url, agent, kinds[i % kinds.length], i);
+    // Each client walks the whole mix (i alone would give client c the same kind every time).
+    for (let k = 0, i = c; Date.now() < end; k++, i += a.clients) {
+      const kind = kinds[(c + k) % kinds.length];
+      const r = await request(a.url, agent, kind, i);
+      if (kind !== 'health' && kind !== 'tokenize') inferences++;
       done++;
       lat.push(r.ms);
       if (!r.ok) {
@@ -135,7 +138,7 @@ async function main() {
   const report = () => {
     const s = procStats(a.pid);
     if (!warm && Date.now() - t0 > 20000) warm = s.rss;
-    const row = { t_s: Math.round((Date.now() - t0) / 1000), done, failed, p50_ms: Math.round(pct(lat, 0.5)), p99_ms: Math.round(pct(lat, 0.99)),
+    const row = { t_s: Math.round((Date.now() - t0) / 1000), done, inferences, failed, p50_ms: Math.round(pct(lat, 0.5)), p99_ms: Math.round(pct(lat, 0.99)),
       rss_mb: Math.round(s.rss / 1e6), threads: s.threads, fds: s.fds };
     all.push(row);
     console.log(JSON.stringify(row));

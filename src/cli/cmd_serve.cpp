@@ -65,7 +65,8 @@ int cmd_serve(int argc, char** argv) {
   a.opt("--max-body", &max_body, "largest request body accepted, in bytes");
   a.opt("-n,--default-max-tokens", &default_max_tokens, "tokens to generate when a request sets no limit (0 = up to the context end)");
   a.flag("--clamp-max-tokens", &clamp, "shorten a max_tokens that does not fit the context instead of answering 400");
-  a.opt("--threads-http", &http_threads, "HTTP worker threads (0 = automatic)");
+  a.opt("--threads-http", &http_threads,
+        "most requests running at once, queued ones included; idle connections hold none (0 = slots + --max-queue + 64)");
   a.opt("--max-queue", &max_queue, "requests allowed to wait for a slot before new ones get 503");
   a.opt("--allowed-hosts", &allowed_hosts,
         "comma-separated Host header names accepted besides localhost, 127.0.0.1, [::1] and --host ('*' = any); "

@@ -163,6 +163,7 @@ class Pool {
 
   void spawn() {  // m_ held
     ++threads_;
+    ++starting_;
     std::thread([this] { work(); }).detach();
   }
 
@@ -179,13 +180,16 @@ class Pool {
         if (now - t.queued < kSpawnAfter) break;
         ++waiting;
       }
-      for (int n = waiting - idle_; n > 0 && threads_ < max_; --n) spawn();
+      // Threads still starting will take tasks too: counting them keeps a slow thread start (a loaded
+      // machine) from spawning again on every tick.
+      for (int n = waiting - idle_ - starting_; n > 0 && threads_ < max_; --n) spawn();
       mon_cv_.wait_for(lk, std::chrono::milliseconds(2));
     }
   }
 
   void work() {
     std::unique_lock lk(m_);
+    --starting_;
     for (;;) {
       if (q_.empty()) {
         if (stop_) break;
@@ -215,7 +219,7 @@ class Pool {
   mutable std::mutex m_;
   std::condition_variable cv_, done_cv_, mon_cv_;
   std::deque<Task> q_;
-  int min_, max_, threads_ = 0, idle_ = 0;
+  int min_, max_, threads_ = 0, idle_ = 0, starting_ = 0;
   bool stop_ = false;
   std::thread monitor_;
 };
@@ -267,7 +271,10 @@ namespace {
 struct Conn {
   int fd = -1;
   std::string in;  // received bytes not yet consumed
-  enum class St { kIdle, kHeaders, kBody, kBusy } st = St::kIdle;
+  // kDrain: refused and half-closed; what the client still sends is read and dropped for a moment
+  // before the close, so that the close does not reset the connection before the client read the
+  // answer (a client sending a large body gets its 413).
+  enum class St { kIdle, kHeaders, kBody, kBusy, kDrain } st = St::kIdle;
   Clock::time_point deadline;
   Request req;  // the request being read
   // Body framing of the request being read.
@@ -294,6 +301,7 @@ struct HttpServer::Impl {
   ErrorHandler on_error;
   int listen_fd = -1, ep = -1, wake_fd = -1;
   std::atomic<bool> stopping{false}, is_running{false};
+  bool accept_paused = false;  // out of descriptors: the listening socket is unwatched until the next sweep
   std::unordered_map<int, std::unique_ptr<Conn>> conns;
   std::atomic<size_t> n_conns{0};
   std::mutex done_m;
@@ -418,11 +426,14 @@ struct HttpServer::Impl {
     q.fd = c.fd;
     q.keep_alive = false;
     res.stream = nullptr;
-    write_response(q, res, false);
-    // Discard what the client is still sending so that the close does not reset the connection
-    // before it read the answer.
+    write_response(q, res, false);  // a failed write shows up as an error or EOF while draining
     ::shutdown(c.fd, SHUT_WR);
-    close_conn(c.fd);
+    c.st = Conn::St::kDrain;
+    c.in.clear();
+    c.in.shrink_to_fit();
+    c.req = Request{};
+    c.deadline = Clock::now() + std::chrono::seconds(2);
+    watch(c, true);
   }
 
   // Parses the request line and headers in c.in[0, end). Throws Refuse.
@@ -446,6 +457,8 @@ struct HttpServer::Impl {
     else if (ver == "HTTP/1.0") r.minor = 0;
     else throw Refuse{505, "only HTTP/1.0 and HTTP/1.1 are served"};
     if (r.target.empty()) throw Refuse{400, "empty request target"};
+    for (unsigned char ch : r.target)
+      if (ch <= 0x20 || ch == 0x7f) throw Refuse{400, "control character in the request target"};
     std::string_view t = r.target;
     if (t.rfind("http://", 0) == 0 || t.rfind("https://", 0) == 0) {
       // absolute-form: the path starts after the authority
@@ -734,7 +747,13 @@ struct HttpServer::Impl {
       const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &pl, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EMFILE || errno == ENFILE) PG_WARN("http: out of file descriptors (%zu connections open)", conns.size());
+        if (errno == EMFILE || errno == ENFILE) {
+          // The pending connection stays readable on the listening socket: stop watching it for a
+          // moment rather than spinning on it.
+          PG_WARN("http: out of file descriptors (%zu connections open)", conns.size());
+          epoll_ctl(ep, EPOLL_CTL_DEL, listen_fd, nullptr);
+          accept_paused = true;
+        }
         return;
       }
       const int one = 1;
@@ -762,6 +781,10 @@ struct HttpServer::Impl {
     if (c.st == Conn::St::kBusy) return;
     char buf[64 << 10];
     const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+    if (c.st == Conn::St::kDrain) {
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) close_conn(c.fd);
+      return;
+    }
     if (n == 0) {
       close_conn(c.fd);
       return;
@@ -779,6 +802,13 @@ struct HttpServer::Impl {
 
   void sweep() {
     const auto now = Clock::now();
+    if (accept_paused) {
+      accept_paused = false;
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = listen_fd;
+      epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &ev);
+    }
     std::vector<int> expired;
     for (auto& [fd, c] : conns)
       if (c->st != Conn::St::kBusy && now > c->deadline) expired.push_back(fd);
@@ -786,7 +816,7 @@ struct HttpServer::Impl {
       auto it = conns.find(fd);
       if (it == conns.end()) continue;
       Conn& c = *it->second;
-      if (c.st == Conn::St::kIdle) close_conn(fd);  // an idle keep-alive connection just ends
+      if (c.st == Conn::St::kIdle || c.st == Conn::St::kDrain) close_conn(fd);  // nothing to answer
       else refuse(c, Refuse{408, c.st == Conn::St::kHeaders ? "request headers not received in time" : "request body not received in time"});
     }
   }
@@ -838,9 +868,16 @@ int HttpServer::bind(const std::string& host, int port) {
   // Room for every connection the server is meant to hold: raise the soft descriptor limit to the
   // hard one (commonly 1024 soft, far more hard).
   rlimit rl{};
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    if (rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &rl);
+      getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    // Refuse connections (503) before accept() runs out of descriptors; the rest are kept for
+    // model files and the like.
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 128)
+      s.opt.max_connections = std::min<size_t>(s.opt.max_connections, static_cast<size_t>(rl.rlim_cur) - 64);
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

@@ -167,7 +167,9 @@ struct Server::Impl {
       bool client_ok = true;
       inner([&](std::string_view s) { return client_ok = w(s) && client_ok; });
       current_request_log() = nullptr;
-      if (!client_ok) log->cancelled = true;
+      // A stream that ends without the engine's final event ended because its client left (found by
+      // a failed write or by the handler's own watch).
+      if (!client_ok || (log->n_prompt >= 0 && log->finish.empty())) log->cancelled = true;
       log_line(brief, status, ms(), *log, {}, true);
     };
   }
