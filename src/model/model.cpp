@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kv/paged_kv_cache.h"
 #include "model/arch.h"
 
 namespace pg {
@@ -31,6 +32,10 @@ struct Model::Workspace {
   Tensor xo;                             // (cap, n_embd) rows that want logits
   Tensor logits;                         // (kLogitRows, n_vocab)
   Tensor out_argmax;                     // I32 (kLogitRows) greedy tokens of a logits chunk
+  Tensor topk_ids, topk_lp;              // I32 / F32 (kLogitRows, ≤ 64) top-k of a logits chunk
+  Tensor hid;                            // (n_hidden·cap, n_embd) captured hidden states, slot k at rows [k·cap, (k+1)·cap)
+  int hid_slots = 0;                     // hidden-state slots hid holds
+  std::vector<int> hid_slot;             // (n_layer) slot of each layer for this forward, -1 = not captured
   Tensor sh_gate;                        // (cap, 1) shared-expert gate logits
   // Gated DeltaNet layers (conv_dim = 2·groups·state + inner)
   Tensor dn_mixed, dn_conv;              // (cap, conv_dim) projected q|k|v before / after the conv
@@ -185,7 +190,7 @@ std::unique_ptr<KvCache> Model::make_cache(const KvCacheOptions& opt) {
         rec[static_cast<size_t>(il)] = {static_cast<int64_t>(cfg_.ssm_conv_kernel - 1) * conv_dim,
                                         static_cast<int64_t>(cfg_.ssm_dt_rank) * cfg_.ssm_state * cfg_.ssm_state};
   }
-  return std::make_unique<KvCache>(backend_, shapes, opt, rec);
+  return std::make_unique<PagedKvCache>(backend_, shapes, opt, rec);
 }
 
 void Model::ensure_workspace(KvCache& cache) {
@@ -225,6 +230,9 @@ void Model::ensure_workspace(KvCache& cache) {
   mk(w.xo, DType::F32, c.n_embd, cap);
   mk(w.logits, DType::F32, c.n_vocab, Workspace::kLogitRows);
   mk(w.out_argmax, DType::I32, Workspace::kLogitRows, 1);
+  mk(w.topk_ids, DType::I32, 64, Workspace::kLogitRows);
+  mk(w.topk_lp, DType::F32, 64, Workspace::kLogitRows);
+  w.all.push_back(&w.hid);  // allocated on first use (forward), freed with the rest
   if (c.n_ff_shexp > 0) mk(w.sh_gate, DType::F32, 1, cap);
   if (c.has_recurrent()) {
     const int64_t key_dim = static_cast<int64_t>(c.ssm_groups) * c.ssm_state, conv_dim = 2 * key_dim + c.ssm_inner;
@@ -245,7 +253,7 @@ void Model::ensure_workspace(KvCache& cache) {
   mk(w.tree_mask, DType::I32, kTreeMaskWords, cap);
   w.cache_id = cache.id();
   w.ab.block_table = w.block_table;
-  w.ab.block_size = cache.options().block_size;
+  w.ab.block_size = cache.block_size();
   w.ab.max_blocks = cache.max_blocks();
 }
 
@@ -263,6 +271,18 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
              "position " + std::to_string(batch.positions[static_cast<size_t>(i)]) + " is beyond the context size " + std::to_string(cache.n_ctx()));
   }
   PG_CHECK(!fopt.argmax_only || fopt.argmax, "ForwardOptions::argmax_only needs ForwardOptions::argmax");
+  PG_CHECK(fopt.top_k >= 0 && fopt.top_k <= 64 && fopt.top_k <= cfg_.n_vocab,
+           "ForwardOptions::top_k must be between 1 and 64 (and at most the vocabulary), or 0 for none");
+  PG_CHECK(fopt.top_k == 0 || (fopt.topk_ids && fopt.topk_logprobs), "ForwardOptions::top_k needs topk_ids and topk_logprobs");
+  PG_CHECK(fopt.hidden_layers.empty() || fopt.hidden, "ForwardOptions::hidden_layers needs ForwardOptions::hidden");
+  for (size_t k = 0; k < fopt.hidden_layers.size(); ++k) {
+    const int il = fopt.hidden_layers[k];
+    PG_CHECK(il >= 0 && il < cfg_.n_layer, "ForwardOptions::hidden_layers: layer " + std::to_string(il) + " is not a layer of this model (" +
+                                               std::to_string(cfg_.n_layer) + " layers)");
+    PG_CHECK(std::find(fopt.hidden_layers.begin(), fopt.hidden_layers.begin() + static_cast<std::ptrdiff_t>(k), il) ==
+                 fopt.hidden_layers.begin() + static_cast<std::ptrdiff_t>(k),
+             "ForwardOptions::hidden_layers lists layer " + std::to_string(il) + " twice");
+  }
   const TreePlan tp = plan_tree(batch, cache);
   std::unique_ptr<RecurrentPlan> plan;
   if (cfg_.has_recurrent()) {
@@ -272,8 +292,10 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
   }
   ensure_workspace(cache);
   // Tree sequences: the cells of all their rows are reserved up front (a micro-batch may hold only part
-  // of a tree), and the cache records the tree for commit(). Any other sequence of the batch drops the
-  // record of an earlier tree: its rows overwrite those cells.
+  // of a tree), and once every row is computed the cache records the tree for commit(). Every sequence
+  // of the batch first drops the record of an earlier tree (its rows overwrite those cells), so a
+  // forward that fails leaves no tree to commit.
+  std::vector<std::pair<int, std::pair<std::vector<int32_t>, std::vector<int32_t>>>> trees;  // (seq, (parent, rows))
   {
     std::vector<int32_t> n_tree(static_cast<size_t>(cache.n_seq()), 0);
     std::vector<uint8_t> seen(static_cast<size_t>(cache.n_seq()), 0);
@@ -284,10 +306,10 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
     }
     for (int s = 0; s < cache.n_seq(); ++s) {
       if (!seen[static_cast<size_t>(s)]) continue;
-      if (!tp.tree[static_cast<size_t>(s)]) {
-        cache.drop_tree(s);
-        continue;
-      }
+      // An uncommitted tree is abandoned: release its cells past the sequence (truncate to the current
+      // length touches no recurrent state).
+      if (cache.tree_size(s) > 0) cache.truncate(s, cache.seq_len(s));
+      if (!tp.tree[static_cast<size_t>(s)]) continue;
       if (!cache.reserve(s, cache.seq_len(s) + n_tree[static_cast<size_t>(s)])) throw Error("KV cache is full");
       std::vector<int32_t> parent, rows;
       for (int r = 0; r < n; ++r) {
@@ -296,7 +318,7 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
         parent.push_back(p < 0 ? -1 : tp.j[static_cast<size_t>(p)]);
         rows.push_back(r);
       }
-      cache.set_tree(s, std::move(parent), std::move(rows));
+      trees.push_back({s, {std::move(parent), std::move(rows)}});
     }
   }
   if (plan && plan->capture) {
@@ -309,7 +331,26 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
       cache.recurrent()->backup(s, cache.seq_len(s) - 1);
     }
   }
-  logits.resize(static_cast<size_t>(batch.n_outputs()) * static_cast<size_t>(cfg_.n_vocab));
+  const int n_out = batch.n_outputs();
+  {
+    Workspace& w = *ws_;
+    const int nh = static_cast<int>(fopt.hidden_layers.size());
+    w.hid_slot.assign(static_cast<size_t>(cfg_.n_layer), -1);
+    for (int k = 0; k < nh; ++k) {
+      w.hid_slot[static_cast<size_t>(fopt.hidden_layers[static_cast<size_t>(k)])] = k;
+    }
+    if (nh > w.hid_slots) {
+      // Recordings reference the old buffer: drop them with it.
+      for (const auto& [key, id] : w.graphs) backend_.drop_graph(id);
+      w.graphs.clear();
+      w.warm.clear();
+      if (w.hid.valid()) backend_.free(w.hid);
+      w.hid = backend_.alloc(DType::F32, cfg_.n_embd, static_cast<int64_t>(nh) * w.cap);
+      w.hid_slots = nh;
+    }
+    if (fopt.hidden) fopt.hidden->assign(static_cast<size_t>(n_out) * static_cast<size_t>(nh) * static_cast<size_t>(cfg_.n_embd), 0.0f);
+  }
+  logits.resize(static_cast<size_t>(n_out) * static_cast<size_t>(cfg_.n_vocab));
   size_t out_pos = 0;
   int out_rows = 0;
   std::vector<float> chunk;
@@ -321,6 +362,7 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
     out_pos += chunk.size();
     for (int r = b0; r < b1; ++r) out_rows += batch.logits[static_cast<size_t>(r)] ? 1 : 0;
   }
+  for (auto& [s, t] : trees) cache.set_tree(s, std::move(t.first), std::move(t.second));
 }
 
 Model::TreePlan Model::plan_tree(const Batch& batch, const KvCache& cache) const {
@@ -483,12 +525,12 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     if (tp.any && tp.tree[static_cast<size_t>(s)]) {
       // Tree row j lives at logical position seq_len + j (reserved by forward); it sees up to itself.
       const int lp = tp.kv_len[static_cast<size_t>(r)] + tp.j[static_cast<size_t>(r)];
-      cells[static_cast<size_t>(i)] = cache.cell(s, lp);
+      cells[static_cast<size_t>(i)] = cache.write_cell(s, lp);
       max_kv = std::max(max_kv, lp + 1);
       tree_rows = true;
     } else {
       if (!cache.reserve(s, std::max(cache.seq_len(s), p + 1))) throw Error("KV cache is full");
-      cells[static_cast<size_t>(i)] = cache.cell(s, p);
+      cells[static_cast<size_t>(i)] = cache.write_cell(s, p);
       max_kv = std::max(max_kv, p + 1);
     }
     if (batch.logits[static_cast<size_t>(r)]) out_rows.push_back(i);
@@ -519,6 +561,11 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     w.ab.tree_mask = Tensor{};
   }
   if (plan) build_recurrent_batch(batch, b0, b1, cache, *plan);
+  const int m = static_cast<int>(out_rows.size());
+  const int nh = static_cast<int>(fopt.hidden_layers.size());
+  // Output rows are gathered inside the layers too when hidden states are captured.
+  if (m > 0) be.upload(w.out_ids, out_rows.data(), static_cast<size_t>(m) * 4);
+  Tensor out_ids = w.out_ids.reshape_2d(std::max(m, 1), 1);
 
   Tensor ids = w.ids.reshape_2d(n, 1);
   Tensor x = w.x.rows_view(0, n), h = w.h.rows_view(0, n), o = w.o.rows_view(0, n);
@@ -539,6 +586,11 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
       ffn_block(il, n);
       if (l.ffn_post_norm.valid()) be.rms_norm(o, l.ffn_post_norm, o, c.rms_eps);
       be.add(x, o, x);
+      const int slot = w.hid_slot[static_cast<size_t>(il)];
+      if (slot >= 0 && m > 0) {
+        Tensor hv = w.hid.rows_view(static_cast<int64_t>(slot) * w.cap, m);
+        be.get_rows(x, out_ids, hv);
+      }
     }
   };
   // Decode steps (few rows) on a device with graphs: the layers are recorded once per step shape and
@@ -564,6 +616,11 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
         key.push_back(src >= cache.n_seq() ? src : -1);
       }
       for (int32_t cap : w.rb.h_capture) key.push_back(cap >= 0 ? 1 : 0);
+    }
+    if (nh > 0) {
+      // Hidden-state gathers are recorded for this many output rows and these layers.
+      key.push_back(-m);
+      for (int il : fopt.hidden_layers) key.push_back(il);
     }
     if (auto it = w.graphs.find(key); it != w.graphs.end()) {
       be.replay_graph(it->second);
@@ -601,11 +658,20 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     }
   }
 
-  const int m = static_cast<int>(out_rows.size());
   if (m == 0) return;
-  be.upload(w.out_ids, out_rows.data(), static_cast<size_t>(m) * 4);
+  if (nh > 0) {
+    // Slot k holds (m, n_embd); the caller's layout is (n_outputs, nh·n_embd).
+    const size_t e = static_cast<size_t>(c.n_embd);
+    std::vector<float> staging(static_cast<size_t>(m) * e);
+    for (int k = 0; k < nh; ++k) {
+      be.download(w.hid.rows_view(static_cast<int64_t>(k) * w.cap, m), staging.data(), staging.size() * sizeof(float));
+      for (int i = 0; i < m; ++i)
+        std::memcpy(fopt.hidden->data() + (static_cast<size_t>(out0 + i) * static_cast<size_t>(nh) + static_cast<size_t>(k)) * e,
+                    staging.data() + static_cast<size_t>(i) * e, e * sizeof(float));
+    }
+  }
   Tensor xo = w.xo.rows_view(0, m);
-  be.get_rows(x, w.out_ids.reshape_2d(m, 1), xo);
+  be.get_rows(x, out_ids, xo);
   be.rms_norm(xo, w_.output_norm, xo, c.rms_eps);
   logits.resize(static_cast<size_t>(m) * static_cast<size_t>(c.n_vocab));
   const size_t row_bytes = static_cast<size_t>(c.n_vocab) * sizeof(float);
@@ -620,9 +686,20 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
       be.argmax_rows(lg, am);
       be.download(am, fopt.argmax + out0 + r0, static_cast<size_t>(rn) * sizeof(int32_t));
     }
+    if (fopt.top_k > 0) {
+      const int k = fopt.top_k;
+      Tensor ti = w.topk_ids.reshape_2d(k, rn), tl = w.topk_lp.reshape_2d(k, rn);  // (rn, k) each
+      be.topk_rows(lg, k, ti, tl);
+      const size_t at = static_cast<size_t>(out0 + r0) * static_cast<size_t>(k), cnt = static_cast<size_t>(rn) * static_cast<size_t>(k);
+      be.download(ti, fopt.topk_ids + at, cnt * sizeof(int32_t));
+      be.download(tl, fopt.topk_logprobs + at, cnt * sizeof(float));
+    }
     // Logits rows the caller wants, in runs of consecutive rows (one copy per run).
     for (int i = 0; i < rn;) {
-      auto wanted = [&](int k) { return !fopt.argmax_only || !fopt.argmax_only[out0 + r0 + k]; };
+      auto wanted = [&](int k) {
+        const int o = out0 + r0 + k;
+        return !(fopt.argmax_only && fopt.argmax_only[o]) && !(fopt.logits_skip && fopt.logits_skip[o]);
+      };
       if (!wanted(i)) {
         ++i;
         continue;

@@ -35,6 +35,22 @@ struct ForwardOptions {
   // unspecified. Both arrays have one entry per output row (Batch::n_outputs()).
   int32_t* argmax = nullptr;
   const uint8_t* argmax_only = nullptr;
+  // Top-k per output row, on the backend (Backend::topk_rows): with 1 ≤ top_k ≤ 64, topk_ids (int32
+  // (n_outputs, top_k)) receives each row's top_k tokens by descending logit (ties to the lower id) and
+  // topk_logprobs (float (n_outputs, top_k)) their log-softmax over the whole vocabulary.
+  int top_k = 0;
+  int32_t* topk_ids = nullptr;
+  float* topk_logprobs = nullptr;
+  // Rows whose logits the caller does not need (it reads argmax, top-k or hidden states only): with
+  // logits_skip[i] set (one entry per output row; null = none) output row i's logits are not copied to
+  // the host and its logits row is left unspecified. argmax_only is the same thing for argmax users.
+  const uint8_t* logits_skip = nullptr;
+  // Hidden states (the seam for DFlash drafts): for each layer id in hidden_layers (0 ≤ id < n_layer, in
+  // the caller's order), the residual stream leaving that layer (before the final norm) of every output
+  // row, written to *hidden as (n_outputs, hidden_layers.size()·n_embd): row i holds layer
+  // hidden_layers[0]'s n_embd values, then hidden_layers[1]'s, ...
+  std::vector<int> hidden_layers;
+  std::vector<float>* hidden = nullptr;
 };
 
 // Bytes a forward step reads, for roofline accounting.
@@ -55,8 +71,9 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   ModelBytes bytes() const { return bytes_; }
 
-  // Makes the cache for this model: K/V for attention layers and, for hybrid models, the recurrent state
-  // of the linear-attention layers (with opt.n_capture capture slots).
+  // Makes the cache for this model (a PagedKvCache behind the KvCache interface): K/V for attention
+  // layers and, for hybrid models, the recurrent state of the linear-attention layers (with
+  // opt.n_capture capture slots).
   std::unique_ptr<KvCache> make_cache(const KvCacheOptions& opt);
 
   // Evaluates the batch: writes every row's K/V into the cache (reserving blocks as needed), and

@@ -7,6 +7,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "kv/kv_cache.h"
+#include "kv/paged_kv_cache.h"
 #include "model/model.h"
 #include "testutil.h"
 
@@ -15,7 +16,7 @@ namespace {
 
 TEST(KvCache, BlocksAreAllocatedFreedAndReused) {
   CpuBackend be;
-  KvCache kv(be, {{8, 8}, {0, 0}, {8, 8}}, {2, 100, DType::F32, 16, 8});
+  PagedKvCache kv(be, {{8, 8}, {0, 0}, {8, 8}}, {2, 100, DType::F32, 16, 8});
   EXPECT_EQ(kv.max_blocks(), 7);
   EXPECT_EQ(kv.free_blocks(), 8);
   EXPECT_TRUE(kv.has_layer(0));

@@ -22,6 +22,7 @@
 #include "gguf/synth_qwen35.h"
 #include "gguf/writer.h"
 #include "kv/kv_cache.h"
+#include "kv/paged_kv_cache.h"
 #include "model/model.h"
 #include "testutil.h"
 
@@ -776,7 +777,7 @@ TEST(Qwen35Model, RejectsBatchesThatBreakTheRecurrentHistory) {
   cap.capture = true;
   EXPECT_EQ(cache->seq_len(0), 3);
   // A cache made for another model has no recurrent state for this one.
-  auto plain = KvCache(be, std::vector<KvLayerShape>(4, KvLayerShape{128, 128}), {1, 64, DType::F32, 16});
+  PagedKvCache plain(be, std::vector<KvLayerShape>(4, KvLayerShape{128, 128}), {1, 64, DType::F32, 16});
   b.clear();
   b.add(1, 0, 0, true);
   EXPECT_THROW(model->forward(b, plain, out), Error);

@@ -15,6 +15,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "kv/paged_kv_cache.h"
 #include "model/model.h"
 #include "testutil.h"
 
@@ -70,7 +71,8 @@ struct Fixture {
     hybrid = model->config().has_recurrent();
     if (model->config().sliding_window > 0) max_depth = std::min(max_depth, model->config().sliding_window);
   }
-  std::unique_ptr<KvCache> cache(int n_seq = 1) { return model->make_cache({n_seq, 256, DType::F32, 16, 0, hybrid ? 160 : 0}); }
+  DType kv = DType::F32;
+  std::unique_ptr<KvCache> cache(int n_seq = 1) { return model->make_cache({n_seq, 256, kv, 16, 0, hybrid ? 160 : 0}); }
   ForwardOptions fopt() const {
     ForwardOptions f;
     f.capture = hybrid;  // hybrids: token-by-token recurrent form in every forward, and trees need it
@@ -187,10 +189,12 @@ TEST_P(TreeForward, NodesEqualChainsAndCommitContinuesLikeAutoregression) {
 
 // Three sequences in one batch: two trees and one chain (prefill-like) sequence, cut into micro-batches
 // of 5 rows (so trees straddle micro-batches), each tree node still equal to its chain; then each
-// tree sequence commits its own path.
+// tree sequence commits its own path. With an F16 cache (the server's default; the vector attention
+// path on AVX2).
 TEST_P(TreeForward, SeveralSequencesAndMicroBatchSplits) {
   for (int max_batch : {512, 5}) {
     Fixture f(GetParam(), max_batch);
+    f.kv = DType::F16;
     std::mt19937 rng(99);
     const auto p0 = prompt_tokens(9, f.V, 1), p1 = prompt_tokens(17, f.V, 2), p2 = prompt_tokens(6, f.V, 3);
     auto c = f.cache(3);
@@ -247,6 +251,52 @@ INSTANTIATE_TEST_SUITE_P(Golden, TreeForward, testing::ValuesIn(std::vector<std:
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return s;
                          });
+
+// A chain verified as a tree (each row's parent the previous row) commits without moving a K/V row;
+// a path through a branchy tree moves exactly the rows not yet at their depth.
+TEST(TreeCommit, ChainCommitsWithoutCopies) {
+  Fixture f("tiny-qwen3-f16");
+  auto c = f.cache();
+  auto& paged = dynamic_cast<PagedKvCache&>(*c);
+  f.chain(*c, prompt_tokens(7, f.V, 1));
+  Tree chain;
+  for (int i = 0; i < 10; ++i) {
+    chain.tok.push_back(3 + i);
+    chain.parent.push_back(i - 1);
+    chain.depth.push_back(i);
+  }
+  Batch b;
+  add_tree(b, chain, 0, 7);
+  std::vector<float> out;
+  f.model->forward(b, *c, out);
+  c->commit(0, {0, 1, 2, 3, 4, 5});
+  EXPECT_EQ(paged.rows_copied(), 0);
+  EXPECT_EQ(c->seq_len(0), 13);
+  // Root 0 with children 1 and 2; 2's child 3; the path 0 → 2 → 3 moves rows 2 and 3 (to depths 1, 2).
+  Tree t{{5, 6, 7, 8}, {-1, 0, 0, 2}, {0, 1, 1, 2}};
+  b.clear();
+  add_tree(b, t, 0, 13);
+  f.model->forward(b, *c, out);
+  c->commit(0, {0, 2, 3});
+  EXPECT_EQ(paged.rows_copied(), 2);
+  EXPECT_EQ(c->seq_len(0), 16);
+  // A tree left uncommitted is abandoned by the next chain forward: its cells return to the pool.
+  const int free_before = c->free_blocks();
+  Tree wide;
+  for (int i = 0; i < 40; ++i) {
+    wide.tok.push_back(i);
+    wide.parent.push_back(i == 0 ? -1 : 0);
+    wide.depth.push_back(i == 0 ? 0 : 1);
+  }
+  b.clear();
+  add_tree(b, wide, 0, 16);
+  f.model->forward(b, *c, out);
+  EXPECT_LT(c->free_blocks(), free_before);
+  f.chain(*c, {1});
+  EXPECT_EQ(c->tree_size(0), 0);
+  EXPECT_EQ(c->free_blocks(), free_before - 1);  // 17 tokens: the 16 of before fill one block exactly
+  EXPECT_THROW(c->commit(0, {0}), Error);
+}
 
 // Bad trees are clear errors and change nothing.
 TEST(TreeForwardErrors, BadTreesAndBadCommits) {

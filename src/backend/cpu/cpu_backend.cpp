@@ -457,7 +457,7 @@ inline float attn_softmax(const AttnShape& a, float* sc, int len) {
 // dimension) order, which is also what the vector form computes lane by lane, so both give the same bits.
 void attn_head_ref(const AttnShape& a, const AttnItem& it, int h, const KvLayer& kv, float* scores, float* acc) {
   const int hd = a.hd;
-  const bool f16 = kv.k.type == DType::F16;
+  const bool f16 = kv.k.type == DType::F16, v16 = kv.v.type == DType::F16;  // K and V types are chosen separately
   const float* qr = it.q + static_cast<int64_t>(h) * hd;
   for (int j = 0; j < it.len; ++j) {
     float s = 0;
@@ -473,7 +473,7 @@ void attn_head_ref(const AttnShape& a, const AttnItem& it, int h, const KvLayer&
   std::fill(acc, acc + hd, 0.0f);
   for (int j = 0; j < it.len; ++j) {
     const float w = scores[j];
-    if (f16) {
+    if (v16) {
       const uint16_t* vr = kv.v.as<uint16_t>() + it.off[j];
       for (int d = 0; d < hd; ++d) acc[d] = std::fma(w, fp16_to_f32(vr[d]), acc[d]);
     } else {
