@@ -46,6 +46,12 @@ Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOpt
     if (model_.config().has_recurrent()) ko.n_capture = opt_.n_slots * std::min(rows, spec::kMaxTreeNodes);
   }
   cache_ = model_.make_cache(ko);
+  // Tree verification needs attention that honours AttentionBatch::tree_mask; the CPU backend does,
+  // the CUDA backend does not yet (it would attend to sibling nodes: wrong tokens), so elsewhere
+  // DDTree falls back to chains.
+  tree_forward_ = model_.backend().is_host();
+  if (opt_.spec.on() && opt_.spec.tree && !tree_forward_)
+    PG_WARN("DDTree verification needs tree attention, which the %s backend lacks: verifying chains", model_.backend().name().c_str());
   // PEREGRINE_PROFILE_STEPS=1: where a step's time goes (drafting vs the forward), printed at the end.
   if (const char* e = std::getenv("PEREGRINE_PROFILE_STEPS"); e && *e == '1') profile_ = true;
   kv_bytes_ = cache_->bytes();
@@ -226,9 +232,10 @@ void Scheduler::draft() {
   try {
     drafter_->propose(draft_in_, draft_out_);
   } catch (const std::exception& e) {
-    // A failed draft costs only this step's speculation; the drafter starts its slots over.
-    PG_WARN("drafting failed, decoding without it this step: %s", e.what());
-    for (auto* s : who) drafter_->release(s->slot());
+    // The draft model's cache is sized for every slot, so a failure is an op its backend lacks (or a
+    // bug): the target's output does not depend on drafts, so decode on without speculation.
+    PG_WARN("drafting failed (%s): speculative decoding is off from now on", e.what());
+    drafter_.reset();
     return;
   }
   for (size_t i = 0; i < who.size(); ++i) {

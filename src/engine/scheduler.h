@@ -128,7 +128,7 @@ class Scheduler {
 
   // Speculation.
   std::unique_ptr<spec::Drafter> drafter_;
-  bool tree_forward_ = true;  // the target verifies tree batches (Model::forward with parents)
+  bool tree_forward_ = true;  // the target's backend verifies tree batches (tree-masked attention)
   struct Verify {
     Sequence* seq;
     spec::DraftTree tree;

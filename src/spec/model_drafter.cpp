@@ -1,7 +1,6 @@
 // Draft-model drafting: greedy autoregressive steps of a small model that shares the target's
 // vocabulary, one forward per depth for all sequences asking in this step.
 #include <algorithm>
-#include <cmath>
 
 #include "core/error.h"
 #include "model/model.h"
@@ -24,31 +23,6 @@ void check_same_vocab(const Model& target, const Model& draft, const std::string
 }
 
 namespace {
-
-// Log-softmax top-k of one logits row (ties to the lower id, as argmax); k ≥ 1.
-TopK topk_row(const float* logits, int n_vocab, int k, std::vector<int32_t>& idx) {
-  k = std::clamp(k, 1, n_vocab);
-  float mx = logits[0];
-  for (int i = 1; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
-  double s = 0;
-  for (int i = 0; i < n_vocab; ++i) s += std::exp(static_cast<double>(logits[i]) - mx);
-  const double lse = mx + std::log(s);
-  TopK t;
-  if (k == 1) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n_vocab; ++i)
-      if (logits[i] > logits[best]) best = i;
-    t.ids.push_back(best);
-  } else {
-    idx.resize(static_cast<size_t>(n_vocab));
-    for (int32_t i = 0; i < n_vocab; ++i) idx[static_cast<size_t>(i)] = i;
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-    t.ids.assign(idx.begin(), idx.begin() + k);
-  }
-  for (int32_t id : t.ids) t.logprobs.push_back(static_cast<float>(logits[id] - lse));
-  return t;
-}
 
 class ModelDrafter final : public Drafter {
  public:
@@ -93,19 +67,46 @@ class ModelDrafter final : public Drafter {
     }
     std::vector<int> active;  // queries still drafting
     for (size_t i = 0; i < nq; ++i) active.push_back(static_cast<int>(i));
+    // Candidates per depth come from the backend (top-k ids + log-probs, or the argmax for chains):
+    // a few bytes per row back instead of the vocabulary's logits.
+    int k = 1;
+    for (const auto& q : in) k = std::max(k, q.k);
+    k = std::min({k, kMaxBackendTopK, n_vocab_});
     for (int depth = 0; !active.empty(); ++depth) {
-      if (batch_.size() > 0) m_.forward(batch_, *cache_, logits_);
+      const size_t n_out = active.size();
+      if (batch_.size() > 0) {
+        ForwardOptions f;
+        skip_.assign(n_out, 1);
+        if (k > 1) {
+          ids_.resize(n_out * static_cast<size_t>(k));
+          lps_.resize(n_out * static_cast<size_t>(k));
+          f.top_k = k;
+          f.topk_ids = ids_.data();
+          f.topk_logprobs = lps_.data();
+          f.logits_skip = skip_.data();
+        } else {
+          ids_.resize(n_out);
+          f.argmax = ids_.data();
+          f.argmax_only = skip_.data();
+        }
+        m_.forward(batch_, *cache_, logits_, f);
+      }
       std::vector<int> next;
       batch_.clear();
-      for (size_t r = 0; r < active.size(); ++r) {
+      for (size_t r = 0; r < n_out; ++r) {
         const int i = active[r];
         const DraftInput& q = in[static_cast<size_t>(i)];
         Draft& d = out[static_cast<size_t>(i)];
         if (depth >= want[static_cast<size_t>(i)]) continue;
-        TopK t = topk_row(logits_.data() + r * static_cast<size_t>(n_vocab_), n_vocab_, q.k, idx_);
-        const int32_t tok = t.ids[0];
+        const int32_t tok = ids_[r * static_cast<size_t>(k)];
         d.chain.push_back(tok);
-        if (q.k > 1) d.topk.push_back(std::move(t));
+        if (q.k > 1) {
+          TopK t;
+          const int kq = std::min(q.k, k);
+          t.ids.assign(ids_.begin() + static_cast<std::ptrdiff_t>(r * k), ids_.begin() + static_cast<std::ptrdiff_t>(r * k + kq));
+          t.logprobs.assign(lps_.begin() + static_cast<std::ptrdiff_t>(r * k), lps_.begin() + static_cast<std::ptrdiff_t>(r * k + kq));
+          d.topk.push_back(std::move(t));
+        }
         if (depth + 1 < want[static_cast<size_t>(i)]) {
           auto& seen = seen_[static_cast<size_t>(q.slot)];
           batch_.add(tok, static_cast<int32_t>(seen.size()), q.slot, true);
@@ -122,9 +123,12 @@ class ModelDrafter final : public Drafter {
   int n_vocab_;
   std::unique_ptr<KvCache> cache_;
   std::vector<std::vector<int32_t>> seen_;  // (n_slots) tokens whose K/V the cache holds, per slot
+  static constexpr int kMaxBackendTopK = 64;  // Backend::topk_rows' limit
   Batch batch_;
-  std::vector<float> logits_;  // (queries, n_vocab)
-  std::vector<int32_t> idx_;   // top-k scratch (n_vocab)
+  std::vector<float> logits_;   // (queries, n_vocab), left unfilled: every row is skipped
+  std::vector<int32_t> ids_;    // (queries, k) top-k ids (k = 1: the argmax)
+  std::vector<float> lps_;      // (queries, k) their log-probs
+  std::vector<uint8_t> skip_;   // (queries) 1: no logits copy
 };
 
 }  // namespace
