@@ -56,23 +56,30 @@ test('automatic tool calls: parsed, streamed as argument deltas, finish_reason t
   assert.equal(m.tool_calls[0].function.name, 'get_weather');
   const a = JSON.parse(m.tool_calls[0].function.arguments);
   assert.equal(typeof a.city, 'string');
-  const calls = [];
-  let pieces = 0, finish = null;
-  for await (const ch of await oa.chat.completions.create({ ...args, stream: true })) {
-    const c = ch.choices[0];
-    if (!c) continue;
-    for (const t of c.delta.tool_calls ?? []) {
-      if (t.id) calls[t.index] = { id: t.id, name: t.function.name, arguments: '' };
-      calls[t.index].arguments += t.function.arguments ?? '';
-      pieces++;
+  // Output the reader has not collected yet is merged into one event (engine/request.h), and a speculative
+  // step emits several tokens at once, so on a loaded machine a short call can arrive in one delta: every
+  // stream must carry the same call, and at least one of three must show it arriving in pieces.
+  let most = 0;
+  for (let attempt = 0; attempt < 3 && most <= 1; attempt++) {
+    const calls = [];
+    let pieces = 0, finish = null;
+    for await (const ch of await oa.chat.completions.create({ ...args, stream: true })) {
+      const c = ch.choices[0];
+      if (!c) continue;
+      for (const t of c.delta.tool_calls ?? []) {
+        if (t.id) calls[t.index] = { id: t.id, name: t.function.name, arguments: '' };
+        calls[t.index].arguments += t.function.arguments ?? '';
+        pieces++;
+      }
+      finish = c.finish_reason ?? finish;
     }
-    finish = c.finish_reason ?? finish;
+    assert.equal(finish, 'tool_calls');
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].name, 'get_weather');
+    assert.deepEqual(JSON.parse(calls[0].arguments), a);
+    most = Math.max(most, pieces);
   }
-  assert.equal(finish, 'tool_calls');
-  assert.equal(calls.length, 1);
-  assert.equal(calls[0].name, 'get_weather');
-  assert.deepEqual(JSON.parse(calls[0].arguments), a);
-  assert.ok(pieces > 1, 'arguments arrive in several deltas');
+  assert.ok(most > 1, 'arguments arrive in several deltas');
   // tool_choice "none": no call is parsed, and no tools are shown to the model.
   const none = await oa.chat.completions.create({ ...args, tool_choice: 'none' });
   assert.equal(none.choices[0].message.tool_calls, undefined);
