@@ -151,6 +151,39 @@ TEST(KvTypes, SaveRestoreAndCopyOnWriteOfAQuantizedCache) {
   }
 }
 
+// Tree verification on a quantized cache: a tree forward, then commit of a root-to-leaf path, leaves
+// the cache byte for byte as a chain forward of that path would (commit moves the quantized rows with
+// kv_copy), and decoding continues with identical logits.
+TEST(KvTypes, TreeCommitOnAQuantizedCache) {
+  for (const char* stem : {"tiny-qwen3-f16", "tiny-gemma3-f16"}) {
+    Env e(stem);
+    for (auto [k, v] : {std::pair{DType::Q8_0, DType::TQ3_0}, std::pair{DType::Q4_1, DType::Q4_1}}) {
+      const std::string what = std::string(stem) + " " + kv_type_name(k) + "/" + kv_type_name(v);
+      auto c = e.model->make_cache(opts(k, v));
+      const auto prompt = tokens(13, e.V, 21), tt = tokens(5, e.V, 22);
+      run(*e.model, *c, prompt, 0);
+      // Tree: 0 root; 1 and 2 children of 0; 3 child of 2; 4 child of 3. Depth = position offset.
+      const int par[5] = {-1, 0, 0, 2, 3}, depth[5] = {0, 1, 1, 2, 3};
+      Batch b;
+      for (int i = 0; i < 5; ++i) b.add_tree(tt[static_cast<size_t>(i)], 13 + depth[i], 0, par[i], true);
+      std::vector<float> out;
+      e.model->forward(b, *c, out);
+      c->commit(0, {0, 2, 3, 4});
+      ASSERT_EQ(c->seq_len(0), 17) << what;
+      auto ref = e.model->make_cache(opts(k, v));
+      std::vector<int32_t> hist = prompt;
+      for (int i : {0, 2, 3, 4}) hist.push_back(tt[static_cast<size_t>(i)]);
+      const auto rl = run(*e.model, *ref, hist, 0);
+      EXPECT_EQ(c->save_seq(0), ref->save_seq(0)) << what << ": committed rows differ from the chain's";
+      // The leaf's tree logits are the chain's last row (same cells in the same order, same types).
+      const std::vector<float> leaf(out.begin() + 4 * e.V, out.begin() + 5 * e.V), last(rl.end() - e.V, rl.end());
+      EXPECT_EQ(leaf, last) << what;
+      const auto more = tokens(3, e.V, 23);
+      EXPECT_EQ(run(*e.model, *c, more, 0), run(*e.model, *ref, more, 0)) << what;
+    }
+  }
+}
+
 TEST(KvTypes, BadTypesAreClearErrors) {
   Env e("tiny-qwen3-f16");
   for (DType bad : {DType::Q4_K, DType::I32, DType::Q8_1}) {
