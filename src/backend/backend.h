@@ -58,9 +58,13 @@ struct AttentionParams {
   float logit_softcap = 0.0f;  // 0 = off; else s = cap·tanh(s/cap)
 };
 
-// KV storage of one attention layer: (n_cells, n_head_kv*head_dim) each, F32 or F16.
+// KV storage of one attention layer: k and v hold one row per cell, each in its own KV type
+// (core/kv_quant.h). A row is n_head_kv heads of kv_head_width(type, head_dim) values (head_dim padded to
+// the type's block / rotation group; no padding for F32/F16/BF16), so k is (n_cells,
+// n_head_kv*kv_head_width(k.type, head_dim)) and v likewise with head_dim_v.
 struct KvLayer {
   Tensor k, v;
+  int n_head_kv = 0, head_dim = 0, head_dim_v = 0;  // 0 = the row is one head (callers that predate the KV types)
 };
 
 // How the rows of a batch thread through the recurrent state of linear-attention (Gated DeltaNet)
@@ -98,6 +102,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual bool is_host() const = 0;  // tensor data is directly addressable by the CPU
+  // Whether kv_store/attention/kv_copy handle a KV cache stored in type t (core/kv_quant.h's KV types).
+  // The default is what every backend had before the quantized types: F32 and F16.
+  virtual bool supports_kv_type(DType t) const { return t == DType::F32 || t == DType::F16; }
 
   // ---- memory ----
   // Allocates (rows, cols) of type t, zero-filled. Owned by the backend until free().

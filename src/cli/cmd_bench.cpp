@@ -65,6 +65,7 @@ SpecRun spec_run(Model& model, const tok::Tokenizer& tok, const LoadedModel& lm,
   so.n_ctx = lm.n_ctx;
   so.n_batch = n_batch;
   so.kv_type = lm.kv_type;
+  so.kv_type_v = lm.kv_type_v;
   so.spec = spec;
   engine::Scheduler sched(model, tok, so);
   SpecRun r;
@@ -186,7 +187,7 @@ int cmd_bench(int argc, char** argv) {
   auto lm = load_model(mf, false);
   const auto& c = lm.model->config();
   const auto bytes = lm.model->bytes();
-  auto cache = lm.model->make_cache({1, mf.ctx, lm.kv_type});
+  auto cache = lm.model->make_cache(lm.kv_options(1, mf.ctx));
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok(0, c.n_vocab - 1);
   std::vector<float> logits;
@@ -202,7 +203,7 @@ int cmd_bench(int argc, char** argv) {
 
   std::printf("model: %s (%s), %.3f GB file, %.3f GB of weights read per generated token\n", c.name.c_str(), c.arch.c_str(),
               bytes.file / 1e9, bytes.per_token / 1e9);
-  std::printf("backend: %s, threads: %d, KV: %s, batch: %d\n", lm.backend->name().c_str(), mf.threads, mf.cache_type.c_str(), mf.batch);
+  std::printf("backend: %s, threads: %d, KV: %s, batch: %d\n", lm.backend->name().c_str(), mf.threads, mf.kv_types().c_str(), mf.batch);
   std::printf("| test | depth | t/s | ms/token | GB/s | roofline |\n|---|---:|---:|---:|---:|---:|\n");
   std::vector<std::string> notes;
   using clock = std::chrono::steady_clock;

@@ -25,7 +25,7 @@ int cmd_logits(int argc, char** argv) {
   auto lm = load_model(mf, false);
   const int n_vocab = lm.model->config().n_vocab;
   for (int32_t id : ids) PG_CHECK(id < n_vocab, "token id " + std::to_string(id) + " is outside the vocabulary (" + std::to_string(n_vocab) + ")");
-  auto cache = lm.model->make_cache({1, static_cast<int>(ids.size()), lm.kv_type});
+  auto cache = lm.model->make_cache(lm.kv_options(1, static_cast<int>(ids.size())));
   Batch b;
   for (size_t i = 0; i < ids.size(); ++i) b.add(ids[i], static_cast<int32_t>(i), 0, true);
   std::vector<float> logits;

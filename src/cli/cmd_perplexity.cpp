@@ -42,7 +42,7 @@ int cmd_perplexity(int argc, char** argv) {
   int n_chunk = static_cast<int>(tokens.size() / static_cast<size_t>(n_ctx));
   if (max_chunks >= 0) n_chunk = std::min(n_chunk, max_chunks);
   const int n_vocab = lm.model->config().n_vocab;
-  auto cache = lm.model->make_cache({1, n_ctx, lm.kv_type});
+  auto cache = lm.model->make_cache(lm.kv_options(1, n_ctx));
   std::fprintf(stderr, "perplexity: %zu tokens, %d windows of %d\n", tokens.size(), n_chunk, n_ctx);
   const int first = n_ctx / 2;
   double nll = 0;

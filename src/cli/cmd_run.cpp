@@ -57,6 +57,7 @@ int cmd_run(int argc, char** argv) {
   so.n_ctx = lm.n_ctx;
   so.n_batch = mf.batch;
   so.kv_type = lm.kv_type;
+  so.kv_type_v = lm.kv_type_v;
   so.spec = draft.opt;
   engine::Scheduler sched(*lm.model, tok, so);
   engine::RequestSpec rs;

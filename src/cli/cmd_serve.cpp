@@ -146,6 +146,7 @@ int cmd_serve(int argc, char** argv) {
   so.n_batch = mf.batch;
   so.max_queue = max_queue;
   so.kv_type = lm.kv_type;
+  so.kv_type_v = lm.kv_type_v;
   so.spec = draft.opt;
   engine::Scheduler sched(*lm.model, *lm.tokenizer, so);
 
@@ -180,7 +181,7 @@ int cmd_serve(int argc, char** argv) {
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   R"({"backend":"%s","threads":%d,"kv_type":"%s","arch":"%s","n_ctx_train":%d,"n_layer":%d,"n_embd":%d})",
-                  lm.backend->name().c_str(), mf.threads, mf.cache_type.c_str(), cfg.arch.c_str(), cfg.n_ctx_train, cfg.n_layer,
+                  lm.backend->name().c_str(), mf.threads, mf.kv_types().c_str(), cfg.arch.c_str(), cfg.n_ctx_train, cfg.n_layer,
                   cfg.n_embd);
     o.runtime_info_json = buf;
   }
@@ -191,7 +192,7 @@ int cmd_serve(int argc, char** argv) {
   std::fprintf(stderr, "  model     %s (%s, %s, %s)\n", o.model_name.c_str(), cfg.arch.c_str(), mf.model.c_str(),
                mib(lm.model->bytes().file).c_str());
   std::fprintf(stderr, "  context   %d tokens per slot × %d slots (KV cache %s, %s), batch %d\n", lm.n_ctx, parallel,
-               mib(sched.kv_bytes()).c_str(), mf.cache_type.c_str(), so.n_batch);
+               mib(sched.kv_bytes()).c_str(), mf.kv_types().c_str(), so.n_batch);
   std::fprintf(stderr, "  backend   %s\n", lm.backend->name().c_str());
   if (so.spec.on())
     std::fprintf(stderr, "  speculate %s%s%s, %s, up to %d drafted tokens per step%s\n", spec::spec_type_name(so.spec.type),

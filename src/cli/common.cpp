@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/kv_quant.h"
 #include "core/log.h"
 #include "spec/drafter.h"
 
@@ -18,15 +19,27 @@ void ModelFlags::add_to(Args& a, bool with_ctx) {
   a.opt("-t,--threads", &threads, "CPU threads (0 = all cores)");
   a.opt("--device", &device, "cpu, cuda, cuda:N or auto", "DEV");
   if (with_ctx) a.opt("-c,--ctx-size", &ctx, "context size in tokens (0 = model's training context, at most 4096)");
-  a.opt("-ctk,--cache-type", &cache_type, "KV cache type: f16 or f32", "TYPE");
+  a.opt("--cache-type", &cache_type, "KV cache type of K and V: " + kv_type_list(), "TYPE");
+  a.opt("-ctk,--cache-type-k", &cache_type_k, "K cache type (default: --cache-type)", "TYPE");
+  a.opt("-ctv,--cache-type-v", &cache_type_v, "V cache type (default: --cache-type)", "TYPE");
   a.opt("-b,--batch-size", &batch, "rows per forward micro-batch");
   a.flag("--exact", &exact, "CPU: multiply in F32 on dequantized weights (reference precision, slower)");
 }
 
-DType parse_cache_type(const std::string& s) {
-  if (s == "f16" || s == "F16") return DType::F16;
-  if (s == "f32" || s == "F32") return DType::F32;
-  throw Error("unsupported cache type '" + s + "' (supported: f16, f32)");
+DType parse_cache_type(const std::string& s) { return parse_kv_type(s); }
+
+KvCacheOptions LoadedModel::kv_options(int n_seq, int n_ctx_) const {
+  KvCacheOptions o;
+  o.n_seq = n_seq;
+  o.n_ctx = n_ctx_;
+  o.type = kv_type;
+  o.type_v = kv_type_v;
+  return o;
+}
+
+std::string ModelFlags::kv_types() const {
+  const std::string k = cache_type_k.empty() ? cache_type : cache_type_k, v = cache_type_v.empty() ? cache_type : cache_type_v;
+  return k == v ? k : k + "/" + v;
 }
 
 bool stderr_is_tty() { return isatty(2) != 0; }
@@ -69,7 +82,8 @@ LoadedModel load_model(const ModelFlags& f_in, bool need_tokenizer) {
   if (need_tokenizer) lm.tokenizer = tok::Tokenizer::from_gguf(lm.model->file());
   const int train = lm.model->config().n_ctx_train > 0 ? lm.model->config().n_ctx_train : 4096;
   lm.n_ctx = f.ctx > 0 ? f.ctx : std::min(train, 4096);
-  lm.kv_type = parse_cache_type(f.cache_type);
+  lm.kv_type = parse_cache_type(f.cache_type_k.empty() ? f.cache_type : f.cache_type_k);
+  lm.kv_type_v = parse_cache_type(f.cache_type_v.empty() ? f.cache_type : f.cache_type_v);
   return lm;
 }
 

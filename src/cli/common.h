@@ -17,11 +17,13 @@ struct ModelFlags {
   int threads = 0;
   std::string device = "auto";
   int ctx = 0;  // 0 = min(training context, 4096)
-  std::string cache_type = "f16";
+  std::string cache_type = "f16";             // K and V (--cache-type)
+  std::string cache_type_k, cache_type_v;     // -ctk / -ctv; empty = cache_type
   bool exact = false;
   int batch = 512;
 
   void add_to(Args& a, bool with_ctx = true);
+  std::string kv_types() const;  // "q8_0", or "q8_0/f16" when K and V differ (for messages)
 };
 
 struct LoadedModel {
@@ -29,7 +31,9 @@ struct LoadedModel {
   std::unique_ptr<Model> model;
   std::unique_ptr<tok::Tokenizer> tokenizer;
   int n_ctx = 0;
-  DType kv_type = DType::F16;
+  DType kv_type = DType::F16;    // K cache type
+  DType kv_type_v = DType::F16;  // V cache type
+  KvCacheOptions kv_options(int n_seq, int n_ctx) const;  // the cache the flags ask for
 };
 
 // The bundled demo model (models/ in the source tree) used when no -m is given.

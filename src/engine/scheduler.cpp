@@ -31,6 +31,7 @@ Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOpt
   ko.n_seq = opt_.n_slots;
   ko.n_ctx = opt_.n_ctx;
   ko.type = opt_.kv_type;
+  ko.type_v = opt_.kv_type_v;
   ko.block_size = opt_.kv_block_size;
   if (opt_.spec.on()) {
     opt_.spec.validate();

@@ -53,7 +53,8 @@ struct SchedulerOptions {
   int n_ctx = 4096;       // tokens per slot (prompt + generated)
   int n_batch = 512;      // rows per step (decode rows + prompt chunks)
   int max_queue = 1024;   // requests waiting for a slot beyond which submit() refuses
-  DType kv_type = DType::F16;
+  DType kv_type = DType::F16;               // K (and V unless kv_type_v is set)
+  std::optional<DType> kv_type_v;           // V cache type when it differs
   int kv_block_size = 64;
   SpecOptions spec;
 };

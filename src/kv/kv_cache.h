@@ -20,18 +20,21 @@ namespace pg {
 struct KvCacheOptions {
   int n_seq = 1;           // sequence slots
   int n_ctx = 4096;        // max tokens per sequence
-  DType type = DType::F16; // storage of K and V unless type_k / type_v say otherwise (F32 or F16)
+  DType type = DType::F16; // storage of K and V unless type_k / type_v say otherwise (any KV type of core/kv_quant.h)
   int block_size = 64;     // cells per block
   int n_blocks = 0;        // 0 = enough for every slot at full context
   int n_capture = 0;       // hybrid models: recurrent-state capture slots (max rows of a capturing forward)
-  std::optional<DType> type_k = std::nullopt, type_v = std::nullopt;  // K and V storage chosen separately (F32 or F16; quantized types: issue 12)
+  std::optional<DType> type_k = std::nullopt, type_v = std::nullopt;  // K and V storage chosen separately
   DType k_type() const { return type_k.value_or(type); }
   DType v_type() const { return type_v.value_or(type); }
 };
 
-// Width of one layer's K and V rows (n_head_kv*head_dim); 0 for layers without a KV cache.
+// Width of one layer's K and V rows (n_head_kv*head_dim) in values; 0 for layers without a KV cache.
+// n_head_kv tells the cache where the heads split (each head is padded to the storage type's block or
+// rotation group, core/kv_quant.h); 0 = the row is one head.
 struct KvLayerShape {
   int64_t k_width = 0, v_width = 0;
+  int n_head_kv = 0;
 };
 
 class KvCache {

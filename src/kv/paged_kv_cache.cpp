@@ -1,30 +1,69 @@
 #include "kv/paged_kv_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/kv_quant.h"
+#include "core/log.h"
 
 namespace pg {
 
 PagedKvCache::PagedKvCache(Backend& backend, const std::vector<KvLayerShape>& shapes, const KvCacheOptions& opt,
                            const std::vector<RecurrentLayerShape>& recurrent)
     : backend_(backend), opt_(opt) {
-  for (DType t : {opt_.k_type(), opt_.v_type()})
-    PG_CHECK(t == DType::F32 || t == DType::F16, "KV cache type must be f32 or f16, got " + std::string(dtype_name(t)));
+  for (DType t : {opt_.k_type(), opt_.v_type()}) {
+    PG_CHECK(is_kv_type(t), "KV cache type " + std::string(dtype_name(t)) + " is not a KV storage type (supported: " + kv_type_list() + ")");
+    PG_CHECK(backend_.supports_kv_type(t), "KV type " + kv_type_name(t) + " is not supported on " + backend_.name() + " yet");
+  }
   PG_CHECK(opt_.n_seq > 0 && opt_.n_ctx > 0 && opt_.block_size > 0, "invalid KV cache size");
   max_blocks_ = (opt_.n_ctx + opt_.block_size - 1) / opt_.block_size;
   if (opt_.n_blocks == 0) opt_.n_blocks = max_blocks_ * opt_.n_seq;
   const int64_t n_cells = static_cast<int64_t>(opt_.n_blocks) * opt_.block_size;
   layers_.resize(shapes.size());
+  // Once per process: every cache of a run (slots, the draft model's) would repeat it.
+  static std::atomic<bool> warned_once{false};
+  bool warned_pad = warned_once.load();
   for (size_t il = 0; il < shapes.size(); ++il) {
     if (shapes[il].k_width == 0) continue;
     auto& l = layers_[il];
-    l.k = backend_.alloc(opt_.k_type(), shapes[il].k_width, n_cells);
-    l.v = backend_.alloc(opt_.v_type(), shapes[il].v_width, n_cells);
+    const int nh = shapes[il].n_head_kv > 0 ? shapes[il].n_head_kv : 1;
+    PG_CHECK(shapes[il].k_width % nh == 0 && shapes[il].v_width % nh == 0, "KV row widths are not a multiple of the KV head count");
+    l.n_head_kv = nh;
+    l.head_dim = static_cast<int>(shapes[il].k_width / nh);
+    l.head_dim_v = static_cast<int>(shapes[il].v_width / nh);
+    const auto plain = [](DType t) { return t == DType::F32 || t == DType::F16; };
+    // The kernels' head-size limit; F32/F16 rows of callers that give no head count (one "head" of the
+    // whole row) are read as before and need no check.
+    if (shapes[il].n_head_kv > 0 || !plain(opt_.k_type()) || !plain(opt_.v_type())) {
+      check_kv_types(opt_.k_type(), opt_.v_type(), l.head_dim);
+      check_kv_types(opt_.k_type(), opt_.v_type(), l.head_dim_v);
+    }
+    // Each head stored in whole blocks / rotation groups (core/kv_quant.h): the tensor's row is
+    // n_head_kv padded heads, so Tensor::row_bytes() is exactly kv_row_bytes.
+    l.k = backend_.alloc(opt_.k_type(), static_cast<int64_t>(nh) * kv_head_width(opt_.k_type(), l.head_dim), n_cells);
+    l.v = backend_.alloc(opt_.v_type(), static_cast<int64_t>(nh) * kv_head_width(opt_.v_type(), l.head_dim_v), n_cells);
+    PG_CHECK(l.k.row_bytes() == kv_row_bytes(opt_.k_type(), nh, l.head_dim) && l.v.row_bytes() == kv_row_bytes(opt_.v_type(), nh, l.head_dim_v),
+             "KV row size mismatch");
     bytes_ += l.k.nbytes() + l.v.nbytes();
     bytes_per_token_ += l.k.row_bytes() + l.v.row_bytes();
+    if (!warned_pad) {
+      for (auto [t, hd] : {std::pair{opt_.k_type(), l.head_dim}, std::pair{opt_.v_type(), l.head_dim_v}}) {
+        if (kv_head_width(t, hd) == hd || warned_pad) continue;
+        // Padding is real storage: say so once (docs/kv-cache-types.md), llama.cpp refuses these instead.
+        PG_WARN("KV type %s with head size %d pads each head to %d values: %.2f bits per value instead of %.2f",
+                kv_type_name(t).c_str(), hd, kv_head_width(t, hd), kv_bits_per_value(t, hd),
+                kv_bits_per_value(t, kv_head_width(t, hd)));
+        warned_pad = true;
+        warned_once = true;
+      }
+    }
   }
+  if (bytes_per_token_ > 0)
+    PG_INFO("KV cache: K %s, V %s: %zu bytes per token, %.1f MiB for %lld cells (%d slots x %d tokens)",
+            kv_type_name(opt_.k_type()).c_str(), kv_type_name(opt_.v_type()).c_str(), bytes_per_token_,
+            static_cast<double>(bytes_) / (1024.0 * 1024.0), static_cast<long long>(n_cells), opt_.n_seq, opt_.n_ctx);
   table_.assign(static_cast<size_t>(opt_.n_seq) * static_cast<size_t>(max_blocks_), -1);
   n_blocks_of_.assign(static_cast<size_t>(opt_.n_seq), 0);
   len_.assign(static_cast<size_t>(opt_.n_seq), 0);

@@ -180,7 +180,7 @@ std::unique_ptr<KvCache> Model::make_cache(const KvCacheOptions& opt) {
   for (int il = 0; il < cfg_.n_layer; ++il)
     if (cfg_.layer_kind[static_cast<size_t>(il)] == LayerKind::Attention)
       shapes[static_cast<size_t>(il)] = {static_cast<int64_t>(cfg_.n_head_kv) * cfg_.head_dim,
-                                         static_cast<int64_t>(cfg_.n_head_kv) * cfg_.head_dim_v};
+                                         static_cast<int64_t>(cfg_.n_head_kv) * cfg_.head_dim_v, cfg_.n_head_kv};
   std::vector<RecurrentLayerShape> rec;
   if (cfg_.has_recurrent()) {
     rec.resize(static_cast<size_t>(cfg_.n_layer));

@@ -123,7 +123,7 @@ TEST(PagedKvCache, KAndVTypesChosenSeparately) {
   mixed2->restore_seq(0, state);
   EXPECT_EQ(mixed2->save_seq(0), state);
   KvCacheOptions bad{1, 64, DType::F32, 16};
-  bad.type_v = DType::Q8_0;
+  bad.type_v = DType::Q4_K;  // a weight type, not a KV type
   EXPECT_THROW(e.model->make_cache(bad), Error);
 }
 

@@ -13,6 +13,8 @@
 
 #include "core/error.h"
 #include "core/fp16.h"
+#include "core/kv_quant.h"
+#include "backend/cpu/kv_attn.h"
 #include "core/quant.h"
 #include "core/quant_dot.h"
 
@@ -400,14 +402,30 @@ void CpuBackend::rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, i
   }
 }
 
+bool CpuBackend::supports_kv_type(DType t) const { return is_kv_type(t); }
+
+namespace {
+bool plain_kv(DType t) { return t == DType::F32 || t == DType::F16; }
+constexpr int kKvMaxGroup = 64;  // query heads per KV head the typed attention path keeps 1/sum for
+}  // namespace
+
 void CpuBackend::kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const AttentionBatch& batch) {
-  const int64_t w = k.cols();
   const int32_t* cells = batch.cells.as<int32_t>();
-  for (int r = 0; r < batch.n_tokens; ++r) {
-    const int64_t c = cells[r];
-    for (int which = 0; which < 2; ++which) {
-      const Tensor& src = which ? v : k;
-      Tensor& dst = which ? kv.v : kv.k;
+  for (int which = 0; which < 2; ++which) {
+    const Tensor& src = which ? v : k;  // (n_tokens, n_head_kv*head_dim) f32
+    Tensor& dst = which ? kv.v : kv.k;  // (n_cells, row of dst.type)
+    const int64_t w = src.cols();
+    if (!plain_kv(dst.type)) {
+      // Quantized rows: each head in whole blocks (core/kv_quant.h's layout), through the row codec.
+      const int nh = kv.n_head_kv > 0 ? kv.n_head_kv : 1;
+      const int hd = static_cast<int>(w / nh);
+      const size_t rb = dst.row_bytes();
+      for (int r = 0; r < batch.n_tokens; ++r)
+        kv_quantize_row(dst.type, src.as<float>() + r * w, nh, hd, dst.as<uint8_t>() + static_cast<size_t>(cells[r]) * rb);
+      continue;
+    }
+    for (int r = 0; r < batch.n_tokens; ++r) {
+      const int64_t c = cells[r];
       const float* s = src.as<float>() + r * w;
       if (dst.type == DType::F16) {
         uint16_t* d = dst.as<uint16_t>() + c * w;
@@ -587,6 +605,15 @@ void CpuBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBa
 #if PG_ATTN_AVX2
   const bool vec = kv.k.type == DType::F16 && kv.v.type == DType::F16 && hd % 8 == 0;
 #endif
+  // Any other type than F32/F16 (or a mix with one): the per-type kernels of kv_attn read the cache's own
+  // bytes (byte offsets per head), with the query prepared per K type (padded, rotated for TQ3_0).
+  const bool typed = !plain_kv(kv.k.type) || !plain_kv(kv.v.type);
+  const int hd_v = kv.head_dim_v > 0 ? kv.head_dim_v : hd;
+  const int wk = kv_head_width(kv.k.type, hd), wv = kv_head_width(kv.v.type, hd_v);
+  const size_t k_rb = kv.k.row_bytes(), v_rb = kv.v.row_bytes();
+  const size_t k_hb = kv_head_bytes(kv.k.type, hd), v_hb = kv_head_bytes(kv.v.type, hd_v);
+  PG_CHECK(!typed || group <= kKvMaxGroup, "attention: more than " + std::to_string(kKvMaxGroup) + " query heads per KV head with a " +
+                                               kv_type_name(kv.k.type) + "/" + kv_type_name(kv.v.type) + " KV cache");
   // Items are (row, KV head), longest rows first so that handing them out one by one ends balanced.
   const int64_t n_items = static_cast<int64_t>(n) * p.n_head_kv;
   double work = 0;
@@ -600,14 +627,18 @@ void CpuBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBa
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return pos[x] > pos[y]; });
   const size_t max_len = static_cast<size_t>(std::max(batch.max_kv_len, 1));
-  // Per thread: scores (group, max_len) floats, V accumulator (hd) floats, key offsets (max_len) size_t.
-  const size_t slot_bytes =
-      (max_len * static_cast<size_t>(group) + static_cast<size_t>(hd)) * sizeof(float) + max_len * sizeof(size_t);
+  // Per thread: key offsets (max_len) size_t, [typed caches: value offsets (max_len) size_t], scores
+  // (group, max_len) floats, V accumulator (hd) floats [typed: prepared queries (group, wk) and
+  // accumulators (group, wv)].
+  const size_t acc_floats = typed ? static_cast<size_t>(group) * static_cast<size_t>(wk + wv) : static_cast<size_t>(hd);
+  const size_t slot_bytes = (max_len * static_cast<size_t>(group) + acc_floats) * sizeof(float) +
+                            max_len * sizeof(size_t) * (typed ? 2 : 1);
   for_chunks(*runner_, serial ? 1 : n_items, [&](int64_t c, int tid) {
     const int64_t i0 = serial ? 0 : c, i1 = serial ? n_items : c + 1;
     uint8_t* buf = scratch(slot_bytes, tid).data();
     auto* offs = reinterpret_cast<size_t*>(buf);
-    float* scores = reinterpret_cast<float*>(buf + max_len * sizeof(size_t));
+    size_t* voffs = offs + max_len;  // typed caches only
+    float* scores = reinterpret_cast<float*>(buf + max_len * sizeof(size_t) * (typed ? 2 : 1));
     float* acc = scores + max_len * static_cast<size_t>(group);
     for (int64_t i = i0; i < i1; ++i) {
       const int r = order[static_cast<size_t>(i / p.n_head_kv)], hk = static_cast<int>(i % p.n_head_kv);
@@ -618,6 +649,33 @@ void CpuBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBa
       auto cell_of = [&](int j) {
         return static_cast<int64_t>(table[j / batch.block_size]) * batch.block_size + j % batch.block_size;
       };
+      if (typed) {
+        // Cells of the visible keys (block walk, then the tree's mask bits), as byte offsets of this head.
+        int len = 0;
+        auto add = [&](int64_t cell) {
+          offs[len] = static_cast<size_t>(cell) * k_rb + static_cast<size_t>(hk) * k_hb;
+          voffs[len++] = static_cast<size_t>(cell) * v_rb + static_cast<size_t>(hk) * v_hb;
+        };
+        for (int j = begin; j < end; ++j) add(cell_of(j));
+        if (tmask) {
+          const uint32_t* m = tmask + static_cast<int64_t>(r) * kTreeMaskWords;
+          for (int j = 0; j < kMaxTreeRows; ++j)
+            if (m[j / 32] >> (j % 32) & 1u) add(cell_of(end + j));
+        }
+        const float* qr = q.as<float>() + static_cast<int64_t>(r) * q.cols() + static_cast<int64_t>(hk) * group * hd;
+        float* qp = acc;                                                  // (group, wk)
+        float* va = acc + static_cast<size_t>(group) * static_cast<size_t>(wk);  // (group, wv)
+        for (int g = 0; g < group; ++g) kv_prepare_query(kv.k.type, hd, qr + static_cast<int64_t>(g) * hd, qp + static_cast<size_t>(g) * wk);
+        kv_scores(kv.k.type, hd, qp, group, kv.k.as<uint8_t>(), offs, len, scores);
+        float inv[kKvMaxGroup];
+        for (int g = 0; g < group; ++g) inv[g] = attn_softmax(a, scores + static_cast<size_t>(g) * static_cast<size_t>(len), len);
+        std::fill(va, va + static_cast<size_t>(group) * static_cast<size_t>(wv), 0.0f);
+        kv_accumulate(kv.v.type, hd_v, scores, group, kv.v.as<uint8_t>(), voffs, len, va);
+        float* o = out.as<float>() + static_cast<int64_t>(r) * out.cols() + static_cast<int64_t>(hk) * group * hd_v;
+        for (int g = 0; g < group; ++g)
+          kv_finish_output(kv.v.type, hd_v, va + static_cast<size_t>(g) * wv, inv[g], o + static_cast<int64_t>(g) * hd_v);
+        continue;
+      }
       for (int j = begin; j < end;) {  // walk the blocks of the paged cache
         const int blk = j / batch.block_size, j1 = std::min(end, (blk + 1) * batch.block_size);
         const int64_t cell0 = static_cast<int64_t>(table[blk]) * batch.block_size - static_cast<int64_t>(blk) * batch.block_size;

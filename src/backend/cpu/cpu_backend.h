@@ -28,6 +28,7 @@ class CpuBackend final : public Backend {
 
   std::string name() const override { return "cpu"; }
   bool is_host() const override { return true; }
+  bool supports_kv_type(DType t) const override;  // every KV type of core/kv_quant.h
   int n_threads() const { return pool_.size(); }
   ThreadPool& pool() { return pool_; }
 
