@@ -159,11 +159,14 @@ int main(int argc, char** argv) {
           w.push_back(c);
         }
         const bool ffn = s.M == 12288 && s.K == 4096;
-        std::vector<int> ns = {1};
-        if (ffn) ns = {1, 2, 4, 8, 512};
+        // Decode rows (1), several sequences or a speculative verification batch (2..64: MMQ), prefill (512).
+        std::vector<int> ns = {1, 8, 22, 64};
+        if (ffn) ns = {1, 2, 4, 8, 16, 22, 32, 64, 512};
         const int nmax = *std::max_element(ns.begin(), ns.end());
         float *x = nullptr, *y = nullptr;
         void* scratch = nullptr;
+        void* part = nullptr;  // MMQ split-K partials: (splits ≤ 8, n, M)
+        CK(cudaMalloc(&part, static_cast<size_t>(8) * 64 * s.M * 4));
         CK(cudaMalloc(&x, static_cast<size_t>(nmax * s.K) * 4));
         CK(cudaMalloc(&y, static_cast<size_t>(nmax * s.M) * 4));
         CK(cudaMalloc(&scratch, std::max<size_t>(pg::cuda::gemm_scratch_bytes(nmax, s.K), static_cast<size_t>(nmax) * s.K * 2 + 1024)));
@@ -175,8 +178,7 @@ int main(int argc, char** argv) {
           CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
         }
         for (int n : ns) {
-          const bool gemm = n > 8;
-          if (gemm && !pg::cuda::gemm_supported(t)) continue;
+          const bool gemm = n > 8 && (ffn || n > 64) && pg::cuda::gemm_supported(t);
           pg::cuda::MatmulArgs a;
           a.type = t;
           a.row_bytes = pg::row_bytes(t, s.K);
@@ -189,23 +191,27 @@ int main(int argc, char** argv) {
           a.n = n;
           a.w = w[0];
           // Decode sizes: the default-mode kernel (8-bit activations, gemv_q8.cu) where it applies, then the
-          // FP32 GEMV (exact mode); prefill sizes: the tensor-core GEMM.
+          // FP32 GEMV (exact mode); 2..64 rows: MMQ (integer tensor cores); prefill sizes and, on the FFN
+          // shape, 16..64 rows for comparison: the FP16 tensor-core GEMM.
           std::vector<std::string> kernels;
-          if (gemm) {
-            kernels = {"mma"};
-          } else {
+          if (n <= 8) {
             if (pg::cuda::gemv_fast(a, scratch, stream)) {
               kernels.push_back("fast");
               // Lanes-per-row candidates of the 8-bit-activation kernel (CudaOptions::gemv_lanes).
-              if (pg::cuda::gemv_fast_q8(a)) kernels.insert(kernels.end(), {"fast/16", "fast/8"});
+              if (pg::cuda::gemv_fast_q8(a) && n == 1) kernels.insert(kernels.end(), {"fast/16", "fast/8"});
             }
             kernels.push_back("fp32");
           }
+          if (n >= 2 && n <= pg::cuda::kMmqMaxRows && pg::cuda::mmq_supported(a)) kernels.push_back("mmq");
+          if (gemm) kernels.push_back("mma");
+          if (kernels.empty()) continue;
           for (const std::string& kernel : kernels) {
             const double ms = time_ms(reps, [&](int i) {
               a.w = w[static_cast<size_t>(i) % w.size()];
               if (kernel == "mma")
                 pg::cuda::gemm(a, nullptr, nullptr, scratch, stream);
+              else if (kernel == "mmq")
+                pg::cuda::mmq(a, scratch, part, prop.multiProcessorCount, stream);
               else if (kernel.rfind("fast", 0) == 0) {
                 a.lanes = kernel == "fast/16" ? 16 : kernel == "fast/8" ? 8 : 32;
                 pg::cuda::gemv_fast(a, scratch, stream);
@@ -227,6 +233,7 @@ int main(int argc, char** argv) {
         CK(cudaFree(x));
         CK(cudaFree(y));
         CK(cudaFree(scratch));
+        CK(cudaFree(part));
       }
     }
   } catch (const pg::Error& e) {

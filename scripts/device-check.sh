@@ -7,8 +7,9 @@
 #   2. the CUDA tests (ctest -L cuda): every op vs the CPU, whole tiny models            → $OUT/tests.log
 #   3. pg_cuda_bench: matmul kernels on 8B shapes, GB/s vs device copy bandwidth          → $OUT/kernels.log
 #   4. per model of $MODELS (preset:type): peregrine gguf synth, then peregrine bench --device cuda at
-#      pp512/tg128, pp4096, tg128 at depth 4096, tg128 without CUDA graphs, and an nsys kernel
-#      breakdown of 32 decode steps when nsys is installed                     → $OUT/model-*.log, nsys-*.csv
+#      pp512/tg128, pp4096, tg128 at depth 4096, one forward of each row count of $ROWS (verification-
+#      shaped steps), optionally tg128 without CUDA graphs and with other GEMV lane counts, and an nsys
+#      kernel breakdown of 32 decode steps when nsys is installed              → $OUT/model-*.log, nsys-*.csv
 #   and a short summary (one line per step, plus the tables) last on stdout and in $OUT/summary.txt.
 #
 # One-time preparation on the development machine, in the repository root (the device machine has
@@ -24,7 +25,9 @@
 # tool:  run(command="scripts/device-check.sh", carry=[".deps"], timeout_s=600)
 #
 # Environment: OUT (set by the device tool), BUDGET_S (seconds this script may use, default 570; steps
-# that would not fit are skipped and say so), JOBS (default 16), ARCHS (default 90).
+# that would not fit are skipped and say so), JOBS (default 16), ARCHS (default 90), MODELS, ROWS, LANES, MMQ_MIN_ROWS,
+# GRAPHS_OFF, TESTS, KERNELS, KERNEL_TYPES (see their defaults below). A packed .deps/debs.tar.xz (smaller
+# to carry) is unpacked into .deps/debs first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -36,8 +39,15 @@ ARCHS=${ARCHS:-90}
 MODELS=${MODELS:-qwen3-8b:Q4_K_M qwen35-27b:Q4_K_M}
 KERNEL_TYPES=${KERNEL_TYPES:-q4_k,q6_k,q8_0,q5_k,q4_0,iq4_xs,f16,bf16}
 BANDWIDTH=${BANDWIDTH:-4300}
+ROWS=${ROWS:-1,2,4,8,16,22,32,64}  # row counts of the verification-shaped forwards (bench -p list)
+LANES=${LANES:-}                   # GEMV lanes-per-row candidates to time besides the default (e.g. "16 8")
+MMQ_MIN_ROWS=${MMQ_MIN_ROWS:-}     # other CudaOptions::mmq_min_rows values to time the row forwards with (e.g. "2 0")
+GRAPHS_OFF=${GRAPHS_OFF:-0}        # 1: also tg128 with CUDA graphs off
+TESTS=${TESTS:-1}                  # 0: skip the CUDA tests
+KERNELS=${KERNELS:-1}              # 0: skip pg_cuda_bench
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
+if [ ! -d "$DEPS/usr" ] && [ -f "$ROOT/.deps/debs.tar.xz" ]; then tar xJf "$ROOT/.deps/debs.tar.xz" -C "$ROOT/.deps"; fi
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 export PATH=/usr/local/cuda/bin:$PATH
@@ -115,7 +125,7 @@ fi
 grep -E "error|FAILED" "$OUT/build.log" | head -20 >>"$SUMMARY"
 
 # ---- 2. tests -----------------------------------------------------------------------------------------
-if ((BUILD_OK)); then
+if ((BUILD_OK && TESTS)); then
   run_step "CUDA tests (ctest -L cuda)" "$OUT/tests.log" 300 \
     ctest --test-dir "$BUILD" -L cuda -V -j 4 --timeout 240
   # The model tests print one line per model (max/RMS logit differences) and per greedy run.
@@ -124,7 +134,7 @@ if ((BUILD_OK)); then
 fi
 
 # ---- 3. kernel micro-benchmark ---------------------------------------------------------------------------
-if ((BUILD_OK)); then
+if ((BUILD_OK && KERNELS)); then
   run_step "pg_cuda_bench" "$OUT/kernels.log" 180 "$BUILD/src/backend/cuda/pg_cuda_bench" --reps 20 --types "$KERNEL_TYPES"
   grep -E "^\||device:" "$OUT/kernels.log" >>"$SUMMARY"
 fi
@@ -146,8 +156,13 @@ if ((CLI_OK)); then
     LOG=$OUT/model-$preset-$type.log
     if run_step "gguf synth $preset $type" "$LOG" 240 "$PG" gguf synth --preset "$preset" --type "$type" -o "$MODEL"; then
       bench_one "$LOG" "$preset $type pp512, pp4096, tg128 at depths 0 and 4096" -m "$MODEL" -p 512,4096 -n 128 -d 0,4096 -r 2
-      PEREGRINE_CUDA_GRAPHS=0 bench_one "$LOG" "$preset $type tg128, graphs off" -m "$MODEL" -p 0 -n 128 -r 2
-      for lanes in 16 8; do
+      # Verification-shaped steps: one forward of R rows (speculative trees, concurrent decoding).
+      bench_one "$LOG" "$preset $type rows ${ROWS}" -m "$MODEL" -p "$ROWS" -n 0 -r 3
+      for v in $MMQ_MIN_ROWS; do  # the row count from which MMQ replaces the GEMV (CudaOptions::mmq_min_rows)
+        PEREGRINE_MMQ_MIN_ROWS=$v bench_one "$LOG" "$preset $type rows ${ROWS}, MMQ from $v rows" -m "$MODEL" -p "$ROWS" -n 0 -r 3
+      done
+      ((GRAPHS_OFF)) && PEREGRINE_CUDA_GRAPHS=0 bench_one "$LOG" "$preset $type tg128, graphs off" -m "$MODEL" -p 0 -n 128 -r 2
+      for lanes in $LANES; do
         PEREGRINE_GEMV_LANES=$lanes bench_one "$LOG" "$preset $type tg128, GEMV lanes $lanes" -m "$MODEL" -p 0 -n 128 -r 2
       done
       if command -v nsys >/dev/null 2>&1 && (($(left) > 120)); then

@@ -43,11 +43,11 @@ int cmd_serve(int argc, char** argv) {
   ModelFlags mf;
   SamplingFlags sf;
   SpecFlags spf;
-  std::string host = "127.0.0.1", api_key, model_name, template_file, cors;
+  std::string host = "127.0.0.1", api_key, model_name, template_file, cors, allowed_hosts;
   int port = 8080, parallel = 4, default_max_tokens = 0, http_threads = 0, max_queue = 1024;
   double timeout = 600;
   int64_t max_body = 32 << 20;
-  bool clamp = false, verbose = false;
+  bool clamp = false, verbose = false, props_full = false;
   Args a("serve",
          "Serve the model over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models) and "
          "Anthropic (/v1/messages) APIs, plus /health, /props, /metrics, /tokenize, /detokenize.");
@@ -65,13 +65,22 @@ int cmd_serve(int argc, char** argv) {
   a.opt("--max-body", &max_body, "largest request body accepted, in bytes");
   a.opt("-n,--default-max-tokens", &default_max_tokens, "tokens to generate when a request sets no limit (0 = up to the context end)");
   a.flag("--clamp-max-tokens", &clamp, "shorten a max_tokens that does not fit the context instead of answering 400");
-  a.opt("--threads-http", &http_threads, "HTTP worker threads (0 = automatic)");
+  a.opt("--threads-http", &http_threads,
+        "most requests running at once, queued ones included; idle connections hold none (0 = slots + --max-queue + 64)");
   a.opt("--max-queue", &max_queue, "requests allowed to wait for a slot before new ones get 503");
+  a.opt("--allowed-hosts", &allowed_hosts,
+        "comma-separated Host header names accepted besides localhost, 127.0.0.1, [::1] and --host ('*' = any); "
+        "other Hosts get 403 (DNS-rebinding protection)",
+        "LIST");
+  a.flag("--props-full", &props_full, "show the model's absolute path in /props (default: its file name)");
   sf.add_to(a);
   spf.add_to(a);
-  a.flag("-v,--verbose", &verbose, "log every request");
+  a.flag("-v,--verbose", &verbose, "log one line per request (route, status, tokens, TTFT, tok/s, the reason of a refusal)");
   a.footer(
       "Unlike llama-server's, -c is the context of each slot: the KV cache holds np × c tokens.\n"
+      "In serve, -t defaults to cores - 1 (a core is left for HTTP and local clients), and -c 0 is the model's\n"
+      "whole training context (no -c: the training context, at most 4096); a -c beyond it gets a warning.\n"
+      "-n 0 lets a request without a limit run to the end of its slot: agent clients such as Codex send none.\n"
       "Example: peregrine serve -m model.gguf -c 8192 -np 4 --port 8080");
   if (!a.parse(argc, argv)) return 0;
   spf.validate();
@@ -88,7 +97,7 @@ int cmd_serve(int argc, char** argv) {
   // The HTTP threads and local clients need a core: a compute pool spread over every core stalls
   // whenever one of its workers is descheduled (measured: 2.4 vs 0.46 ms/token on 2 cores).
   if (!a.given("threads") && mf.threads == 0) mf.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
-  if (verbose) set_log_level(LogLevel::Debug);
+  const bool ctx_given = a.given("ctx-size");
 
   // Block the stop signals in every thread (the ones started below inherit the mask); one thread
   // waits for them and shuts the server down in order.
@@ -111,6 +120,12 @@ int cmd_serve(int argc, char** argv) {
   auto lm = load_model(mf);
   auto draft = load_spec(spf, mf, lm, mf.model, bundled);
   const ModelConfig& cfg = lm.model->config();
+  // -c 0: the model's training context. A larger -c than the model was trained for runs, but its
+  // output past the training length is usually poor: say so at startup.
+  if (ctx_given && mf.ctx == 0 && cfg.n_ctx_train > 0) lm.n_ctx = cfg.n_ctx_train;
+  if (cfg.n_ctx_train > 0 && lm.n_ctx > cfg.n_ctx_train)
+    PG_WARN("-c %d is beyond the model's training context (%d tokens): expect degraded output past %d tokens", lm.n_ctx,
+            cfg.n_ctx_train, cfg.n_ctx_train);
   std::string tool_use_src;
   if (template_src.empty()) {
     if (auto t = chat::gguf_chat_template(lm.model->file())) {
@@ -148,6 +163,16 @@ int cmd_serve(int argc, char** argv) {
   o.default_max_tokens = default_max_tokens;
   o.clamp_max_tokens = clamp;
   o.http_threads = http_threads;
+  o.props_full = props_full;
+  o.log_requests = verbose;
+  for (size_t p = 0; p < allowed_hosts.size();) {
+    size_t e = allowed_hosts.find(',', p);
+    if (e == std::string::npos) e = allowed_hosts.size();
+    std::string h = allowed_hosts.substr(p, e - p);
+    std::erase(h, ' ');
+    if (!h.empty()) o.allowed_hosts.push_back(h);
+    p = e + 1;
+  }
   o.sampling = sp;
   o.seed = sf.seed;
   o.build_info = PEREGRINE_VERSION;

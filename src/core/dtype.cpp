@@ -41,11 +41,15 @@ constexpr std::array kTraits = {
     DTypeTraits{DType::TQ1_0, "TQ1_0", 256, 54, false},
     DTypeTraits{DType::TQ2_0, "TQ2_0", 256, 66, false},
     DTypeTraits{DType::MXFP4, "MXFP4", 32, 17, false},
+    // 32 values in 14 bytes (fp16 norm + 2-bit low index + 1-bit high index); 4 blocks form a 128-value group.
+    // "supported" is the weight path's flag: as a KV type it is handled by core/kv_quant.
+    DTypeTraits{DType::TQ3_0, "TQ3_0", 32, 14, false},
 };
 
 }  // namespace
 
 std::optional<DTypeTraits> dtype_traits(uint32_t id) {
+  if (id >= kFirstInternalDTypeId) return std::nullopt;
   for (const auto& t : kTraits)
     if (static_cast<uint32_t>(t.type) == id) return t;
   return std::nullopt;

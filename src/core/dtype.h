@@ -1,4 +1,5 @@
-// Weight and activation element types. Numeric ids are GGML's, so a GGUF tensor's type field maps 1:1.
+// Weight, activation and KV-cache element types. Numeric ids below kFirstInternalDTypeId are GGML's, so a
+// GGUF tensor's type field maps 1:1; ids from kFirstInternalDTypeId up are Peregrine's own formats.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -40,7 +41,14 @@ enum class DType : uint32_t {
   TQ1_0 = 34,
   TQ2_0 = 35,
   MXFP4 = 39,
+  // KV-cache only (core/kv_quant.h): 3.5-bit rotated Lloyd-Max groups. Not GGML's id: the reference fork's
+  // GGML_TYPE_TQ3_0 is 42 and its bytes differ from ours (other sign tables), and KV formats never appear
+  // in GGUF weight files, so dtype_traits(id) does not accept it from a file.
+  TQ3_0 = 1024,
 };
+
+// First id that is not GGML's. GGUF readers never map a file's type field to an id at or above it.
+constexpr uint32_t kFirstInternalDTypeId = 1024;
 
 struct DTypeTraits {
   DType type;
@@ -50,7 +58,8 @@ struct DTypeTraits {
   bool supported;       // this engine can compute with it
 };
 
-// Returns nullopt for ids GGML never defined (or that were removed).
+// Returns nullopt for ids GGML never defined (or that were removed), and for Peregrine's internal ids
+// (>= kFirstInternalDTypeId): this is the GGUF tensor-type lookup.
 std::optional<DTypeTraits> dtype_traits(uint32_t id);
 const DTypeTraits& traits(DType t);
 std::string_view dtype_name(DType t);

@@ -153,6 +153,7 @@ HttpOut handle_messages(Context& ctx, const HttpIn& in) {
     md["delta"] = json{{"stop_reason", stop_reason(f, any_tool)},
                        {"stop_sequence", f.finish == engine::FinishReason::kStop ? json(f.stop_word) : json(nullptr)}};
     md["usage"] = usage_json(f.stats.n_prompt, f.stats.n_generated);
+    md["timings"] = timings_json(f.stats);  // as the OpenAI streams carry on their last chunk
     if (!send("message_delta", md)) return;
     send("message_stop", json{{"type", "message_stop"}});
   };

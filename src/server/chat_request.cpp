@@ -20,6 +20,17 @@ std::string idx(const std::string& path, size_t i) { return path + "[" + std::to
 }
 
 void collect_ignored(const json& body, const std::set<std::string>& known, std::vector<std::string>& out) {
+  // Fields that constrain the output: ignoring one would answer 200 with output that breaks the
+  // client's expectation, so they are refused until constrained decoding exists.
+  for (const char* k : {"grammar", "json_schema", "grammar_lazy", "grammar_triggers", "output_format"})
+    if (auto it = body.find(k); it != body.end() && !it->is_null())
+      unsupported(std::string("'") + k + "' is not supported yet (no constrained decoding): the output would not follow it", k);
+  if (auto rf = body.find("response_format"); rf != body.end() && rf->is_object())
+    for (const char* k : {"schema", "json_schema", "grammar"})
+      if (rf->contains(k))
+        unsupported("'response_format' with a schema is not supported yet (no constrained decoding)", "response_format");
+  if (auto oc = body.find("output_config"); oc != body.end() && oc->is_object() && oc->contains("format") && !(*oc)["format"].is_null())
+    unsupported("'output_config.format' is not supported yet (no constrained decoding)", "output_config.format");
   for (auto it = body.begin(); it != body.end(); ++it)
     if (!known.count(it.key())) out.push_back(it.key());
 }
@@ -577,7 +588,7 @@ ChatRequest parse_anthropic(const json& b, bool count_only) {
       "model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p", "top_k", "tools",
       "tool_choice", "thinking", "mcp_servers", "chat_template_kwargs", "output_config",
       // Accepted and without effect here.
-      "metadata", "service_tier", "container", "context_management", "betas", "output_format"};
+      "metadata", "service_tier", "container", "context_management", "betas"};
   ChatRequest r;
   collect_ignored(b, known, r.ignored);
   r.model = opt_string(b, "model").value_or("");

@@ -2,22 +2,21 @@
 // model is still working (a non-streaming request writes nothing until the end, and a stream may be
 // silent through a long prefill).
 //
-// cpp-httplib 0.11 gives handlers no access to their socket, so the watch finds it once by its
-// address pair (the handler's thread owns the connection until it returns), then polls it for a
-// peer shutdown: POLLRDHUP / POLLHUP, or a readable socket whose peek reads end-of-file. A client
-// that pipelines another request keeps the socket readable with data, which is not mistaken for EOF.
+// The HTTP layer (http.h) hands each request its connection's socket; while the request runs
+// nothing else reads it, so the watch polls it for a peer shutdown: POLLRDHUP / POLLHUP, or a
+// readable socket whose peek reads end-of-file. A client that pipelines another request keeps the
+// socket readable with data, which is not mistaken for EOF.
 #pragma once
 #include <chrono>
-#include <string>
 
 namespace pg::server {
 
 class ConnWatch {
  public:
   ConnWatch() = default;  // watches nothing (gone() only reflects mark_gone())
-  ConnWatch(const std::string& remote_addr, int remote_port, int local_port);
+  explicit ConnWatch(int fd) : fd_(fd) {}
 
-  // True once the peer closed its side (checked at most every `min_interval`).
+  // True once the peer closed its side (checked at most every 20 ms).
   bool gone();
   void mark_gone() { gone_ = true; }
   bool found() const { return fd_ >= 0; }

@@ -32,10 +32,21 @@ struct Context {
 
 struct HttpIn {
   std::string_view body;
-  std::string remote_addr;
-  int remote_port = -1, local_port = -1;
-  ConnWatch watch() const { return ConnWatch(remote_addr, remote_port, local_port); }
+  int fd = -1;  // the client's connection (see ConnWatch); -1: none to watch
+  ConnWatch watch() const { return ConnWatch(fd); }
 };
+
+// What the request log line (`serve -v`) reports about a request that reached the engine. The
+// server points current_request_log() at one while a request's handler and its stream run (both
+// on the same worker thread); EngineRun fills it in.
+struct RequestLog {
+  int n_prompt = -1;  // -1: the request never reached the engine
+  int n_generated = 0;
+  double ttft_ms = 0, predicted_per_second = 0;
+  std::string finish;   // eog, stop, length, ... once finished
+  bool cancelled = false;  // the client left before the end
+};
+RequestLog*& current_request_log();
 
 // Writes one piece of a streamed body; false when the client is gone.
 using Write = std::function<bool(std::string_view)>;
@@ -70,6 +81,11 @@ class EngineRun {
   int n_prompt() const { return n_prompt_; }
 
  private:
+  void cancelled() {
+    gone_ = true;
+    h_->cancel();
+    if (RequestLog* l = current_request_log()) l->cancelled = true;
+  }
   std::shared_ptr<engine::RequestHandle> h_;
   engine::Event final_;
   int n_prompt_ = 0;

@@ -61,8 +61,14 @@ engine::RequestSpec make_spec(const Context& ctx, const GenParams& g, std::vecto
   return make_spec(ctx.opt, ctx.n_ctx(), g, std::move(prompt));
 }
 
+RequestLog*& current_request_log() {
+  thread_local RequestLog* log = nullptr;
+  return log;
+}
+
 EngineRun::EngineRun(Context& ctx, engine::RequestSpec spec) {
   n_prompt_ = static_cast<int>(spec.prompt.size());
+  if (RequestLog* l = current_request_log()) l->n_prompt = n_prompt_;
   try {
     h_ = ctx.sched.submit(std::move(spec));
   } catch (const engine::RejectError& e) {
@@ -86,14 +92,20 @@ bool EngineRun::next(engine::Event& e, ConnWatch& w, const std::function<bool()>
   auto last_output = engine::Clock::now();
   for (;;) {
     if (w.gone()) {
-      gone_ = true;
-      h_->cancel();
+      cancelled();
       return false;
     }
     if (h_->next(e, 25ms)) {
+      if (RequestLog* l = current_request_log()) l->n_generated += static_cast<int>(e.tokens.size());
       if (e.done) {
         done_ = true;
         final_ = e;
+        if (RequestLog* l = current_request_log()) {
+          l->n_generated = e.stats.n_generated;
+          l->ttft_ms = e.stats.ttft_ms;
+          l->predicted_per_second = e.stats.decode_ms > 0 ? std::max(0, e.stats.n_generated - 1) * 1000.0 / e.stats.decode_ms : 0.0;
+          l->finish = engine::finish_reason_name(e.finish);
+        }
       }
       return true;
     }
@@ -101,8 +113,7 @@ bool EngineRun::next(engine::Event& e, ConnWatch& w, const std::function<bool()>
       last_output = engine::Clock::now();
       if (!idle()) {
         w.mark_gone();
-        gone_ = true;
-        h_->cancel();
+        cancelled();
         return false;
       }
     }

@@ -1,10 +1,11 @@
 // `peregrine serve`'s HTTP side: OpenAI (chat completions, completions, responses, models),
 // Anthropic (messages, count_tokens) and utility routes (health, props, metrics, tokenize,
-// detokenize, apply-template) over cpp-httplib, talking to one engine Scheduler.
+// detokenize, apply-template) over the epoll HTTP layer in http.h, talking to one engine Scheduler.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -25,7 +26,12 @@ struct ServerOptions {
   double timeout_s = 600;           // per-request time limit (0: none)
   int default_max_tokens = 0;       // when a request sets none; 0: up to the end of the slot's context
   bool clamp_max_tokens = false;    // shrink max_tokens to fit the context instead of answering 400
-  int http_threads = 0;             // 0: enough for every slot plus queued and utility requests
+  int http_threads = 0;             // most requests run at once; 0: every slot + the queue + 64
+  // Host header names accepted besides the loopback names and the bound address ("*": any). With
+  // an empty list and a non-loopback --host, any Host is accepted (the server cannot know its names).
+  std::vector<std::string> allowed_hosts;
+  bool props_full = false;          // /props shows the model's absolute path (default: its file name)
+  bool log_requests = false;        // one log line per request (serve -v)
   SamplingParams sampling;          // defaults for requests
   int64_t seed = -1;                // default seed (-1: random per request)
   std::string build_info;           // version string for /props

@@ -1,11 +1,20 @@
 // Invariant 2: CUDA logits match CPU logits, whole model, on every tiny golden model the CPU runs.
 //
-// Reference: CpuBackend in exact-F32 mode. For each model: the 24-token prompt in one batched forward,
+// Reference: CpuBackend in exact-F32 mode (and, for CUDA's default mode, the CPU's default mode). For each model: the 24-token prompt in one batched forward,
 // then 15 teacher-forced decode steps (the CPU's own greedy tokens fed back one at a time).
 //  - CUDA exact mode (FP32 GEMV for every matmul) with an F32 KV cache: max |Δlogit| ≤ 1e-3 (the
 //    golden README's bound for F32 engines; logits have std ≈ 2).
-//  - CUDA default mode (FP16 tensor-core GEMM for the 24-row prompt) with an F16 KV cache against the
-//    CPU with an F16 KV cache: max |Δ| ≤ 0.1, RMS ≤ 0.02.
+//  - CUDA default mode with an F16 KV cache against the CPU's default mode with an F16 KV cache: both
+//    round the activations of quantized weights to 8 bits the same way (q8_0 / q8_K, as llama.cpp's CPU
+//    backend; the 24-row prompt too: MMQ / the GEMV), so what is left is float summation order. That is
+//    not always ~0 at the logits: 8-bit rounding is discontinuous, and a value within ~1e-5 of a rounding
+//    boundary rounds differently on the two sides (a handful per forward), moving that activation by a
+//    whole quantum (1/127 of its block's max). Measured on the H200 (device run 12, 24 quantized files):
+//    4 within 1.1e-3 (down to 3e-6), 5 at 0.03–0.1, the rest 0.10–0.14 max with RMS ≤ 0.027 — the CPU's
+//    own default-vs-exact difference is 0.27 — and Q4_1/Q5_1 0.17–0.19 / RMS 0.04, whose CPU q8_1
+//    activations carry FP16 block sums that the CUDA side (FP32 GEMV on q·d) keeps exact. Bounds: max |Δ| ≤ 0.25, RMS ≤ 0.03 (0.05
+//    for Q4_1/Q5_1); F16 files (no 8-bit rounding) stay ≤ 0.05. MatmulDefaultModeMatchesCpuDefault
+//    checks the rounding itself at the op level (≤ 2e-5).
 // And greedy 64-token continuations of the base F16 models, CUDA default mode vs CPU: identical, except
 // after a step where the CPU's top-2 margin is below 0.1 (a near-tie), which is printed, not failed.
 #include <gtest/gtest.h>
@@ -81,7 +90,10 @@ TEST_P(CudaModel, LogitsMatchCpu) {
   const std::string path = test::shared_path("golden/models/" + stem + ".gguf").string();
   auto cpu = test::make_cpu_exact();
   const Logits ref32 = run(*cpu, path, DType::F32, 15, {});
-  const Logits ref16 = run(*cpu, path, DType::F16, 15, ref32.tokens);
+  CpuOptions co;
+  co.n_threads = 2;
+  CpuBackend cpu_default(co);
+  const Logits ref16 = run(cpu_default, path, DType::F16, 15, ref32.tokens);
   ASSERT_EQ(ref32.prompt.size(), kPrompt.size() * static_cast<size_t>(ref32.n_vocab));
 
   auto exact = test::make_cuda(true);
@@ -90,8 +102,10 @@ TEST_P(CudaModel, LogitsMatchCpu) {
   auto fast = test::make_cuda(false);
   const Diff df = diff(run(*fast, path, DType::F16, 15, ref32.tokens), ref16);
   EXPECT_LE(de.max, 1e-3) << "exact mode, F32 KV";
-  EXPECT_LE(df.max, 0.1) << "default mode, F16 KV";
-  EXPECT_LE(df.rms, 0.02) << "default mode, F16 KV";
+  const bool f16_file = stem.find("-f16") != std::string::npos;
+  const bool q8_1 = stem.find("Q4_1") != std::string::npos || stem.find("Q5_1") != std::string::npos;
+  EXPECT_LE(df.max, f16_file ? 0.05 : 0.25) << "default mode, F16 KV";
+  EXPECT_LE(df.rms, f16_file ? 0.01 : q8_1 ? 0.05 : 0.03) << "default mode, F16 KV";
   std::printf("%-22s exact: max %.2e rms %.2e | default: max %.2e rms %.2e\n", stem.c_str(), de.max, de.rms, df.max, df.rms);
 }
 

@@ -77,9 +77,12 @@ TEST(CudaOps, MatmulEveryWeightType) {
         const auto ref = fetch(*cpu, yc);
         const std::vector<float> poison(static_cast<size_t>(n * M), std::nanf(""));
         for (bool exact : {true, false}) {
-          const bool q8 = !exact && n <= 8 && q8_activations(t);
+          // Default mode rounds the activations of every quantized type to 8 bits (as the CPU's default
+          // mode does), so against the exact CPU it carries that error at every row count.
+          const bool quantized = t != DType::F32 && t != DType::F16 && t != DType::BF16;
+          const bool q8 = !exact && quantized;
           // The 8-bit-activation GEMV in each lanes-per-row layout (CudaOptions::gemv_lanes).
-          for (int lanes : q8 ? std::vector<int>{32, 16, 8} : std::vector<int>{32}) {
+          for (int lanes : q8 && n <= 8 && q8_activations(t) ? std::vector<int>{32, 16, 8} : std::vector<int>{32}) {
             CudaOptions o;
             o.exact_f32 = exact;
             o.gemv_lanes = lanes;
@@ -87,7 +90,7 @@ TEST(CudaOps, MatmulEveryWeightType) {
             Tensor yg = make_tensor(*gpu, DType::F32, M, n, poison.data());
             gpu->matmul(wg, xg, yg);
             const ErrStats e = compare(fetch(*gpu, yg), ref);
-            const bool tc = !exact && n > 8 && t != DType::F32;
+            const bool tc = !exact && n > 8 && !quantized && t != DType::F32;
             // With few outputs (M·n < 64) the norm ratio rests on a handful of dot products: looser.
             const double q8_bound = M * n >= 64 ? 1.5e-2 : 4e-2;
             const double bound = q8 ? q8_bound : !tc ? 2e-5 : t == DType::BF16 ? 6e-3 : 2e-3;
@@ -106,6 +109,64 @@ TEST(CudaOps, MatmulEveryWeightType) {
     }
   }
   EXPECT_GT(checked, 500);
+}
+
+// Default mode against the CPU's default mode (which reproduces llama.cpp's CPU rounding): the same
+// 8-bit activations (q8_0 per 32 for the 32-value block types, q8_K per 256 for the K-quants and IQ4_XS)
+// on both sides, so the GEMV paths (n ≤ 8: the dp4a kernels, and the FP32 GEMV on the rounded
+// activations for the other types; both in groups of 8 rows up to 64) and MMQ (2..64 rows on integer
+// tensor cores: exact integer dot products per scale group) differ only by summation order (≤ 2e-5).
+// This is the test that the earlier 32-value FP32-scale quantization failed (~1 % off the CPU for the
+// K-quants), and that the FP16 GEMM would fail at 9..64 rows (~5e-4).
+TEST(CudaOps, MatmulDefaultModeMatchesCpuDefault) {
+  PG_REQUIRE_GPU();
+  CpuOptions co;
+  co.n_threads = 2;
+  auto cpu = std::make_unique<CpuBackend>(co);
+  auto gpu = test::make_cuda(false);
+  const int ns[] = {1, 2, 3, 5, 8, 9, 16, 22, 33, 64};
+  for (DType t : kWeightTypes) {
+    if (t == DType::F32 || t == DType::F16 || t == DType::BF16) continue;  // no 8-bit activations
+    const bool kquant = traits(t).block_size == 256;
+    const std::pair<int64_t, int64_t> shapes[] = {kquant ? std::pair<int64_t, int64_t>{1280, 300} : std::pair<int64_t, int64_t>{512, 300},
+                                                  kquant ? std::pair<int64_t, int64_t>{4096, 67} : std::pair<int64_t, int64_t>{96, 67}};
+    for (auto [K, M] : shapes) {
+      const auto wb = make_weights(t, K, M, 3u + static_cast<uint32_t>(K));
+      Tensor wc = make_weight(*cpu, t, K, M, 1, wb);
+      Tensor wg = make_weight(*gpu, t, K, M, 1, wb);
+      for (int n : ns) {
+        auto x = randn(static_cast<size_t>(n * K), static_cast<uint32_t>(n * 17 + K));
+        x[0] = -4.0f, x[1] = 4.0f;  // equal magnitudes of opposite sign: q8_K takes the first as its max
+        Tensor xc = make_tensor(*cpu, DType::F32, K, n, x.data()), xg = make_tensor(*gpu, DType::F32, K, n, x.data());
+        Tensor yc = cpu->alloc(DType::F32, M, n);
+        cpu->matmul(wc, xc, yc);
+        const auto ref = fetch(*cpu, yc);
+        // MMQ (integer tensor cores) from its default row count (2) and from 9 rows; off (0): the GEMV.
+        for (int mmq_min : {2, 9, 0}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + " K=" + std::to_string(K) + " M=" + std::to_string(M) + " n=" + std::to_string(n) +
+                       " mmq_min_rows=" + std::to_string(mmq_min));
+          CudaOptions o;
+          o.mmq_min_rows = mmq_min;
+          gpu->set_options(o);
+          Tensor yg = gpu->alloc(DType::F32, M, n);
+          gpu->matmul(wg, xg, yg);
+          const ErrStats e = compare(fetch(*gpu, yg), ref);
+          // Q4_1/Q5_1: the CPU's q8_1 activations carry their block sums in FP16 (the min term), which the
+          // CUDA side (the FP32 GEMV on q·d) does exactly: 2⁻¹¹ relative on that term.
+          const bool legacy = t == DType::Q8_0 || t == DType::Q4_0;  // MMQ from 9 rows only
+          const bool mmq = mmq_min > 0 && n >= (legacy ? std::max(mmq_min, 9) : mmq_min) && n <= 64 && K % 256 == 0 &&
+                           (t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || legacy);
+          const bool q8_1 = t == DType::Q4_1 || t == DType::Q5_1;
+          EXPECT_EQ(e.bad, 0u);
+          EXPECT_LE(e.rel, q8_1 ? 2e-3 : 2e-5) << "max_abs " << e.max_abs << (mmq ? " (MMQ)" : "");
+          gpu->free(yg);
+        }
+        for (Tensor* p : {&xc, &yc}) cpu->free(*p);
+        gpu->free(xg);
+      }
+      gpu->free(wg);
+    }
+  }
 }
 
 TEST(CudaOps, GetRowsEveryTypeBitExact) {
@@ -265,6 +326,97 @@ TEST(CudaOps, ArgmaxRowsMatchesCpu) {
   EXPECT_EQ(a[4], 0);
 }
 
+// topk_rows: the CPU's rule exactly (descending, ties to the lower column, NaN never chosen, fewer valid
+// values than k padded with the last one) and its log-softmax values, on vocabulary-sized rows with
+// planted ties, ±0, infinities and NaNs, and on a short row with mostly NaNs.
+TEST(CudaOps, TopkRowsMatchesCpu) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  struct Case {
+    int64_t cols, rows;
+  };
+  for (const Case c : {Case{151936, 6}, Case{100, 3}, Case{248320, 2}}) {
+    auto x = randn(static_cast<size_t>(c.cols * c.rows), static_cast<uint32_t>(c.cols));
+    // Row 0: many exact ties (values rounded to 1/4), so the k-th value is shared by many columns.
+    for (int64_t i = 0; i < c.cols; ++i) x[static_cast<size_t>(i)] = std::round(x[static_cast<size_t>(i)] * 4.0f) / 4.0f;
+    if (c.rows > 1) {  // row 1: NaNs, infinities, ±0 among the winners
+      float* r = x.data() + c.cols;
+      r[3] = std::nanf(""), r[4] = INFINITY, r[5] = 30.0f, r[6] = 30.0f, r[c.cols - 1] = 30.0f, r[7] = std::nanf("");
+      for (int64_t i = 10; i < c.cols; i += 7) r[i] = -INFINITY;
+    }
+    if (c.cols == 100) {  // row 2: only 30 non-NaN values (k = 64 pads), some of them −0 and +0
+      float* r = x.data() + 2 * c.cols;
+      for (int64_t i = 0; i < 70; ++i) r[i * 10 / 7] = std::nanf("");
+      r[99] = 0.0f, r[98] = -0.0f;
+    }
+    Tensor xc = make_tensor(*cpu, DType::F32, c.cols, c.rows, x.data()), xg = make_tensor(*gpu, DType::F32, c.cols, c.rows, x.data());
+    for (int k : {1, 2, 7, 40, 64}) {
+      SCOPED_TRACE("cols " + std::to_string(c.cols) + " k " + std::to_string(k));
+      Tensor ic = cpu->alloc(DType::I32, k, c.rows), ig = gpu->alloc(DType::I32, k, c.rows);
+      Tensor lc = cpu->alloc(DType::F32, k, c.rows), lg = gpu->alloc(DType::F32, k, c.rows);
+      cpu->topk_rows(xc, k, ic, lc);
+      gpu->topk_rows(xg, k, ig, lg);
+      std::vector<int32_t> a(static_cast<size_t>(k * c.rows)), b(a.size());
+      cpu->download(ic, a.data(), a.size() * 4);
+      gpu->download(ig, b.data(), b.size() * 4);
+      EXPECT_EQ(a, b);
+      const auto la = fetch(*cpu, lc), lb = fetch(*gpu, lg);
+      for (size_t i = 0; i < la.size(); ++i) {
+        if (std::isnan(la[i]) && std::isnan(lb[i])) continue;
+        EXPECT_NEAR(la[i], lb[i], 1e-5) << "entry " << i;
+      }
+      for (Tensor* t : {&ic, &lc}) cpu->free(*t);
+      for (Tensor* t : {&ig, &lg}) gpu->free(*t);
+    }
+    EXPECT_THROW(gpu->topk_rows(xg, 65, xg, xg), Error);  // k above 64 (and wrong types): a clear error
+    cpu->free(xc);
+    gpu->free(xg);
+  }
+}
+
+// kv_copy: sequential semantics (a copy may read a cell an earlier copy wrote, or one a later copy
+// overwrites), K and V, F16 and F32 caches, row widths of 16-, 4- and 2-byte multiples; bytes identical.
+TEST(CudaOps, KvCopyMatchesCpu) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = test::make_cuda(false);
+  const int64_t cells = 64;
+  // Chains: 2→1 then 3→2 (1 gets old 2, 2 gets old 3); 1→20 then 20→21 (21 gets old 2 via 1);
+  // 10→11 then 5→10 then 7→5 (reads before overwrites); a self copy; then a long random list.
+  std::vector<int32_t> src = {2, 3, 1, 20, 10, 5, 7, 9}, dst = {1, 2, 20, 21, 11, 10, 5, 9};
+  std::mt19937 rng(5);
+  for (int i = 0; i < 40; ++i) src.push_back(static_cast<int32_t>(rng() % cells)), dst.push_back(static_cast<int32_t>(rng() % cells));
+  for (DType t : {DType::F16, DType::F32}) {
+    for (int64_t w : {int64_t{1024}, int64_t{6}, int64_t{3}}) {
+      if (t == DType::F32 && w == 3) continue;
+      SCOPED_TRACE(std::string(dtype_name(t)) + " width " + std::to_string(w));
+      const size_t bytes = row_bytes(t, w) * static_cast<size_t>(cells);
+      std::vector<uint8_t> kb(bytes), vb(bytes);
+      for (size_t i = 0; i < bytes; ++i) kb[i] = static_cast<uint8_t>(rng()), vb[i] = static_cast<uint8_t>(rng());
+      KvLayer kc{make_tensor(*cpu, t, w, cells, kb.data()), make_tensor(*cpu, t, w, cells, vb.data())};
+      KvLayer kg{make_tensor(*gpu, t, w, cells, kb.data()), make_tensor(*gpu, t, w, cells, vb.data())};
+      const int n = static_cast<int>(src.size());
+      Tensor sc = make_tensor(*cpu, DType::I32, n, 1, src.data()), dc = make_tensor(*cpu, DType::I32, n, 1, dst.data());
+      Tensor sg = make_tensor(*gpu, DType::I32, n, 1, src.data()), dg = make_tensor(*gpu, DType::I32, n, 1, dst.data());
+      cpu->kv_copy(kc, sc, dc);
+      gpu->kv_copy(kg, sg, dg);
+      for (int which = 0; which < 2; ++which) {
+        std::vector<uint8_t> a(bytes), b(bytes);
+        cpu->download(which ? kc.v : kc.k, a.data(), bytes);
+        gpu->download(which ? kg.v : kg.k, b.data(), bytes);
+        EXPECT_TRUE(a == b) << (which ? "V" : "K") << " cache differs";
+      }
+      // The chain's expected rows, spelled out: cell 21 ends with cell 2's original K row.
+      std::vector<uint8_t> row21(row_bytes(t, w));
+      gpu->download(kg.k, row21.data(), row21.size(), 21 * row21.size());
+      EXPECT_EQ(0, std::memcmp(row21.data(), kb.data() + 2 * row21.size(), row21.size()));
+      for (Tensor* x : {&kc.k, &kc.v, &sc, &dc}) cpu->free(*x);
+      for (Tensor* x : {&kg.k, &kg.v, &sg, &dg}) gpu->free(*x);
+    }
+  }
+}
+
 TEST(CudaOps, Rope) {
   PG_REQUIRE_GPU();
   auto cpu = test::make_cpu_exact();
@@ -381,21 +533,74 @@ TEST_P(CudaAttention, MatchesCpu) {
   ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap.sliding_window = c.window;
   ap.logit_softcap = c.softcap;
-  // Batches: a mixed prefill-like batch (rows of three sequences, runs of consecutive positions) and a
-  // decode batch (one row per sequence at its last position: long contexts, split-K).
-  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> batches;
-  {
-    std::vector<int32_t> pos, seq;
-    for (int p = 690; p < 700; ++p) pos.push_back(p), seq.push_back(0);
-    for (int p = 0; p < 45; ++p) pos.push_back(p), seq.push_back(1);
-    pos.push_back(299), seq.push_back(2);
-    for (int p = 100; p < 140; ++p) pos.push_back(p), seq.push_back(2);
-    batches.push_back({pos, seq});
-    batches.push_back({{699, 44, 299}, {0, 1, 2}});
-    batches.push_back({{5}, {1}});
+  // Batches. First every row count 1..64 in ascending order (consecutive positions of sequence 0, then
+  // alternating sequences): a launch needing more shared memory than any before it must still work (the
+  // opt-in limit once stayed at the first launch's size: "invalid argument" at 8 rows on 128-wide heads,
+  // at 2 rows on 256-wide ones). Then a mixed prefill-like batch (rows of three sequences, runs of
+  // consecutive positions), a decode batch (one row per sequence at its last position: long contexts,
+  // split-K), and token trees (below).
+  struct AttnBatch {
+    std::vector<int32_t> pos, seq, kv_len;
+    std::vector<uint32_t> mask;  // (rows, kTreeMaskWords) when a tree is present
+  };
+  std::vector<AttnBatch> batches;
+  for (int n = 1; n <= 64; ++n) {
+    AttnBatch b;
+    for (int i = 0; i < n; ++i) {
+      const int sq = n % 2 ? 0 : i % 3;
+      b.pos.push_back(sq == 0 ? 700 - n + i : sq == 1 ? 44 - i % 20 : 299 - i % 50);
+      b.seq.push_back(sq);
+    }
+    batches.push_back(b);
   }
-  for (const auto& [pos, seq] : batches) {
-    SCOPED_TRACE("batch of " + std::to_string(pos.size()) + " rows");
+  {
+    AttnBatch b;
+    for (int p = 690; p < 700; ++p) b.pos.push_back(p), b.seq.push_back(0);
+    for (int p = 0; p < 45; ++p) b.pos.push_back(p), b.seq.push_back(1);
+    b.pos.push_back(299), b.seq.push_back(2);
+    for (int p = 100; p < 140; ++p) b.pos.push_back(p), b.seq.push_back(2);
+    batches.push_back(b);
+    batches.push_back({{699, 44, 299}, {0, 1, 2}, {}, {}});
+    batches.push_back({{5}, {1}, {}, {}});
+  }
+  // Token trees (speculative verification): a tree of `size` draft rows of sequence sq whose committed
+  // cells are [0, base); the rows are stored at logical positions base, base+1, … in batch order, their
+  // RoPE positions are base + depth, and each sees its ancestors and itself (random parents, so the masks
+  // are irregular and, for 100 rows, span all four mask words). Chain rows of another sequence in the same
+  // batch keep the causal rule (kv_len = pos + 1, no bits).
+  std::mt19937 trng(11);
+  auto add_tree = [&](AttnBatch& b, int sq, int base, int size) {
+    std::vector<int> parent(static_cast<size_t>(size)), depth(static_cast<size_t>(size));
+    std::vector<std::vector<uint32_t>> anc(static_cast<size_t>(size), std::vector<uint32_t>(kTreeMaskWords, 0u));
+    for (int i = 0; i < size; ++i) {
+      const int par = i == 0 ? -1 : static_cast<int>(trng() % static_cast<uint32_t>(i + 1)) - 1;
+      parent[static_cast<size_t>(i)] = par;
+      depth[static_cast<size_t>(i)] = par < 0 ? 0 : depth[static_cast<size_t>(par)] + 1;
+      if (par >= 0) anc[static_cast<size_t>(i)] = anc[static_cast<size_t>(par)];
+      anc[static_cast<size_t>(i)][static_cast<size_t>(i / 32)] |= 1u << (i % 32);
+      b.pos.push_back(base + depth[static_cast<size_t>(i)]);
+      b.seq.push_back(sq);
+      b.kv_len.push_back(base);
+      b.mask.insert(b.mask.end(), anc[static_cast<size_t>(i)].begin(), anc[static_cast<size_t>(i)].end());
+    }
+  };
+  {
+    AttnBatch b;
+    add_tree(b, 0, 580, 100);
+    for (int p = 40; p < 45; ++p) {
+      b.pos.push_back(p), b.seq.push_back(1), b.kv_len.push_back(p + 1);
+      b.mask.insert(b.mask.end(), kTreeMaskWords, 0u);
+    }
+    add_tree(b, 2, 250, 40);
+    batches.push_back(b);
+    AttnBatch one;  // a single tree of 22 rows (the default DDTree budget), alone in its batch
+    add_tree(one, 2, 270, 22);
+    batches.push_back(one);
+  }
+  for (const AttnBatch& ab : batches) {
+    const auto& pos = ab.pos;
+    const auto& seq = ab.seq;
+    SCOPED_TRACE("batch of " + std::to_string(pos.size()) + " rows" + (ab.mask.empty() ? "" : " (tree)"));
     const int n = static_cast<int>(pos.size());
     const auto q = randn(static_cast<size_t>(n * qw), static_cast<uint32_t>(n));
     std::vector<float> out[2];
@@ -403,6 +608,19 @@ TEST_P(CudaAttention, MatchesCpu) {
       Side& s = sides[si];
       std::vector<Tensor> keep;
       AttentionBatch b = make_batch(s, pos, seq, keep);
+      if (!ab.mask.empty()) {
+        b.kv_len = make_tensor(*s.be, DType::I32, n, 1, ab.kv_len.data());
+        b.tree_mask = make_tensor(*s.be, DType::I32, kTreeMaskWords, n, ab.mask.data());
+        keep.insert(keep.end(), {b.kv_len, b.tree_mask});
+        int mx = 0;
+        for (int r = 0; r < n; ++r) {
+          int hi = ab.kv_len[static_cast<size_t>(r)];
+          for (int j = 0; j < kMaxTreeRows; ++j)
+            if (ab.mask[static_cast<size_t>(r * kTreeMaskWords + j / 32)] >> (j % 32) & 1u) hi = ab.kv_len[static_cast<size_t>(r)] + j + 1;
+          mx = std::max(mx, hi);
+        }
+        b.max_kv_len = mx;
+      }
       Tensor qt = make_tensor(*s.be, DType::F32, qw, n, q.data());
       const std::vector<float> poison(static_cast<size_t>(n * qw), std::nanf(""));
       Tensor ot = make_tensor(*s.be, DType::F32, qw, n, poison.data());
@@ -423,7 +641,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
                                          AttnCase{8, 1, 128, 0, 0.0f, DType::F16}, AttnCase{6, 6, 80, 0, 0.0f, DType::F32},
                                          AttnCase{32, 8, 128, 37, 0.0f, DType::F16}, AttnCase{4, 4, 64, 0, 30.0f, DType::F32},
                                          AttnCase{2, 1, 256, 64, 50.0f, DType::F16}, AttnCase{32, 1, 64, 0, 0.0f, DType::F16},
-                                         AttnCase{64, 1, 64, 0, 0.0f, DType::F32}));
+                                         AttnCase{64, 1, 64, 0, 0.0f, DType::F32},
+                                         // the decode shapes of qwen3-8b (32/8 × 128) and qwen35-27b (24/4 × 256)
+                                         AttnCase{32, 8, 128, 0, 0.0f, DType::F16}, AttnCase{24, 4, 256, 0, 0.0f, DType::F16}));
 
 // ---- mixture of experts ---------------------------------------------------------------------------------
 
@@ -505,10 +725,13 @@ TEST(CudaOps, MoeFfn) {
       gpu->moe_ffn(xt, it, wt, g, u, dn, Activation::Silu, out);
       const std::vector<float> got = fetch(*gpu, out);
       const ErrStats e = compare(got, ref);
-      const bool tc = !exact && c.n > 8;
-      const bool q8 = !exact && c.n <= 8 && q8_activations(c.t);
+      // Default mode rounds the activations of quantized experts to 8 bits at every row count (the CPU
+      // default mode's rounding; this reference is the exact CPU).
+      const bool q8 = !exact && c.t != DType::F16 && c.t != DType::BF16;
+      const bool tc = !exact && c.n > 8 && !q8;
       EXPECT_EQ(e.bad, 0u);
-      EXPECT_LE(e.rel, q8 ? 1.5e-2 : tc ? (c.t == DType::BF16 ? 8e-3 : 3e-3) : 2e-5) << (exact ? "exact" : "fast") << " max_abs " << e.max_abs;
+      // Three chained 8-bit-activation products (gate/up, then down on their GLU): up to 1.9 % measured.
+      EXPECT_LE(e.rel, q8 ? 2.5e-2 : tc ? (c.t == DType::BF16 ? 8e-3 : 3e-3) : 2e-5) << (exact ? "exact" : "fast") << " max_abs " << e.max_abs;
       gpu->free(out);
       // Fused gate_up experts (qwen35moe): per expert rows [0, ff) gate, [ff, 2ff) up. The same kernels
       // read the same bytes, so the result is bit-identical.

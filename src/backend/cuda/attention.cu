@@ -9,6 +9,9 @@
 // separate passes. Positions, sequence slots and the block table are read on the device, so a decode
 // step's launches do not depend on host-side lengths except through the grid size (README.md: graphs).
 // The KV element type is a template parameter (F32, F16 now; quantized KV later).
+// Token trees (speculative verification): a row with a tree mask sees [begin, kv_len[r]) plus the draft
+// positions kv_len[r] + j of its mask bits (backend.h: AttentionBatch); the same tiles and softmax serve
+// it, keys outside the row's set are masked like keys past a causal row's end.
 // Speed notes: decode reads each cached K/V row once per KV head (bandwidth-bound, as it should be);
 // prefill is SIMT FP32 and re-reads K/V once per tile of BQ rows — a tensor-core (mma) tile path is the
 // next step for long prompts.
@@ -60,7 +63,8 @@ __global__ void __launch_bounds__(256) attn_kernel(const AttnParams P) {
   const AttentionArgs& p = P.a;
   constexpr int NI = DMAX / 32;  // accumulator elements per lane
   extern __shared__ __align__(16) float sm[];
-  __shared__ int sh_seq[kMaxP], sh_pos[kMaxP], sh_cell[kKeys];
+  __shared__ int sh_seq[kMaxP], sh_pos[kMaxP], sh_end[kMaxP], sh_hi[kMaxP], sh_cell[kKeys];
+  __shared__ uint32_t sh_mask[kMaxP][kAttnMaskWords];  // tree rows: visible draft positions end + j
 
   const int hd = p.head_dim;
   const int nw = static_cast<int>(blockDim.x >> 5), warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
@@ -77,9 +81,21 @@ __global__ void __launch_bounds__(256) attn_kernel(const AttnParams P) {
   float* ks = qs + P.bq * P.hp * hd;     // (kKeys, hd + 1)
   float* vs = ks + kKeys * (hd + 1);     // (kKeys, hd)
 
+  // Row i sees [begin, end) and, with a tree mask, end + j for its mask bits j; hi bounds both.
   for (int i = static_cast<int>(threadIdx.x); i < nr; i += blockDim.x) {
     sh_seq[i] = p.seq[r0 + i];
-    sh_pos[i] = p.positions[r0 + i];
+    const int pos = p.positions[r0 + i];
+    sh_pos[i] = pos;
+    const int end = p.tree_mask ? p.kv_len[r0 + i] : pos + 1;
+    int hi = end;
+#pragma unroll
+    for (int w = 0; w < kAttnMaskWords; ++w) {
+      const uint32_t m = p.tree_mask ? p.tree_mask[static_cast<int64_t>(r0 + i) * kAttnMaskWords + w] : 0u;
+      sh_mask[i][w] = m;
+      if (m) hi = end + 32 * w + 32 - __clz(static_cast<int>(m));  // one past the highest set bit
+    }
+    sh_end[i] = end;
+    sh_hi[i] = hi;
   }
   for (int idx = static_cast<int>(threadIdx.x); idx < npairs * hd; idx += blockDim.x) {
     const int pi = idx / hd, d = idx % hd;
@@ -111,10 +127,9 @@ __global__ void __launch_bounds__(256) attn_kernel(const AttnParams P) {
     for (int i = 0; i < nr; ++i)
       if (((remaining >> i) & 1) && sh_seq[i] == s) {
         pass |= 1u << i;
-        const int end = sh_pos[i] + 1;
-        const int begin = p.sliding_window > 0 ? max(0, end - p.sliding_window) : 0;
+        const int begin = p.sliding_window > 0 ? max(0, sh_pos[i] + 1 - p.sliding_window) : 0;
         lo = min(lo, begin);
-        hi = max(hi, end);
+        hi = max(hi, sh_hi[i]);
       }
     remaining &= ~pass;
     lo = max(lo, split_lo);
@@ -151,9 +166,13 @@ __global__ void __launch_bounds__(256) attn_kernel(const AttnParams P) {
         if (pi >= npairs) break;
         const int ri = pi / P.hp;
         if (!((pass >> ri) & 1)) continue;
-        const int end = sh_pos[ri] + 1;
-        const int begin = p.sliding_window > 0 ? max(0, end - p.sliding_window) : 0;
-        const bool valid = kp < hi && kp >= begin && kp < end;
+        const int end = sh_end[ri];
+        const int begin = p.sliding_window > 0 ? max(0, sh_pos[ri] + 1 - p.sliding_window) : 0;
+        bool valid = kp < hi && kp >= begin;
+        if (valid && kp >= end) {  // past the contiguous range: a draft position of this row's tree?
+          const int j = kp - end;
+          valid = j < 32 * kAttnMaskWords && ((sh_mask[ri][j >> 5] >> (j & 31)) & 1u);
+        }
         const float* qv = qs + pi * hd;
         const float* kv = ks + lane * (hd + 1);
         float sc = 0.0f;

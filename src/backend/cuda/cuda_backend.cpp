@@ -41,12 +41,14 @@ namespace {
 using cuda::check;
 
 // Scratch slots: each op that needs temporary device memory has its own, so their sizes never fight.
-enum ScratchSlot { kSlotGemm, kSlotAttention, kSlotMoe, kSlotMoeGemm, kSlotQ8, kSlotCount };
+enum ScratchSlot { kSlotGemm, kSlotAttention, kSlotMoe, kSlotMoeGemm, kSlotQ8, kSlotActF32, kSlotMmqPart, kSlotCount };
 
 constexpr size_t kStageBytes = size_t{8} << 20;  // pinned upload ring
 constexpr int kStageSegments = 4;
 
 using cuda::activate;
+
+static_assert(cuda::kAttnMaskWords == kTreeMaskWords, "the attention kernel's tree mask width follows backend.h");
 
 void check_f32(const Tensor& t, const char* op) { PG_CHECK(t.type == DType::F32, std::string(op) + ": expected an F32 tensor"); }
 
@@ -68,6 +70,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_EXACT"); e && *e && std::strcmp(e, "0") != 0) opt.exact_f32 = true;
   if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPHS"); e && std::strcmp(e, "0") == 0) opt.graphs = false;
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
+  if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   return create_cuda_backend(index, opt);
 }
 
@@ -81,6 +84,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index, const CudaOptions& opt) 
 CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), opt_(opt) {
   PG_CHECK(opt_.gemv_max_rows >= 1 && opt_.gemv_max_rows <= 8, "CudaOptions::gemv_max_rows must be 1..8");
   PG_CHECK(opt_.gemv_lanes == 32 || opt_.gemv_lanes == 16 || opt_.gemv_lanes == 8, "CudaOptions::gemv_lanes must be 32, 16 or 8");
+  PG_CHECK(opt_.mmq_min_rows >= 0 && opt_.mmq_min_rows <= cuda::kMmqMaxRows, "CudaOptions::mmq_min_rows must be 0..64");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -356,6 +360,20 @@ void CudaBackend::gemv(const cuda::MatmulArgs& a) {
     const size_t sb = cuda::gemv_fast_scratch_bytes(b);
     if (cuda::gemv_fast(b, sb ? scratch(kSlotQ8, sb) : nullptr, as_stream(stream_))) return;
   }
+  const int mode = opt_.exact_f32 ? cuda::kActNone : cuda::act_quant_mode(a.type);
+  if (mode != cuda::kActNone && a.K % (mode == cuda::kActQ8_K ? 256 : 32) == 0) {
+    // Default mode, a type or layout without an 8-bit kernel: the FP32 GEMV on the activations rounded
+    // as the CPU's default mode rounds them (quantized, then dequantized), so both backends see the
+    // same inputs.
+    const int64_t rows = a.expert_ids ? (a.n + std::max(1, a.x_div) - 1) / std::max(1, a.x_div) : a.n;
+    auto* xr = static_cast<float*>(scratch(kSlotActF32, static_cast<size_t>(rows * a.K) * sizeof(float)));
+    cuda::act_quant_f32(mode, a.x, a.x_stride, rows, a.K, xr, as_stream(stream_));
+    cuda::MatmulArgs b = a;
+    b.x = xr;
+    b.x_stride = a.K;
+    cuda::gemv(b, as_stream(stream_));
+    return;
+  }
   cuda::gemv(a, as_stream(stream_));
 }
 
@@ -383,32 +401,72 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& w, const Tensor& x, Tens
   return a;
 }
 
+bool CudaBackend::use_mmq(const cuda::MatmulArgs& a) const {
+  if (opt_.exact_f32 || opt_.mmq_min_rows <= 0 || !cuda::mmq_supported(a)) return false;
+  // Q8_0/Q4_0 (2-byte-aligned 32-value blocks, one scale load per block): MMQ only above 8 rows; up to 8
+  // the dp4a GEMV is faster (device run 14, 12288×4096: Q8_0 2 rows 34 vs 62 µs, Q4_0 8 rows 52 vs 65).
+  const bool legacy = a.type == DType::Q8_0 || a.type == DType::Q4_0;
+  return a.n >= (legacy ? std::max(opt_.mmq_min_rows, 9) : opt_.mmq_min_rows);
+}
+
+void CudaBackend::mmq(const cuda::MatmulArgs& a, bool x_quantized) {
+  void* xs = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
+  const size_t pb = cuda::mmq_part_bytes(a, n_sm_);
+  cuda::mmq(a, xs, pb ? scratch(kSlotMmqPart, pb) : nullptr, n_sm_, as_stream(stream_), x_quantized);
+}
+
 void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
   activate(device_);
   const cuda::MatmulArgs a = matmul_args(w, x, y);
+  if (use_mmq(a)) return mmq(a, false);
+  // Default mode, quantized weights without MMQ, up to 64 rows: the GEMV kernels (rows in groups of 8),
+  // which keep the CPU's 8-bit activation rounding exactly; the FP16 GEMM would not (its rounding of the
+  // activations flips 8-bit roundings downstream: logits 0.2 off the CPU on the tiny models).
+  const bool q8_rows = !opt_.exact_f32 && a.n <= cuda::kMmqMaxRows && cuda::act_quant_mode(w.type) != cuda::kActNone;
   // The tensor-core GEMM works on K in steps of 32; other widths (tiny test models) take the GEMV.
-  if (opt_.exact_f32 || a.n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type) || a.K % 32 != 0) {
+  if (opt_.exact_f32 || q8_rows || a.n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type) || a.K % 32 != 0) {
     gemv(a);
   } else {
     void* s = scratch(kSlotGemm, cuda::gemm_scratch_bytes(a.n, a.K));
-    cuda::gemm(a, nullptr, nullptr, s, as_stream(stream_));
+    cuda::MatmulArgs b = a;
+    b.act_quant = cuda::act_quant_mode(w.type);
+    cuda::gemm(b, nullptr, nullptr, s, as_stream(stream_));
   }
 }
 
 void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) {
   activate(device_);
-  if (opt_.exact_f32 || x.rows() > opt_.gemv_max_rows) {
+  if (opt_.exact_f32 || x.rows() > std::max(opt_.gemv_max_rows, cuda::kMmqMaxRows)) {
     for (const MatmulOut& o : outs) matmul(*o.w, x, *o.y);
     return;
   }
-  // Decode: the 8-bit activations are made once and serve every product that reads them.
-  bool quantized = false;
+  if (x.rows() > opt_.gemv_max_rows || (opt_.mmq_min_rows > 0 && x.rows() >= opt_.mmq_min_rows)) {
+    // MMQ rows: one quantization of x for every product that takes it (the scratch slot of the 8-bit
+    // activations is sized by x alone, so it is not reallocated between the products).
+    int quantized = cuda::kActNone;
+    for (const MatmulOut& o : outs) {
+      const cuda::MatmulArgs a = matmul_args(*o.w, x, *o.y);
+      if (!use_mmq(a)) {
+        matmul(*o.w, x, *o.y);
+        quantized = cuda::kActNone;  // matmul may have used the scratch for its own quantization
+        continue;
+      }
+      const int mode = cuda::act_quant_mode(a.type);
+      mmq(a, quantized == mode);
+      quantized = mode;
+    }
+    return;
+  }
+  // Decode: the 8-bit activations are made once and serve every product that reads them with the same
+  // rounding (q8_0 or q8_K: weights of different families re-quantize).
+  int quantized = cuda::kActNone;
   for (const MatmulOut& o : outs) {
     const cuda::MatmulArgs a = matmul_args(*o.w, x, *o.y);
     if (cuda::gemv_fast_q8(a)) {
       void* s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
-      if (!quantized) cuda::quantize_q8(a, s, as_stream(stream_));
-      quantized = true;
+      const int mode = cuda::act_quant_mode(a.type);
+      if (quantized != mode) cuda::quantize_q8(a, s, as_stream(stream_));
+      quantized = mode;
       cuda::gemv_fast(a, s, as_stream(stream_), /*x_quantized=*/true);
     } else {
       gemv(a);
@@ -526,6 +584,16 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   a.out = out.as<float>();
   a.out_stride = out.cols();
   a.kv_capacity = attn_kv_capacity_;
+  if (batch.tree_mask.valid()) {
+    check_own(batch.tree_mask, "attention");
+    check_own(batch.kv_len, "attention");
+    PG_CHECK(batch.tree_mask.type == DType::I32 && batch.kv_len.type == DType::I32 &&
+                 batch.tree_mask.n_elements() >= static_cast<int64_t>(batch.n_tokens) * kTreeMaskWords &&
+                 batch.kv_len.n_elements() >= batch.n_tokens,
+             "attention: tree_mask must be I32 (n_tokens, kTreeMaskWords) and kv_len I32 (n_tokens)");
+    a.kv_len = batch.kv_len.as<int32_t>();
+    a.tree_mask = static_cast<const uint32_t*>(batch.tree_mask.data);
+  }
   const size_t sb = cuda::attention_scratch_bytes(a, n_sm_);
   void* s = sb ? scratch(kSlotAttention, sb) : nullptr;
   cuda::attention(a, s, n_sm_, as_stream(stream_));
@@ -553,6 +621,31 @@ void CudaBackend::argmax_rows(const Tensor& x, Tensor& ids) {
   check_f32(x, "argmax_rows");
   PG_CHECK(ids.type == DType::I32 && ids.n_elements() >= x.rows(), "argmax_rows: ids must be I32 with one entry per row");
   cuda::argmax_rows(x.as<float>(), x.rows(), x.cols(), ids.as<int32_t>(), as_stream(stream_));
+}
+
+void CudaBackend::topk_rows(const Tensor& x, int k, Tensor& ids, Tensor& logprobs) {
+  activate(device_);
+  check_own(x, "topk_rows");
+  check_own(ids, "topk_rows");
+  check_own(logprobs, "topk_rows");
+  PG_CHECK(x.type == DType::F32 && ids.type == DType::I32 && logprobs.type == DType::F32, "topk_rows: types");
+  PG_CHECK(k >= 1 && k <= 64 && k <= x.cols() && ids.n_elements() >= x.rows() * k && logprobs.n_elements() >= x.rows() * k,
+           "topk_rows: shape mismatch");
+  cuda::topk_rows(x.as<float>(), x.rows(), x.cols(), k, ids.as<int32_t>(), logprobs.as<float>(), as_stream(stream_));
+}
+
+void CudaBackend::kv_copy(KvLayer& kv, const Tensor& src_cells, const Tensor& dst_cells) {
+  activate(device_);
+  check_own(kv.k, "kv_copy");
+  check_own(kv.v, "kv_copy");
+  check_own(src_cells, "kv_copy");
+  check_own(dst_cells, "kv_copy");
+  PG_CHECK(src_cells.type == DType::I32 && dst_cells.type == DType::I32, "kv_copy: cell lists must be I32");
+  PG_CHECK(src_cells.n_elements() == dst_cells.n_elements(), "kv_copy: src and dst lengths differ");
+  PG_CHECK(kv.k.rows() == kv.v.rows(), "kv_copy: K and V caches have different cell counts");
+  // The cell values live on the device: out-of-range entries are skipped there, not reported.
+  cuda::kv_copy(kv.k.data, kv.v.data, kv.k.row_bytes(), kv.v.row_bytes(), kv.k.rows(), src_cells.as<int32_t>(), dst_cells.as<int32_t>(),
+                static_cast<int>(src_cells.n_elements()), as_stream(stream_));
 }
 
 void CudaBackend::gather_cols(const Tensor& src, int group, int col0, Tensor& dst) {
@@ -632,6 +725,7 @@ void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weig
     a.y_stride = M;
     a.n = static_cast<int>(E);
     a.expert_bytes = expert_bytes;
+    a.act_quant = opt_.exact_f32 ? cuda::kActNone : cuda::act_quant_mode(w.type);
     return a;
   };
   if (!grouped_gemm) {

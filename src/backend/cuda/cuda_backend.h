@@ -25,7 +25,9 @@ struct CudaOptions {
   // results then differ from CpuBackend(exact_f32) only by summation order. Also set by the
   // environment variable PEREGRINE_CUDA_EXACT=1 when the backend is created through the factory.
   bool exact_f32 = false;
-  // Matmuls with at most this many activation rows use the GEMV kernels (1..8); larger ones the GEMM.
+  // Matmuls with at most this many activation rows use the GEMV kernels (1..8); larger ones the GEMM,
+  // except that in default mode quantized weights keep 8-bit activations up to 64 rows (MMQ, or the
+  // GEMV in groups of 8 rows for the types MMQ does not take).
   int gemv_max_rows = 8;
   // Decode steps recorded once and replayed as CUDA graphs (Backend::graphs_supported). Off with the
   // environment variable PEREGRINE_CUDA_GRAPHS=0 (factory), for debugging and A/B timing.
@@ -33,6 +35,14 @@ struct CudaOptions {
   // Lanes per weight row in the 8-bit-activation GEMV: 32 (measured default), 16 or 8 (candidates; see
   // gemv_q8.cu). Environment: PEREGRINE_GEMV_LANES (factory).
   int gemv_lanes = 32;
+  // Default mode: matmuls with mmq_min_rows..64 activation rows of Q4_K/Q5_K/Q6_K/Q8_0/Q4_0 weights run
+  // on integer tensor cores (MMQ, gemv_q8.cu) instead of the GEMV (below mmq_min_rows) or the FP16 GEMM
+  // (above 64): the same 8-bit activations as the GEMV and the CPU, and a verification batch priced near
+  // one read of the weights. 2 was measured faster than the dp4a GEMV from 2 rows up for the K-quants
+  // (device run 13: qwen3-8b Q4_K_M forward of 8 rows 6.4 ms vs 13.3 ms); Q8_0/Q4_0 use MMQ from 9 rows
+  // whatever this says (slower than the GEMV below). 0 turns MMQ off. Environment:
+  // PEREGRINE_MMQ_MIN_ROWS (factory).
+  int mmq_min_rows = 2;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
@@ -82,6 +92,8 @@ class CudaBackend final : public Backend {
   void mul_sigmoid(Tensor& x, const Tensor& gate) override;
   void softcap(Tensor& x, float cap) override;
   void argmax_rows(const Tensor& x, Tensor& ids) override;
+  void topk_rows(const Tensor& x, int k, Tensor& ids, Tensor& logprobs) override;
+  void kv_copy(KvLayer& kv, const Tensor& src_cells, const Tensor& dst_cells) override;
   void gather_cols(const Tensor& src, int group, int col0, Tensor& dst) override;
   void moe_route(const Tensor& logits, int k, ExpertGating gating, bool norm, float scale, Tensor& ids,
                  Tensor& weights) override;
@@ -128,6 +140,8 @@ class CudaBackend final : public Backend {
   // Checked arguments of y = x·wᵀ for the kernels (shapes, types, ownership).
   cuda::MatmulArgs matmul_args(const Tensor& w, const Tensor& x, Tensor& y) const;
   void gemv(const cuda::MatmulArgs& a);  // default mode: gemv_fast where it applies, else the FP32 GEMV
+  bool use_mmq(const cuda::MatmulArgs& a) const;
+  void mmq(const cuda::MatmulArgs& a, bool x_quantized);  // integer tensor cores, 8-bit activations
   void check_own(const Tensor& t, const char* op) const;
   void check_not_capturing(const char* what) const;
 

@@ -10,8 +10,10 @@
 //  - Quantized weights: the raw GGUF bytes of 128 rows × 256 (or 512) elements are staged with
 //    cp.async, double-buffered, then dequantized in 64-element steps to an FP16 tile; FP16/BF16
 //    weights are copied with cp.async straight into the MMA tile.
-// Accuracy: activations are rounded to FP16 (relative 2⁻¹¹) and dequantized weights too, sums are
-// FP32; CudaOptions::exact_f32 routes everything through the FP32 GEMV instead.
+// Accuracy: in default mode the activations of quantized weights are first rounded to 8 bits exactly as
+// the CPU's default mode rounds them (MatmulArgs::act_quant, gemv_q8.cu), then to FP16 (relative 2⁻¹¹);
+// F16/BF16 weights take the activations rounded to FP16/BF16. Dequantized weights are rounded to FP16,
+// sums are FP32; CudaOptions::exact_f32 routes everything through the FP32 GEMV instead.
 // Next steps for speed (see README.md): wgmma (sm_90a) with TMA, larger N tiles, integer MMA on q8
 // activations for the quantized types.
 #include <algorithm>
@@ -315,7 +317,11 @@ void gemm_typed(const MatmulArgs& a, const GemmGroups* groups, const int32_t* x_
   PG_CHECK(a.x_stride % 4 == 0, "matmul: activations must be 16-byte aligned");
   // Activation rows that the kernel reads: n plain, or the n sorted entries when grouped.
   auto* xh = static_cast<uint16_t*>(scratch);
-  {
+  if (a.act_quant != kActNone && !BF) {
+    // Default mode: the activations rounded as the CPU's default mode rounds them (8-bit quants), then
+    // widened to FP16 — the same inputs the GEMV and the CPU see, up to the FP16 rounding of q·d.
+    act_quant_f16(a.act_quant, a.x, a.x_stride, x_rows, a.n, a.K, xh, stream);
+  } else {
     const int threads = 256;
     const int bx = std::max(1, std::min(ceil_div(a.K / 4, threads), 64));
     for (int r0 = 0; r0 < a.n; r0 += 65535) {

@@ -15,8 +15,9 @@
 // pieces, so each warp load instruction covers 4 whole superblocks. Reduction: warp shuffles, fixed
 // order (deterministic). Grouped mode (MoE decode): grid row g uses expert ids[g] and activation row g/x_div.
 //
-// Numerics: the activation quantization (round(x/d), d = max|x|/127 per 32 values) adds a relative error
-// of ~0.5 % per product sum; the CPU backend's default mode quantizes activations the same way (q8_0/q8_K).
+// Numerics: the activations are rounded exactly as the CPU backend's default mode (and llama.cpp's CPU
+// backend) rounds them — q8_0 per 32 values for the 32-value block types, q8_K per 256 for the K-quants
+// (act_quant_kernel below) — ~0.5 % relative error per product sum, the same on both backends.
 // Exact mode never comes here.
 #include <algorithm>
 
@@ -416,35 +417,484 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_half_kernel(const Fas
   store_rows<NA>(p, row, a0, acc, lane);
 }
 
-// x (n, K) → q (n, K) int8 and d (n, K/32): d = max|x|/127 per 32 values, q = round(x/d). One thread per 32.
-__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t x_stride, int n, int64_t K, int8_t* __restrict__ q,
-                                   float* __restrict__ d) {
-  const int64_t nb = K / 32;
+// ---- activation quantization (the CPU default mode's rounding, i.e. ggml-cpu's from_float) -------------
+//
+// One warp per 256 activations, lane l holding values 8l..8l+7. Two roundings, chosen by the weight type
+// exactly as the CPU's vec_dot_type() does:
+//  - kActQ8_0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; Q8_1 has the same quants): per 32 values
+//    d = fp16(amax/127), q = round-half-even(x·127/amax) saturated to int8 (quant_q8_0_act_scalar);
+//  - kActQ8_K (the K-quants, IQ4_XS): per 256 values, max = the value of largest magnitude (the first
+//    one on ties), iscale = −127/max, q = min(127, round-half-even(iscale·x)), d = 1/iscale (quant_q8_k).
+// Identical quants and scales on both backends mean CUDA-vs-CPU differences in default mode come only
+// from summation order (they did not before: 32-value FP32 scales for every type drifted 0.14 in logits).
+// Outputs: int8 quants with one FP32 scale per 32 (a Q8_K scale repeated 8 times, so the dot kernels
+// above stay per-32), or the dequantized values q·d as FP32 (the FP32 GEMV) or FP16 (the GEMM's tile
+// input), so every matmul of default mode sees the same rounded activations.
+enum ActOut { kOutQ8, kOutF32, kOutF16 };
+
+template <int MODE, int OUT>
+__global__ void __launch_bounds__(128) act_quant_kernel(const float* __restrict__ x, int64_t x_stride, const int32_t* __restrict__ x_rows,
+                                                        int n, int64_t K, void* __restrict__ out, float* __restrict__ d_out,
+                                                        int32_t* __restrict__ s_out, uint4* __restrict__ split_out) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t chunks = (K + 255) / 256;
+  const int64_t wid = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
+  if (wid >= n * chunks) return;  // whole warps only: the shuffles below need every lane
+  const int64_t r = wid / chunks, e0 = (wid % chunks) * 256 + 8 * lane;
+  const bool live = e0 < K;  // Q8_0 rows need not be a multiple of 256 long (K is a multiple of 32)
+  const float* src = x + static_cast<int64_t>(x_rows ? x_rows[r] : r) * x_stride + e0;
+  float v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = live ? src[j] : 0.0f;
+  int q[8];
+  float d;
+  if constexpr (MODE == kActQ8_K) {
+    float amax = 0.0f, mx = 0.0f;
+    int idx = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float a = fabsf(v[j]);
+      if (a > amax) amax = a, mx = v[j], idx = static_cast<int>(e0) + j;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float oa = __shfl_xor_sync(0xffffffffu, amax, o), om = __shfl_xor_sync(0xffffffffu, mx, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (oa > amax || (oa == amax && oi < idx)) amax = oa, mx = om, idx = oi;
+    }
+    if (amax == 0.0f) {
+      d = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = 0;
+    } else {
+      const float iscale = __fdiv_rn(-127.0f, mx);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = min(127, __float2int_rn(__fmul_rn(iscale, v[j])));
+      d = __fdiv_rn(1.0f, iscale);
+    }
+  } else {
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));  // the 4 lanes of one 32-value block
+    d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
+    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float t = rintf(__fmul_rn(v[j], id));
+      q[j] = t != t ? -128 : static_cast<int>(fminf(fmaxf(t, -128.0f), 127.0f));
+    }
+  }
+  // Σq per 32 values (the MMQ kernel's min terms), over the 4 lanes of a block; every lane takes part.
+  int qs = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) qs += q[j];
+  qs += __shfl_xor_sync(0xffffffffu, qs, 1);
+  qs += __shfl_xor_sync(0xffffffffu, qs, 2);
+  (void)qs;
+  if constexpr (MODE == kActQ8_K && OUT == kOutQ8) {
+    // MMQ's min terms as int8 tensor-core operands: per 256 values, the 8 block sums split as
+    // Σq = 64·h + l (h in −64..63, l in 0..63), packed as bytes [h0..h3][h4..h7][l0..l3][l4..l7].
+    if (split_out) {
+      uint32_t hw[2] = {0, 0}, lw[2] = {0, 0};
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int su = __shfl_sync(0xffffffffu, qs, 4 * u);
+        hw[u >> 2] |= (static_cast<uint32_t>(su >> 6) & 0xffu) << (8 * (u & 3));
+        lw[u >> 2] |= (static_cast<uint32_t>(su & 63)) << (8 * (u & 3));
+      }
+      if (lane == 0) split_out[wid] = make_uint4(hw[0], hw[1], lw[0], lw[1]);
+    }
+  }
+  if (!live) return;
+  if constexpr (OUT == kOutQ8) {
+    uint32_t w0 = 0, w1 = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w0 |= (static_cast<uint32_t>(q[j]) & 0xffu) << (8 * j);
+      w1 |= (static_cast<uint32_t>(q[4 + j]) & 0xffu) << (8 * j);
+    }
+    *reinterpret_cast<uint2*>(static_cast<int8_t*>(out) + r * K + e0) = make_uint2(w0, w1);
+    if ((lane & 3) == 0) {
+      d_out[r * (K / 32) + e0 / 32] = d;
+      if (s_out) s_out[r * (K / 32) + e0 / 32] = qs;
+    }
+  } else if constexpr (OUT == kOutF32) {
+    float* o = static_cast<float*>(out) + r * K + e0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = __fmul_rn(static_cast<float>(q[j]), d);
+  } else {
+    constexpr float kMax = 65504.0f;
+    uint32_t h[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float a = fminf(fmaxf(__fmul_rn(static_cast<float>(q[2 * j]), d), -kMax), kMax);
+      const float b = fminf(fmaxf(__fmul_rn(static_cast<float>(q[2 * j + 1]), d), -kMax), kMax);
+      h[j] = static_cast<uint32_t>(__half_as_ushort(__float2half_rn(a))) | (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(b))) << 16);
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + r * K + e0) = make_uint4(h[0], h[1], h[2], h[3]);
+  }
+}
+
+template <int OUT>
+void launch_act_quant(int mode, const float* x, int64_t x_stride, const int32_t* x_rows, int64_t n, int64_t K, void* out, float* d,
+                      cudaStream_t stream, int32_t* sums = nullptr, uint4* split = nullptr) {
+  PG_CHECK(K % 32 == 0 && (mode != kActQ8_K || K % 256 == 0), "activation quantization: K=" + std::to_string(K) + " is not a multiple of the block");
+  const int64_t warps = n * ((K + 255) / 256);
+  if (warps == 0) return;
+  const auto blocks = static_cast<unsigned>((warps + 3) / 4);
+  if (mode == kActQ8_K)
+    act_quant_kernel<kActQ8_K, OUT><<<blocks, 128, 0, stream>>>(x, x_stride, x_rows, static_cast<int>(n), K, out, d, sums, split);
+  else
+    act_quant_kernel<kActQ8_0, OUT><<<blocks, 128, 0, stream>>>(x, x_stride, x_rows, static_cast<int>(n), K, out, d, sums, split);
+  check_launch("act_quant");
+}
+
+// ---- MMQ: integer tensor cores for 2..64 activation rows ---------------------------------------------------
+//
+// y (n ≤ 64, M) = x · Wᵀ on mma.sync.m16n8k16.s8 with the 8-bit activations above and the weights' integer
+// quants unpacked in registers: the dot products of each scale group are exact integers (as on the CPU,
+// and unlike the FP16 GEMM), so a verification batch of 22 rows gives the same numbers as 22 single-row
+// steps up to float summation order. Why not the dp4a GEMV: at 8+ rows it is bound by its dp4a and scale
+// instructions (8 rows cost ~2.6× one row on the H200); one mma does 2048 multiply-adds.
+//
+// Work: a warp owns 16 weight rows (one m16 tile) × all activation rows (NT n8 tiles), a block 4 warps
+// (64 rows); grid.y splits K (partials reduced in a fixed order by mmq_reduce_kernel, so results do not
+// depend on timing). Per 256 values ("superblock": one Q4_K/Q5_K/Q6_K block, or 8 Q8_0/Q4_0 blocks)
+// a thread loads its A words straight from global memory (all loads of a superblock issued before use),
+// its B words from the quantized activations (L1/L2-resident), and keeps per-superblock integer sums of
+// scale·dot; the FP32 accumulator is touched once per superblock (K-quants) or per 32 values (Q8_0/Q4_0).
+// Fragment layout (PTX ISA, m16n8k16 .s8): A row g / g+8, k = 4t..4t+3; B k = 4t..4t+3, column g;
+// C rows g, g+8 × columns 2t, 2t+1 (g = lane/4, t = lane%4). Within a scale group the k order is free, so
+// for the 32-value groups thread t takes values 8t..8t+7 of the group (one 8-byte load per row) — B uses
+// the same order.
+constexpr int kMmqWarps = 4;
+
+struct MmqParams {
+  const uint8_t* w;
+  size_t row_bytes;
+  int64_t M;
+  int n_sb;            // superblocks (256 values) per row
+  int sb_per_split;    // superblocks per grid.y slice
+  const int8_t* xq;    // (n, K)
+  const float* xd;     // (n, K/32)
+  const int32_t* xs;   // (n, K/32) Σq
+  const uint4* xsplit; // (n, K/256) Σq split for the min-term mma (q8_K only)
+  int64_t K;
+  int n;
+  float* y;            // (n, y_stride) when grid.y == 1
+  int64_t y_stride;
+  float* part;         // (grid.y, n, M) partials otherwise
+};
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a0), "r"(a1), "r"(b));
+}
+__device__ __forceinline__ uint2 ldg64(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+__device__ __forceinline__ uint2 ldg64a2(const uint8_t* p) { return make_uint2(ldg32a2(p), ldg32a2(p + 4)); }
+
+// Q4_K/Q5_K: kBytes of one 256-value superblock; load(block, t) fetches a thread's quants of one
+// superblock of one weight row (alignment: 16, checked by mmq_supported through gemv_fast_q8); a(raw, u,
+// s) is the A word of 32-value group u, k16 step s.
+struct MqK4 {  // Q4_K, group u = sub-block u; thread t: values 8t..8t+7 of the group
+  static constexpr int kBytes = 144;
+  struct Raw {
+    uint4 hd;
+    uint2 q[4];  // qs bytes [32p + 8t, +8): low nibbles group 2p, high nibbles group 2p+1
+  };
+  __device__ static Raw load(const uint8_t* b, int t) {
+    Raw r;
+    r.hd = ldg128(b);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) r.q[p] = ldg64(b + 16 + 32 * p + 8 * t);
+    return r;
+  }
+  __device__ static uint32_t a(const Raw& r, int u, int s) {
+    const uint32_t w = s ? r.q[u >> 1].y : r.q[u >> 1].x;
+    return (w >> (4 * (u & 1))) & 0x0F0F0F0Fu;
+  }
+  __device__ static float d(const Raw& r) { return h2f(r.hd.x); }
+  __device__ static float dmin(const Raw& r) { return h2f(r.hd.x >> 16); }
+};
+struct MqK5 {  // Q5_K: as Q4_K plus the 5th bit of value l of group u in bit u of qh[l]
+  static constexpr int kBytes = 176;
+  struct Raw {
+    uint4 hd;
+    uint2 qh;    // qh bytes [8t, +8)
+    uint2 q[4];  // qs bytes [32p + 8t, +8)
+  };
+  __device__ static Raw load(const uint8_t* b, int t) {
+    Raw r;
+    r.hd = ldg128(b);
+    r.qh = ldg64(b + 16 + 8 * t);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) r.q[p] = ldg64(b + 48 + 32 * p + 8 * t);
+    return r;
+  }
+  __device__ static uint32_t a(const Raw& r, int u, int s) {
+    const uint32_t w = s ? r.q[u >> 1].y : r.q[u >> 1].x, h = s ? r.qh.y : r.qh.x;
+    return ((w >> (4 * (u & 1))) & 0x0F0F0F0Fu) | (((h >> u) & 0x01010101u) << 4);
+  }
+  __device__ static float d(const Raw& r) { return h2f(r.hd.x); }
+  __device__ static float dmin(const Raw& r) { return h2f(r.hd.x >> 16); }
+};
+
+template <int NT>
+struct MmqAcc {
+  float f[NT][4];
+};
+
+// Q4_K / Q5_K: acc += xd·(d·Σ_u sc_u·c_u − dmin·Σ_u m_u·xsum_u) per superblock (xd is per superblock: q8_K).
+// The 6-bit scales and mins of all 8 groups are unpacked as bytes with a few word operations; the min
+// term Σ_u m_u·xsum_u is itself an integer matrix product (16 rows × 8 groups · 8 groups × 8 columns),
+// done by two more mma with the block sums split as 64·h + l (scratch_split) so both operands fit int8.
+template <class T, int NT>
+__device__ __forceinline__ void mmq_sb_kquant(const MmqParams& p, const uint8_t* w0, const uint8_t* w1, int sb, int g, int t,
+                                              MmqAcc<NT>& acc) {
+  const typename T::Raw r0 = T::load(w0 + static_cast<size_t>(sb) * T::kBytes, t);
+  const typename T::Raw r1 = T::load(w1 + static_cast<size_t>(sb) * T::kBytes, t);
+  // Bytes j of sc[0] / sc[1]: scales of groups j / 4 + j; m[0] / m[1] the mins (get_scale_min_k4).
+  auto unpack = [](const uint4& hd, uint32_t (&sc)[2], uint32_t (&m)[2]) {
+    sc[0] = hd.y & 0x3f3f3f3fu;
+    m[0] = hd.z & 0x3f3f3f3fu;
+    sc[1] = (hd.w & 0x0f0f0f0fu) | ((hd.y >> 2) & 0x30303030u);
+    m[1] = ((hd.w >> 4) & 0x0f0f0f0fu) | ((hd.z >> 2) & 0x30303030u);
+  };
+  uint32_t sc0[2], m0[2], sc1[2], m1[2];
+  unpack(r0.hd, sc0, m0);
+  unpack(r1.hd, sc1, m1);
+  int isum[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) isum[nt][i] = 0;
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int s0 = static_cast<int>((sc0[u >> 2] >> (8 * (u & 3))) & 0xff), s1 = static_cast<int>((sc1[u >> 2] >> (8 * (u & 3))) & 0xff);
+    const uint32_t a00 = T::a(r0, u, 0), a10 = T::a(r1, u, 0), a01 = T::a(r0, u, 1), a11 = T::a(r1, u, 1);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int arow = min(8 * nt + g, p.n - 1);
+      const uint2 b = ldg64(reinterpret_cast<const uint8_t*>(p.xq + static_cast<int64_t>(arow) * p.K + sb * 256 + 32 * u + 8 * t));
+      int c[4] = {0, 0, 0, 0};
+      mma_s8(c, a00, a10, b.x);
+      mma_s8(c, a01, a11, b.y);
+      isum[nt][0] += s0 * c[0], isum[nt][1] += s0 * c[1], isum[nt][2] += s1 * c[2], isum[nt][3] += s1 * c[3];
+    }
+  }
+  // Min terms: A = the mins (k = group: t = 0 holds groups 0..3, t = 1 groups 4..7, t ≥ 2 zero padding).
+  const uint32_t am0 = t < 2 ? m0[t] : 0u, am1 = t < 2 ? m1[t] : 0u;
+  const float d0 = T::d(r0), d1 = T::d(r1), n0 = T::dmin(r0), n1 = T::dmin(r1);
+  const int64_t nb32 = p.K / 32, nsb = p.K / 256;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int arow = min(8 * nt + g, p.n - 1);
+    const uint4 sp = __ldg(p.xsplit + arow * nsb + sb);
+    int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
+    mma_s8(ch, am0, am1, t == 0 ? sp.x : t == 1 ? sp.y : 0u);
+    mma_s8(cl, am0, am1, t == 0 ? sp.z : t == 1 ? sp.w : 0u);
+    const int c0 = min(8 * nt + 2 * t, p.n - 1), c1 = min(8 * nt + 2 * t + 1, p.n - 1);
+    const float x0 = __ldg(p.xd + c0 * nb32 + sb * 8), x1 = __ldg(p.xd + c1 * nb32 + sb * 8);
+    acc.f[nt][0] += x0 * (d0 * static_cast<float>(isum[nt][0]) - n0 * static_cast<float>(64 * ch[0] + cl[0]));
+    acc.f[nt][1] += x1 * (d0 * static_cast<float>(isum[nt][1]) - n0 * static_cast<float>(64 * ch[1] + cl[1]));
+    acc.f[nt][2] += x0 * (d1 * static_cast<float>(isum[nt][2]) - n1 * static_cast<float>(64 * ch[2] + cl[2]));
+    acc.f[nt][3] += x1 * (d1 * static_cast<float>(isum[nt][3]) - n1 * static_cast<float>(64 * ch[3] + cl[3]));
+  }
+}
+
+// Q6_K: 16-value scale groups, so the standard k order (step s = values 16s + 4t..) with 4-byte loads.
+// Group u (32 values) = half hf = u/4, w = u%4: ql bytes 64hf + 32(w&1) + l (nibble w>>1), qh bytes
+// 32hf + l (bits 2w), scale sc[8hf + 2w + s]; values q − 32.
+template <int NT>
+__device__ __forceinline__ void mmq_sb_q6k(const MmqParams& p, const uint8_t* w0, const uint8_t* w1, int sb, int g, int t, MmqAcc<NT>& acc) {
+  const uint8_t* b0 = w0 + static_cast<size_t>(sb) * 210;
+  const uint8_t* b1 = w1 + static_cast<size_t>(sb) * 210;
+  uint32_t ql[2][2][2][2], qh[2][2][2];  // [row][hf][w&1][s], [row][hf][s]
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+      for (int lo = 0; lo < 2; ++lo) {
+        ql[0][hf][lo][s] = ldg32a2(b0 + 64 * hf + 32 * lo + 16 * s + 4 * t);
+        ql[1][hf][lo][s] = ldg32a2(b1 + 64 * hf + 32 * lo + 16 * s + 4 * t);
+      }
+      qh[0][hf][s] = ldg32a2(b0 + 128 + 32 * hf + 16 * s + 4 * t);
+      qh[1][hf][s] = ldg32a2(b1 + 128 + 32 * hf + 16 * s + 4 * t);
+    }
+  uint32_t scw0[4], scw1[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) scw0[i] = ldg32a2(b0 + 192 + 4 * i), scw1[i] = ldg32a2(b1 + 192 + 4 * i);
+  const float d0 = h2f(__ldg(reinterpret_cast<const uint16_t*>(b0 + 208))), d1 = h2f(__ldg(reinterpret_cast<const uint16_t*>(b1 + 208)));
+  int isum[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) isum[nt][i] = 0;
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int hf = u >> 2, w = u & 3;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int si = 8 * hf + 2 * w + s;
+      const int sc0 = static_cast<int8_t>((scw0[si >> 2] >> (8 * (si & 3))) & 0xff);
+      const int sc1 = static_cast<int8_t>((scw1[si >> 2] >> (8 * (si & 3))) & 0xff);
+      const uint32_t a0 = __vsub4(((ql[0][hf][w & 1][s] >> (4 * (w >> 1))) & 0x0F0F0F0Fu) | (((qh[0][hf][s] >> (2 * w)) & 0x03030303u) << 4), 0x20202020u);
+      const uint32_t a1 = __vsub4(((ql[1][hf][w & 1][s] >> (4 * (w >> 1))) & 0x0F0F0F0Fu) | (((qh[1][hf][s] >> (2 * w)) & 0x03030303u) << 4), 0x20202020u);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int arow = min(8 * nt + g, p.n - 1);
+        const uint32_t b = __ldg(reinterpret_cast<const uint32_t*>(p.xq + static_cast<int64_t>(arow) * p.K + sb * 256 + 32 * u + 16 * s + 4 * t));
+        int c[4] = {0, 0, 0, 0};
+        mma_s8(c, a0, a1, b);
+        isum[nt][0] += sc0 * c[0], isum[nt][1] += sc0 * c[1], isum[nt][2] += sc1 * c[2], isum[nt][3] += sc1 * c[3];
+      }
+    }
+  }
+  const int64_t nb32 = p.K / 32;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int c0 = min(8 * nt + 2 * t, p.n - 1), c1 = min(8 * nt + 2 * t + 1, p.n - 1);
+    const float x0 = __ldg(p.xd + c0 * nb32 + sb * 8), x1 = __ldg(p.xd + c1 * nb32 + sb * 8);
+    acc.f[nt][0] += x0 * d0 * static_cast<float>(isum[nt][0]);
+    acc.f[nt][1] += x1 * d0 * static_cast<float>(isum[nt][1]);
+    acc.f[nt][2] += x0 * d1 * static_cast<float>(isum[nt][2]);
+    acc.f[nt][3] += x1 * d1 * static_cast<float>(isum[nt][3]);
+  }
+}
+
+// Q8_0 / Q4_0 (32-value blocks, FP16 scale each; activations q8_0, scale per 32): acc += d_w·d_x·c per block.
+// Q8_0 thread t: qs bytes [8t, +8) of the block; Q4_0: nibbles of qs bytes [8(t&1), +8), low (values
+// 0..15) for t < 2, high (16..31) for t ≥ 2, minus 8.
+template <bool Q4, int NT>
+__device__ __forceinline__ void mmq_sb_legacy(const MmqParams& p, const uint8_t* w0, const uint8_t* w1, int sb, int g, int t, MmqAcc<NT>& acc) {
+  constexpr int kB = Q4 ? 18 : 34;
+  uint2 q[2][8];
+  uint32_t dh[2][8];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const uint8_t* b0 = w0 + (static_cast<size_t>(sb) * 8 + u) * kB;
+    const uint8_t* b1 = w1 + (static_cast<size_t>(sb) * 8 + u) * kB;
+    const int off = Q4 ? 2 + 8 * (t & 1) : 2 + 8 * t;
+    q[0][u] = ldg64a2(b0 + off), q[1][u] = ldg64a2(b1 + off);
+    dh[0][u] = __ldg(reinterpret_cast<const uint16_t*>(b0)), dh[1][u] = __ldg(reinterpret_cast<const uint16_t*>(b1));
+  }
+  const int64_t nb32 = p.K / 32;
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    uint32_t a[2][2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      a[r][0] = q[r][u].x, a[r][1] = q[r][u].y;
+      if constexpr (Q4) {
+        const int sh = 4 * (t >> 1);
+        a[r][0] = __vsub4((a[r][0] >> sh) & 0x0F0F0F0Fu, 0x08080808u);
+        a[r][1] = __vsub4((a[r][1] >> sh) & 0x0F0F0F0Fu, 0x08080808u);
+      }
+    }
+    const float dw0 = h2f(dh[0][u]), dw1 = h2f(dh[1][u]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int arow = min(8 * nt + g, p.n - 1);
+      const uint2 b = ldg64(reinterpret_cast<const uint8_t*>(p.xq + static_cast<int64_t>(arow) * p.K + sb * 256 + 32 * u + 8 * t));
+      int c[4] = {0, 0, 0, 0};
+      mma_s8(c, a[0][0], a[1][0], b.x);
+      mma_s8(c, a[0][1], a[1][1], b.y);
+      const int c0 = min(8 * nt + 2 * t, p.n - 1), c1 = min(8 * nt + 2 * t + 1, p.n - 1);
+      const float x0 = __ldg(p.xd + c0 * nb32 + sb * 8 + u), x1 = __ldg(p.xd + c1 * nb32 + sb * 8 + u);
+      acc.f[nt][0] += (dw0 * x0) * static_cast<float>(c[0]);
+      acc.f[nt][1] += (dw0 * x1) * static_cast<float>(c[1]);
+      acc.f[nt][2] += (dw1 * x0) * static_cast<float>(c[2]);
+      acc.f[nt][3] += (dw1 * x1) * static_cast<float>(c[3]);
+    }
+  }
+}
+
+enum MmqType { kMqQ4K, kMqQ5K, kMqQ6K, kMqQ8_0, kMqQ4_0 };
+
+template <int TY, int NT>
+__global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(const MmqParams p) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) * kMmqWarps + warp) * 16;
+  if (m0 >= p.M) return;
+  const int64_t r0 = min(m0 + g, p.M - 1), r1 = min(m0 + g + 8, p.M - 1);  // rows past M compute garbage, never stored
+  const uint8_t* w0 = p.w + static_cast<size_t>(r0) * p.row_bytes;
+  const uint8_t* w1 = p.w + static_cast<size_t>(r1) * p.row_bytes;
+  MmqAcc<NT> acc;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc.f[nt][i] = 0.0f;
+  const int z = static_cast<int>(blockIdx.y);
+  const int sb0 = z * p.sb_per_split, sb1 = min(p.n_sb, sb0 + p.sb_per_split);
+  for (int sb = sb0; sb < sb1; ++sb) {
+    if constexpr (TY == kMqQ4K) mmq_sb_kquant<MqK4, NT>(p, w0, w1, sb, g, t, acc);
+    else if constexpr (TY == kMqQ5K) mmq_sb_kquant<MqK5, NT>(p, w0, w1, sb, g, t, acc);
+    else if constexpr (TY == kMqQ6K) mmq_sb_q6k<NT>(p, w0, w1, sb, g, t, acc);
+    else mmq_sb_legacy<TY == kMqQ4_0, NT>(p, w0, w1, sb, g, t, acc);
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t m = m0 + g + 8 * (i >> 1);
+      const int a = 8 * nt + 2 * t + (i & 1);
+      if (m >= p.M || a >= p.n) continue;
+      if (gridDim.y == 1)
+        p.y[static_cast<int64_t>(a) * p.y_stride + m] = acc.f[nt][i];
+      else
+        p.part[(static_cast<int64_t>(z) * p.n + a) * p.M + m] = acc.f[nt][i];
+    }
+}
+
+// y (n, M) = Σ_z part[z] in slice order (deterministic).
+__global__ void mmq_reduce_kernel(const float* __restrict__ part, int splits, int n, int64_t M, float* __restrict__ y, int64_t y_stride) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n * nb) return;
-  const int64_t r = i / nb, b = i % nb;
-  const float4* xp = reinterpret_cast<const float4*>(x + r * x_stride + b * 32);
-  float v[32];
-  float amax = 0.0f;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float4 t = xp[k];
-    v[4 * k] = t.x, v[4 * k + 1] = t.y, v[4 * k + 2] = t.z, v[4 * k + 3] = t.w;
-    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(t.x), fabsf(t.y)), fmaxf(fabsf(t.z), fabsf(t.w))));
+  if (i >= n * M) return;
+  float s = 0.0f;
+  for (int z = 0; z < splits; ++z) s += part[static_cast<int64_t>(z) * n * M + i];
+  y[(i / M) * y_stride + i % M] = s;
+}
+
+int mmq_type(DType t) {
+  switch (t) {
+    case DType::Q4_K: return kMqQ4K;
+    case DType::Q5_K: return kMqQ5K;
+    case DType::Q6_K: return kMqQ6K;
+    case DType::Q8_0: return kMqQ8_0;
+    case DType::Q4_0: return kMqQ4_0;
+    default: return -1;
   }
-  const float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
-  uint32_t packed[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) word |= (static_cast<uint32_t>(static_cast<int>(roundf(v[4 * k + j] * id))) & 0xffu) << (8 * j);
-    packed[k] = word;
+}
+
+struct MmqPlan {
+  int splits, sb_per_split, blocks_x;
+};
+MmqPlan mmq_plan(const MatmulArgs& a, int n_sm) {
+  MmqPlan pl{};
+  const int n_sb = static_cast<int>(a.K / 256);
+  pl.blocks_x = static_cast<int>(ceil_div(ceil_div(a.M, int64_t{16}), int64_t{kMmqWarps}));
+  int want = std::max(1, std::min({8, n_sb, ceil_div(4 * n_sm, pl.blocks_x)}));
+  pl.sb_per_split = ceil_div(n_sb, want);
+  pl.splits = ceil_div(n_sb, pl.sb_per_split);
+  return pl;
+}
+
+template <int TY>
+void mmq_launch_t(const MmqParams& p, int nt, dim3 grid, cudaStream_t stream) {
+  switch (nt) {
+    case 1: mmq_kernel<TY, 1><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
+    case 2: mmq_kernel<TY, 2><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
+    case 3: mmq_kernel<TY, 3><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
+    case 4: mmq_kernel<TY, 4><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
+    case 5:
+    case 6: mmq_kernel<TY, 6><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
+    default: mmq_kernel<TY, 8><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
   }
-  int4* qp = reinterpret_cast<int4*>(q + r * K + b * 32);
-  qp[0] = make_int4(static_cast<int>(packed[0]), static_cast<int>(packed[1]), static_cast<int>(packed[2]), static_cast<int>(packed[3]));
-  qp[1] = make_int4(static_cast<int>(packed[4]), static_cast<int>(packed[5]), static_cast<int>(packed[6]), static_cast<int>(packed[7]));
-  d[r * nb + b] = dd;
 }
 
 template <class F>
@@ -529,14 +979,21 @@ FastParams make_params(const MatmulArgs& a) {
 size_t gemv_fast_scratch_bytes(const MatmulArgs& a) {
   if (a.type == DType::F16 || a.type == DType::BF16) return 0;
   const int64_t rows = activation_rows(a);
-  return static_cast<size_t>(rows * a.K) + static_cast<size_t>(rows * (a.K / 32)) * sizeof(float) + 16;
+  return static_cast<size_t>(rows * a.K) + 2 * static_cast<size_t>(rows * (a.K / 32)) * sizeof(float) + static_cast<size_t>(rows * (a.K / 256)) * 16 + 32;
 }
 
 namespace {
-// Scratch layout: q (rows, K) int8, then d (rows, K/32) F32 at the next 16-byte boundary.
+// Scratch layout: q (rows, K) int8, then d (rows, K/32) F32 at the next 16-byte boundary, then Σq (rows, K/32) int32.
 int8_t* scratch_q(void* s) { return static_cast<int8_t*>(s); }
 float* scratch_d(const MatmulArgs& a, void* s) {
   return reinterpret_cast<float*>(static_cast<uint8_t*>(s) + ((static_cast<size_t>(activation_rows(a) * a.K) + 15) & ~size_t{15}));
+}
+// Then Σq per 32 values, (rows, K/32) int32, right after the scales; then (q8_K only) the same sums split
+// for MMQ, (rows, K/256) uint4, at the next 16-byte boundary.
+int32_t* scratch_s(const MatmulArgs& a, void* s) { return reinterpret_cast<int32_t*>(scratch_d(a, s) + activation_rows(a) * (a.K / 32)); }
+uint4* scratch_split(const MatmulArgs& a, void* s) {
+  const auto p = reinterpret_cast<uintptr_t>(scratch_s(a, s) + activation_rows(a) * (a.K / 32));
+  return reinterpret_cast<uint4*>((p + 15) & ~uintptr_t{15});
 }
 }  // namespace
 
@@ -548,11 +1005,38 @@ bool gemv_fast_q8(const MatmulArgs& a) {
 }
 
 void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream) {
-  const int64_t rows = activation_rows(a), threads = rows * (a.K / 32);
-  if (threads == 0) return;
-  quantize_q8_kernel<<<static_cast<unsigned>((threads + 127) / 128), 128, 0, stream>>>(a.x, a.x_stride, static_cast<int>(rows), a.K,
-                                                                                      scratch_q(scratch), scratch_d(a, scratch));
-  check_launch("quantize_q8");
+  launch_act_quant<kOutQ8>(act_quant_mode(a.type), a.x, a.x_stride, nullptr, activation_rows(a), a.K, scratch_q(scratch), scratch_d(a, scratch),
+                           stream, scratch_s(a, scratch), act_quant_mode(a.type) == kActQ8_K && a.K % 256 == 0 ? scratch_split(a, scratch) : nullptr);
+}
+
+int act_quant_mode(DType t) {
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q8_0:
+    case DType::IQ4_NL:
+      return kActQ8_0;
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::IQ4_XS:
+      return kActQ8_K;
+    default:
+      return kActNone;
+  }
+}
+
+void act_quant_f32(int mode, const float* x, int64_t x_stride, int64_t n, int64_t K, float* out, cudaStream_t stream) {
+  launch_act_quant<kOutF32>(mode, x, x_stride, nullptr, n, K, out, nullptr, stream);
+}
+
+void act_quant_f16(int mode, const float* x, int64_t x_stride, const int32_t* x_rows, int64_t n, int64_t K, uint16_t* out,
+                   cudaStream_t stream) {
+  launch_act_quant<kOutF16>(mode, x, x_stride, x_rows, n, K, out, nullptr, stream);
 }
 
 bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_quantized) {
@@ -583,6 +1067,54 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
     }
   });
   return true;
+}
+
+bool mmq_supported(const MatmulArgs& a) {
+  if (a.expert_ids || a.n < 1 || a.n > kMmqMaxRows || a.K % 256 != 0 || mmq_type(a.type) < 0) return false;
+  return gemv_fast_q8(a);  // same activation layout and weight alignment rules
+}
+
+size_t mmq_part_bytes(const MatmulArgs& a, int n_sm) {
+  const MmqPlan pl = mmq_plan(a, n_sm);
+  return pl.splits > 1 ? static_cast<size_t>(pl.splits) * static_cast<size_t>(a.n) * static_cast<size_t>(a.M) * sizeof(float) : 0;
+}
+
+void mmq(const MatmulArgs& a, void* scratch, void* part, int n_sm, cudaStream_t stream, bool x_quantized) {
+  if (a.n <= 0 || a.M <= 0) return;
+  PG_CHECK(mmq_supported(a), "mmq: unsupported matmul");
+  if (!x_quantized) quantize_q8(a, scratch, stream);
+  const MmqPlan pl = mmq_plan(a, n_sm);
+  MmqParams p{};
+  p.w = static_cast<const uint8_t*>(a.w);
+  p.row_bytes = a.row_bytes;
+  p.M = a.M;
+  p.n_sb = static_cast<int>(a.K / 256);
+  p.sb_per_split = pl.sb_per_split;
+  p.xq = scratch_q(scratch);
+  p.xd = scratch_d(a, scratch);
+  p.xs = scratch_s(a, scratch);
+  p.xsplit = scratch_split(a, scratch);
+  p.K = a.K;
+  p.n = a.n;
+  p.y = a.y;
+  p.y_stride = a.y_stride;
+  PG_CHECK(pl.splits == 1 || part != nullptr, "mmq: no scratch for the split-K partials");
+  p.part = static_cast<float*>(part);
+  const dim3 grid(static_cast<unsigned>(pl.blocks_x), static_cast<unsigned>(pl.splits));
+  const int nt = ceil_div(a.n, 8);
+  switch (mmq_type(a.type)) {
+    case kMqQ4K: mmq_launch_t<kMqQ4K>(p, nt, grid, stream); break;
+    case kMqQ5K: mmq_launch_t<kMqQ5K>(p, nt, grid, stream); break;
+    case kMqQ6K: mmq_launch_t<kMqQ6K>(p, nt, grid, stream); break;
+    case kMqQ8_0: mmq_launch_t<kMqQ8_0>(p, nt, grid, stream); break;
+    default: mmq_launch_t<kMqQ4_0>(p, nt, grid, stream); break;
+  }
+  check_launch("mmq");
+  if (pl.splits > 1) {
+    const int64_t total = static_cast<int64_t>(a.n) * a.M;
+    mmq_reduce_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(p.part, pl.splits, a.n, a.M, a.y, a.y_stride);
+    check_launch("mmq reduce");
+  }
 }
 
 }  // namespace pg::cuda

@@ -36,6 +36,8 @@ struct MatmulArgs {
   const int32_t* expert_ids = nullptr;
   size_t expert_bytes = 0;
   int x_div = 1;
+  // Default-mode GEMM: activations rounded as act_quant_mode(type) says (kActNone: plain FP16/BF16).
+  int act_quant = 0;
   // Default-mode GEMV (gemv_q8.cu): lanes per weight row, 32 (default), 16 or 8 (candidates for rows
   // whose pieces are too few to keep a whole warp's loads in flight; chosen by measurement).
   int lanes = 32;
@@ -54,6 +56,25 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
 // activations and gemv_fast(..., x_quantized = true) reuses it (products sharing one input).
 bool gemv_fast_q8(const MatmulArgs& a);
 void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream);
+
+// Default-mode matmul for 1..kMmqMaxRows activation rows on integer tensor cores (gemv_q8.cu: MMQ), for
+// Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 with K a multiple of 256 (not grouped). The activations are the
+// quantize_q8 ones in `scratch` (gemv_fast_scratch_bytes; x_quantized: already there, as for gemv_fast);
+// `part` holds the split-K partials (mmq_part_bytes, may be 0 and then null).
+constexpr int kMmqMaxRows = 64;
+bool mmq_supported(const MatmulArgs& a);
+size_t mmq_part_bytes(const MatmulArgs& a, int n_sm);
+void mmq(const MatmulArgs& a, void* scratch, void* part, int n_sm, cudaStream_t stream, bool x_quantized = false);
+
+// The activation rounding of the CPU backend's default mode (ggml-cpu's vec_dot_type) for weights of
+// type t: kActQ8_0 (32 values, FP16 scale, half-even), kActQ8_K (256 values, signed-max scale) or none.
+constexpr int kActNone = 0, kActQ8_0 = 1, kActQ8_K = 2;
+int act_quant_mode(DType t);
+// x (n, K) → out (n, K) = the quantized-then-dequantized activations q·d (FP32, or FP16 bits with the
+// rows gathered through x_rows when given). K: a multiple of 32 (of 256 for kActQ8_K).
+void act_quant_f32(int mode, const float* x, int64_t x_stride, int64_t n, int64_t K, float* out, cudaStream_t stream);
+void act_quant_f16(int mode, const float* x, int64_t x_stride, const int32_t* x_rows, int64_t n, int64_t K, uint16_t* out,
+                   cudaStream_t stream);
 
 bool gemm_supported(DType t);  // tensor-core path: every GEMV type except F32
 // Grouped GEMM (mixture of experts): tiles[3·i .. 3·i+2] = (expert, first row, rows) in the sorted
@@ -98,6 +119,7 @@ void rope(float* x, int64_t x_stride, const int32_t* pos, int n, int n_heads, in
 void kv_store(void* k_cache, void* v_cache, bool kv_f16, const float* k, const float* v, int64_t k_width, int64_t v_width,
               const int32_t* cells, int n, cudaStream_t stream);
 
+constexpr int kAttnMaskWords = 4;  // = backend.h's kTreeMaskWords (checked in cuda_backend.cpp)
 struct AttentionArgs {
   const float* q = nullptr;  // (n, n_head·head_dim)
   int64_t q_stride = 0;
@@ -116,10 +138,22 @@ struct AttentionArgs {
   float* out = nullptr;  // (n, n_head·head_dim)
   int64_t out_stride = 0;
   int kv_capacity = 0;  // > 0: size the grid for this many positions (graph capture), not max_kv_len
+  // Token trees: when tree_mask is set, row r sees [begin, kv_len[r]) plus kv_len[r] + j for each set bit j
+  // of tree_mask[r·kAttnMaskWords + j/32] (backend.h: AttentionBatch); else [begin, positions[r] + 1).
+  const int32_t* kv_len = nullptr;     // (n)
+  const uint32_t* tree_mask = nullptr;  // (n, kAttnMaskWords)
 };
 // Scratch for split-K partial results at this shape (0 when no split is needed).
 size_t attention_scratch_bytes(const AttentionArgs& a, int n_sm);
 void attention(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream);
+
+// ---- speculative verification (spec.cu) ------------------------------------------------------------------
+// Per row of x (rows, cols): the k ≤ 64 largest values' columns (descending, ties to the lower column, NaN
+// never chosen) and their log-softmax (sum in double), as CpuBackend::topk_rows. ids, logprobs: (rows, k).
+void topk_rows(const float* x, int64_t rows, int64_t cols, int k, int32_t* ids, float* logprobs, cudaStream_t stream);
+// For i = 0..n-1 in order: cache row dst[i] ← row src[i], in both the K and the V cache (n_cells rows each).
+void kv_copy(void* k_cache, void* v_cache, size_t k_row_bytes, size_t v_row_bytes, int64_t n_cells, const int32_t* src, const int32_t* dst,
+             int n, cudaStream_t stream);
 
 // ---- mixture of experts ---------------------------------------------------------------------------------
 // Top-k routing of logits (n, n_expert): ids (n, k) I32 and weights (n, k), as CpuBackend::moe_route.

@@ -4,27 +4,37 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 
 #include "backend/cuda/kernels.h"
 
 namespace pg::cuda {
 
-// A kernel that uses more than 48 KB of dynamic shared memory must opt in, once per device. One static
-// instance per kernel; ensure() costs one cudaGetDevice and an atomic load after the first call.
+// A kernel that uses more than 48 KB of dynamic shared memory must opt in, per device, to the largest
+// size it will be launched with. One static instance per kernel; ensure(bytes) raises the kernel's limit
+// whenever a launch needs more than any earlier one (the limit is an upper bound, not a reservation:
+// a smaller launch after a larger one is fine, a larger one after a smaller one needs a new call, which
+// the first version of this class missed — attention then failed with "invalid argument" as soon as a
+// batch grew past the row count it first ran with). Costs one cudaGetDevice and an atomic load when the
+// limit is already high enough.
 class SmemOptIn {
  public:
   void ensure(const void* kernel, int bytes) {
     if (bytes <= 40 * 1024) return;  // static shared memory comes on top of the dynamic size
     int dev = 0;
     check(cudaGetDevice(&dev), "cudaGetDevice");
-    const uint64_t bit = uint64_t{1} << (dev & 63);
-    if (done_.load(std::memory_order_acquire) & bit) return;
+    std::atomic<int>& have = limit_[dev & (kDevices - 1)];
+    if (have.load(std::memory_order_acquire) >= bytes) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (have.load(std::memory_order_relaxed) >= bytes) return;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "cudaFuncSetAttribute(smem)");
-    done_.fetch_or(bit, std::memory_order_acq_rel);
+    have.store(bytes, std::memory_order_release);
   }
 
  private:
-  std::atomic<uint64_t> done_{0};
+  static constexpr int kDevices = 64;
+  std::atomic<int> limit_[kDevices] = {};
+  std::mutex mu_;
 };
 
 }  // namespace pg::cuda
