@@ -47,12 +47,9 @@ Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOpt
     if (model_.config().has_recurrent()) ko.n_capture = opt_.n_slots * std::min(rows, spec::kMaxTreeNodes);
   }
   cache_ = model_.make_cache(ko);
-  // Tree verification needs attention that honours AttentionBatch::tree_mask; the CPU backend does,
-  // the CUDA backend does not yet (it would attend to sibling nodes: wrong tokens), so elsewhere
-  // DDTree falls back to chains.
-  tree_forward_ = model_.backend().is_host();
-  if (opt_.spec.on() && opt_.spec.tree && !tree_forward_)
-    PG_WARN("DDTree verification needs tree attention, which the %s backend lacks: verifying chains", model_.backend().name().c_str());
+  // Tree verification needs attention that honours AttentionBatch::tree_mask (the CPU and CUDA
+  // backends do); a backend without it fails the forward loudly rather than attending to siblings.
+  tree_forward_ = true;
   // PEREGRINE_PROFILE_STEPS=1: where a step's time goes (drafting vs the forward), printed at the end.
   if (const char* e = std::getenv("PEREGRINE_PROFILE_STEPS"); e && *e == '1') profile_ = true;
   kv_bytes_ = cache_->bytes();
