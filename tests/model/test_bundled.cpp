@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
-#include "engine/generate.h"
+#include "engine/scheduler.h"
 #include "model/model.h"
 #include "testutil.h"
 #include "tokenizer/tokenizer.h"
@@ -54,15 +54,24 @@ struct Chat {
   std::vector<int32_t> prompt(const std::string& question) const {
     return tok->encode("<|im_start|>user\n" + question + "<|im_end|>\n<|im_start|>assistant\n", false, true);
   }
+  // Greedy generation through the engine's one step loop (the scheduler), without speculation; made per
+  // call so that no engine thread runs while a test drives the model's forward directly.
   std::vector<int32_t> greedy(const std::vector<int32_t>& p, int n) {
-    SamplingParams sp;
-    sp.temperature = 0;
-    Sampler s(sp, model->config().n_vocab);
+    engine::SchedulerOptions o;
+    o.n_slots = 1;
+    o.n_ctx = 512;
+    engine::Scheduler sched(*model, *tok, o);
+    engine::RequestSpec req;
+    req.prompt = p;
+    req.sampling.temperature = 0;
+    req.max_tokens = n;
+    auto h = sched.submit(std::move(req));
     std::vector<int32_t> out;
-    generate(*model, *cache, p, s, {n, true, 0}, [&](int32_t t) { return tok->is_eog(t); }, [&](int32_t t) {
-      out.push_back(t);
-      return true;
-    });
+    engine::Event e;
+    while (h->next(e, std::chrono::seconds(60))) {
+      for (const auto& t : e.tokens) out.push_back(t.id);
+      if (e.done) break;
+    }
     return out;
   }
 };
