@@ -711,6 +711,164 @@ void tile_legacy(int64_t nb, const void* wv, const void* const* xv, float* out) 
   for (int r = 0; r < R; ++r) out[r] = D::kMin ? hsum_ps(acc[r]) + summ[r] : hsum_ps(acc[r]);
 }
 
+// ---- AVX-512 VNNI tiles for the signed 32-element types (Q8_0, Q4_0, Q5_0, IQ4_NL) ----------------
+//
+// Built for x86-64-v3 like the rest, these few functions carry their own target and run only where the
+// CPU reports AVX-512 VNNI (gemm_rows checks once). A zmm holds one 32-byte weight block twice and the
+// blocks of two activation rows, so one vpdpbusd does the integer work of two (weight, activation) pairs
+// and each pair keeps its own 8-lane float accumulator in one half of a zmm. That is what keeps every
+// result bit-identical to vec_dot: lane k of a half receives, block after block, the exact integer sum
+// of bytes 4k..4k+3 (what maddubs + madd give), converted, times the same float h2f(w.d)·x.d, fused-added
+// in the same block order; the final sum of the 8 lanes is hsum_ps's tree (see hsum_halves).
+// vpdpbusd multiplies unsigned by signed bytes, so the activations (never -128) are shifted to x + 128
+// and 128·Σq per 4-byte group is taken off again; both are exact in int32.
+// The tiles are RW weight rows × 2P activation rows; the register budget (32 zmm: RW·P accumulators,
+// P activation pairs and their P scale vectors) allows 4 × 8.
+#if defined(__GNUC__)  // GCC and Clang: target attributes and __builtin_cpu_supports
+#define PG_VNNI 1
+#define PG_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+// GCC 12's AVX-512 headers build results on _mm512_undefined_*() (a self-initialised variable), which
+// -Wuninitialized reports wherever those intrinsics are inlined; nothing here reads an undefined value.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+bool cpu_has_vnni() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                         __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
+// The sum of each 8-lane half of v in hsum_ps's order, ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)): a butterfly
+// over distances 4, 2, 1 pairs the same lanes (float addition is commutative, so a+b and b+a agree in
+// every bit). Results in lanes 0 and 8.
+PG_VNNI_TARGET inline __m512 hsum_halves(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+// out[a·2P + b] = vec_dot(w row a, x row b) for a < RW, b < 2P. wv: RW weight rows of nb blocks; xv: 2P
+// prepared activation rows (blocks, then F32 scales at x_side_offset).
+template <class D, int RW, int P>
+PG_VNNI_TARGET void tile_vnni(int64_t nb, const void* const* wv, const void* const* xv, float* out) {
+  static_assert(!D::kMin && D::kSigned, "the VNNI tiles cover the signed types without a min");
+  const typename D::W* w[RW];
+  const typename D::X* x[2 * P];
+  const float* xd[2 * P];  // (nb) F32 block scales of activation row b
+  const size_t side = x_side_offset(nb, sizeof(typename D::X));
+  for (int a = 0; a < RW; ++a) w[a] = static_cast<const typename D::W*>(wv[a]);
+  for (int b = 0; b < 2 * P; ++b) {
+    x[b] = static_cast<const typename D::X*>(xv[b]);
+    xd[b] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(xv[b]) + side);
+  }
+  __m512 acc[RW][P];
+  for (int a = 0; a < RW; ++a)
+    for (int p = 0; p < P; ++p) acc[a][p] = _mm512_setzero_ps();
+  const __m512i c80 = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
+  for (int64_t i = 0; i < nb; ++i) {
+    __m512i xu[P];  // activation rows 2p (low half) and 2p+1 (high half) of block i, + 128 as unsigned bytes
+    __m512 xs[P];   // their F32 block scales, each over its half
+    for (int p = 0; p < P; ++p) {
+      const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(x[2 * p][i].qs)), loadu256(x[2 * p + 1][i].qs), 1);
+      xu[p] = _mm512_xor_si512(v, c80);
+      xs[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_broadcast_ss(xd[2 * p] + i)), _mm256_broadcast_ss(xd[2 * p + 1] + i), 1);
+    }
+    for (int a = 0; a < RW; ++a) {
+      const __m512i q = _mm512_broadcast_i64x4(D::q(w[a][i]));
+      const __m512i neg = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, c80, q));  // -128·Σq per 4-byte group
+      const __m512 wd = _mm512_set1_ps(h2f(w[a][i].d));
+      for (int p = 0; p < P; ++p) {
+        const __m512i s = _mm512_dpbusd_epi32(neg, xu[p], q);  // Σ x·q per 4-byte group, both rows
+        acc[a][p] = _mm512_fmadd_ps(_mm512_mul_ps(wd, xs[p]), _mm512_cvtepi32_ps(s), acc[a][p]);
+      }
+    }
+  }
+  for (int a = 0; a < RW; ++a)
+    for (int p = 0; p < P; ++p) {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, hsum_halves(acc[a][p]));
+      out[a * 2 * P + 2 * p] = lanes[0];
+      out[a * 2 * P + 2 * p + 1] = lanes[8];
+    }
+}
+
+// One activation row (decode): the zmm halves hold two weight rows instead, against the row's block
+// broadcast to both. out[a] = vec_dot(w row a, x) for a < 2·RP.
+template <class D, int RP>
+PG_VNNI_TARGET void tile_vnni_1(int64_t nb, const void* const* wv, const void* xv, float* out) {
+  const typename D::W* w[2 * RP];
+  for (int a = 0; a < 2 * RP; ++a) w[a] = static_cast<const typename D::W*>(wv[a]);
+  const auto* x = static_cast<const typename D::X*>(xv);
+  const float* xd = reinterpret_cast<const float*>(static_cast<const uint8_t*>(xv) + x_side_offset(nb, sizeof(typename D::X)));
+  __m512 acc[RP];
+  for (int p = 0; p < RP; ++p) acc[p] = _mm512_setzero_ps();
+  const __m512i c80 = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m512i xu = _mm512_xor_si512(_mm512_broadcast_i64x4(loadu256(x[i].qs)), c80);  // x + 128, both halves
+    const __m512 xs = _mm512_set1_ps(xd[i]);
+    for (int p = 0; p < RP; ++p) {
+      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(D::q(w[2 * p][i])), D::q(w[2 * p + 1][i]), 1);
+      const __m512i neg = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, c80, q));
+      const __m512 wd = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(h2f(w[2 * p][i].d))),
+                                           _mm256_set1_ps(h2f(w[2 * p + 1][i].d)), 1);
+      const __m512i s = _mm512_dpbusd_epi32(neg, xu, q);
+      acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(wd, xs), _mm512_cvtepi32_ps(s), acc[p]);
+    }
+  }
+  for (int p = 0; p < RP; ++p) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, hsum_halves(acc[p]));
+    out[2 * p] = lanes[0];
+    out[2 * p + 1] = lanes[8];
+  }
+}
+
+constexpr int kVnniW = 4, kVnniP = 4;  // weight rows × activation-row pairs of the largest tile
+constexpr int kVnni1P = 4;             // weight-row pairs of the one-row tile
+using VnniFn = void (*)(int64_t nb, const void* const* w, const void* const* x, float* out);
+
+template <class D>
+struct Vnni {
+  static constexpr VnniFn kFn[kVnniP] = {tile_vnni<D, kVnniW, 1>, tile_vnni<D, kVnniW, 2>, tile_vnni<D, kVnniW, 3>,
+                                         tile_vnni<D, kVnniW, 4>};
+  // gemm_rows for weight type D::W: tiles of 4 weight rows × up to 8 activation rows; a partial tile
+  // repeats its last weight (activation) row and drops the repeated results.
+  static void run(int64_t n, const uint8_t* wp, size_t w_stride, int64_t n_w, const void* const* x, int64_t n_x, float* y,
+                  int64_t y_stride) {
+    const int64_t nb = n / 32;
+    if (n_x == 1) {
+      const void* w1[2 * kVnni1P];
+      float o1[2 * kVnni1P];
+      for (int64_t i = 0; i < n_w; i += 2 * kVnni1P) {
+        const int rw = static_cast<int>(std::min<int64_t>(2 * kVnni1P, n_w - i));
+        for (int a = 0; a < 2 * kVnni1P; ++a) w1[a] = wp + static_cast<size_t>(i + std::min(a, rw - 1)) * w_stride;
+        tile_vnni_1<D, kVnni1P>(nb, w1, x[0], o1);
+        for (int a = 0; a < rw; ++a) y[i + a] = o1[a];
+      }
+      return;
+    }
+    const void* wr[kVnniW];
+    const void* xr[2 * kVnniP];
+    float out[kVnniW * 2 * kVnniP];
+    for (int64_t j = 0; j < n_x; j += 2 * kVnniP) {
+      const int rx = static_cast<int>(std::min<int64_t>(2 * kVnniP, n_x - j));
+      const int p = (rx + 1) / 2;
+      for (int b = 0; b < 2 * p; ++b) xr[b] = x[j + std::min(b, rx - 1)];
+      const VnniFn fn = kFn[p - 1];
+      for (int64_t i = 0; i < n_w; i += kVnniW) {
+        const int rw = static_cast<int>(std::min<int64_t>(kVnniW, n_w - i));
+        for (int a = 0; a < kVnniW; ++a) wr[a] = wp + static_cast<size_t>(i + std::min(a, rw - 1)) * w_stride;
+        fn(nb, wr, xr, out);
+        for (int a = 0; a < rw; ++a)
+          for (int b = 0; b < rx; ++b) y[(j + b) * y_stride + i + a] = out[a * 2 * p + b];
+      }
+    }
+  }
+};
+#pragma GCC diagnostic pop
+#endif
 // Q4_K / Q5_K scales and mins without a scalar loop: the 8 six-bit scales as int16 in both 128-bit
 // halves of *sc (for k4_scale's shuffles) and the 8 mins, each twice, as the 16 int16 of *m16 (for the
 // bsums madd). Same values as k4_scales; four word operations instead of sixteen byte ones.
@@ -1440,6 +1598,22 @@ void gemm_rows(DType t, int64_t n, const void* w, size_t w_stride, int64_t n_w, 
     return;
   }
   check_dot(t, n);
+#if PG_DOT_AVX2 && PG_VNNI
+  if (cpu_has_vnni()) {
+    switch (t) {
+      case DType::Q8_0:
+        return Vnni<DecQ8_0>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+      case DType::Q4_0:
+        return Vnni<DecQ4_0>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+      case DType::Q5_0:
+        return Vnni<DecQ5_0>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+      case DType::IQ4_NL:
+        return Vnni<DecIQ4_NL>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+      default:
+        break;
+    }
+  }
+#endif
   if (n_x > 1 && ts.fn2) {
     constexpr int RW = kTile2W, RX = kTile2X;
     const void* wr[RW];
