@@ -719,7 +719,7 @@ void tile_legacy(int64_t nb, const void* wv, const void* const* xv, float* out) 
 // and each pair keeps its own 8-lane float accumulator in one half of a zmm. That is what keeps every
 // result bit-identical to vec_dot: lane k of a half receives, block after block, the exact integer sum
 // of bytes 4k..4k+3 (what maddubs + madd give), converted, times the same float h2f(w.d)·x.d, fused-added
-// in the same block order; the final sum of the 8 lanes is hsum_ps's tree (see hsum_halves).
+// in the same block order; the final sum of the 8 lanes is hsum_ps's tree (see hsum_halves8).
 // vpdpbusd multiplies unsigned by signed bytes, so the activations (never -128) are shifted to x + 128
 // and 128·Σq per 4-byte group is taken off again; both are exact in int32.
 // The tiles are RW weight rows × 2P activation rows; the register budget (32 zmm: RW·P accumulators,
@@ -740,13 +740,38 @@ bool cpu_has_vnni() {
   return ok;
 }
 
-// The sum of each 8-lane half of v in hsum_ps's order, ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)): a butterfly
-// over distances 4, 2, 1 pairs the same lanes (float addition is commutative, so a+b and b+a agree in
-// every bit). Results in lanes 0 and 8.
-PG_VNNI_TARGET inline __m512 hsum_halves(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)));
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+// The 16 half sums of 8 accumulators in one pass: out[2v + h] = the sum of the 8 lanes of half h of v[v]
+// in hsum_ps's order, ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) (float addition is commutative, so a+b and
+// b+a agree in every bit), for 21 shuffles and adds instead of 6 per accumulator and a scalar extraction.
+// Step 1 adds 128-bit chunk pairs (lanes l, l+4: r_k = l_k + l_{k+4}) of two accumulators into one
+// vector, step 2 adds r0+r2 and r1+r3 of two such, step 3 adds those two sums; lane 4c + m of the result
+// is then out[4m + c], a 4×4 transpose that one permute undoes.
+PG_VNNI_TARGET inline void hsum_halves8(const __m512* v, float* out) {
+  __m512 u[4];
+  for (int k = 0; k < 4; ++k)
+    u[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 x = _mm512_add_ps(_mm512_shuffle_ps(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(w, x, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(w, x, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(tr, f));
+}
+
+// hsum_halves8 over N accumulators: out[2v + h] for v < N (N ≤ 8 pads with zeros).
+template <int N>
+PG_VNNI_TARGET inline void hsum_halves_n(const __m512* v, float* out) {
+  for (int g = 0; g < N; g += 8) {
+    if (N - g >= 8) {
+      hsum_halves8(v + g, out + 2 * g);
+      continue;
+    }
+    __m512 pad[8];
+    for (int k = 0; k < 8; ++k) pad[k] = g + k < N ? v[g + k] : _mm512_setzero_ps();
+    float tmp[16];
+    hsum_halves8(pad, tmp);
+    for (int k = 0; k < 2 * (N - g); ++k) out[2 * g + k] = tmp[k];
+  }
 }
 
 // out[a·2P + b] = vec_dot(w row a, x row b) for a < RW, b < 2P. wv: RW weight rows of nb blocks; xv: 2P
@@ -763,7 +788,7 @@ PG_VNNI_TARGET void tile_vnni(int64_t nb, const void* const* wv, const void* con
     x[b] = static_cast<const typename D::X*>(xv[b]);
     xd[b] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(xv[b]) + side);
   }
-  __m512 acc[RW][P];
+  __m512 acc[RW][P];  // halves: (a, 2p), (a, 2p + 1)
   for (int a = 0; a < RW; ++a)
     for (int p = 0; p < P; ++p) acc[a][p] = _mm512_setzero_ps();
   const __m512i c80 = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
@@ -785,13 +810,8 @@ PG_VNNI_TARGET void tile_vnni(int64_t nb, const void* const* wv, const void* con
       }
     }
   }
-  for (int a = 0; a < RW; ++a)
-    for (int p = 0; p < P; ++p) {
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, hsum_halves(acc[a][p]));
-      out[a * 2 * P + 2 * p] = lanes[0];
-      out[a * 2 * P + 2 * p + 1] = lanes[8];
-    }
+  // Accumulator a·P + p, half h is out[2(a·P + p) + h] = out[a·2P + 2p + h].
+  hsum_halves_n<RW * P>(&acc[0][0], out);
 }
 
 // One activation row (decode): the zmm halves hold two weight rows instead, against the row's block
@@ -817,16 +837,11 @@ PG_VNNI_TARGET void tile_vnni_1(int64_t nb, const void* const* wv, const void* x
       acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(wd, xs), _mm512_cvtepi32_ps(s), acc[p]);
     }
   }
-  for (int p = 0; p < RP; ++p) {
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, hsum_halves(acc[p]));
-    out[2 * p] = lanes[0];
-    out[2 * p + 1] = lanes[8];
-  }
+  hsum_halves_n<RP>(acc, out);
 }
 
 constexpr int kVnniW = 4, kVnniP = 4;  // weight rows × activation-row pairs of the largest tile
-constexpr int kVnni1P = 4;             // weight-row pairs of the one-row tile
+constexpr int kVnni1P = 8;             // weight-row pairs of the one-row tile
 using VnniFn = void (*)(int64_t nb, const void* const* w, const void* const* x, float* out);
 
 template <class D>
