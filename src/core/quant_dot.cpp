@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -734,6 +735,7 @@ void tile_legacy(int64_t nb, const void* wv, const void* const* xv, float* out) 
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 bool cpu_has_vnni() {
+  __builtin_cpu_init();  // callable from static initialisers (g_use_vnni), before libgcc's own constructor
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                          __builtin_cpu_supports("avx512vnni");
@@ -1602,6 +1604,23 @@ void gemm_prepare_x(DType t, const float* x, void* dst, int64_t n) {
 
 bool gemm_has_tiles(DType t) { return tiles_for(t).fn[0] != nullptr; }
 
+namespace {
+#if PG_DOT_AVX2 && PG_VNNI
+std::atomic<bool> g_use_vnni{cpu_has_vnni()};
+#else
+std::atomic<bool> g_use_vnni{false};
+#endif
+}  // namespace
+
+bool gemm_enable_vnni(bool on) {
+#if PG_DOT_AVX2 && PG_VNNI
+  on = on && cpu_has_vnni();
+#else
+  on = false;
+#endif
+  return g_use_vnni.exchange(on, std::memory_order_relaxed);
+}
+
 void gemm_rows(DType t, int64_t n, const void* w, size_t w_stride, int64_t n_w, const void* const* x, int64_t n_x, float* y,
                int64_t y_stride) {
   if (n_w <= 0 || n_x <= 0) return;
@@ -1614,7 +1633,7 @@ void gemm_rows(DType t, int64_t n, const void* w, size_t w_stride, int64_t n_w, 
   }
   check_dot(t, n);
 #if PG_DOT_AVX2 && PG_VNNI
-  if (cpu_has_vnni()) {
+  if (g_use_vnni.load(std::memory_order_relaxed)) {
     switch (t) {
       case DType::Q8_0:
         return Vnni<DecQ8_0>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);

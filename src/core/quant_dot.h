@@ -33,6 +33,11 @@ void gemm_prepare_x(DType t, const float* x, void* dst, int64_t n);
 void gemm_rows(DType t, int64_t n, const void* w, size_t w_stride, int64_t n_w, const void* const* x, int64_t n_x, float* y,
                int64_t y_stride);
 
+// Turns gemm_rows's AVX-512 VNNI tiles on or off (on by default where the CPU has AVX-512 VNNI; asking for
+// them elsewhere leaves them off), so that tests and benches can check the AVX2 tiles on the same machine.
+// Returns whether they were on. Not meant to be flipped while another thread runs gemm_rows.
+bool gemm_enable_vnni(bool on);
+
 // True when gemm_rows has a kernel for t that shares decoded blocks between activation rows (otherwise
 // it calls vec_dot once per pair).
 bool gemm_has_tiles(DType t);

@@ -61,7 +61,18 @@ TEST(GemmRows, BitIdenticalToVecDotForEveryType) {
 // partial tiles padded) at every row count a speculative verify forward uses, on the demo model's width
 // (192 = 6 blocks) and a wider one, with weight counts that leave partial weight tiles. Q8_0 weights
 // include -128 (llama-quantize never writes it; a file may) and activations at ±127.
-TEST(GemmRows, RegisterTilesBitIdenticalForOneTo64Rows) {
+void check_one_to_64_rows();
+
+TEST(GemmRows, RegisterTilesBitIdenticalForOneTo64Rows) { check_one_to_64_rows(); }
+
+// The same with the AVX-512 VNNI tiles off: the AVX2 tiles that CPUs without VNNI run.
+TEST(GemmRows, Avx2TilesBitIdenticalForOneTo64Rows) {
+  const bool was = gemm_enable_vnni(false);
+  check_one_to_64_rows();
+  gemm_enable_vnni(was);
+}
+
+void check_one_to_64_rows() {
   const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL};
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
