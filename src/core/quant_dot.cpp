@@ -908,6 +908,100 @@ inline __m256i k4_scale(__m256i sc, int k) {
   return _mm256_shuffle_epi8(sc, idx);
 }
 
+#if PG_DOT_AVX2 && PG_VNNI
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// Q4_K on the VNNI path: a zmm holds one 32-byte chunk of nibbles twice and the matching activation
+// bytes of two rows; maddubs gives vec_dot's int16 pair sums and vpdpwssd multiplies them by the
+// sub-block scale and adds pairs into the int32 lanes, the same integers madd + add give (all exact), so
+// the float steps — one fused add per super-block with wd·x.d, the min term summed per pair in scalar —
+// and the result are tile_q4_k's. Tiles of RW weight rows × 2P activation rows (16 int32 and 8 float
+// accumulators at 2 × 8).
+template <int RW, int P>
+PG_VNNI_TARGET void tile_vnni_q4_k(int64_t nb, const void* const* wv, const void* const* xv, float* out) {
+  const BlockQ4_K* w[RW];
+  const BlockQ8_K* x[2 * P];
+  for (int a = 0; a < RW; ++a) w[a] = static_cast<const BlockQ4_K*>(wv[a]);
+  for (int b = 0; b < 2 * P; ++b) x[b] = static_cast<const BlockQ8_K*>(xv[b]);
+  __m512 acc[RW][P];  // halves: (a, 2p), (a, 2p + 1)
+  float summ[RW][2 * P];
+  for (int a = 0; a < RW; ++a) {
+    for (int p = 0; p < P; ++p) acc[a][p] = _mm512_setzero_ps();
+    for (int b = 0; b < 2 * P; ++b) summ[a][b] = 0;
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i scv[RW], m16[RW];
+    for (int a = 0; a < RW; ++a) k4_scale_vectors(w[a][i].scales, &scv[a], &m16[a]);
+    __m512i isum[RW][P];
+    for (int a = 0; a < RW; ++a)
+      for (int p = 0; p < P; ++p) isum[a][p] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      __m512i xl[P], xh[P];  // activation bytes 64j.. and 64j+32.. of rows 2p, 2p+1
+      for (int p = 0; p < P; ++p) {
+        xl[p] = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(x[2 * p][i].qs + 64 * j)), loadu256(x[2 * p + 1][i].qs + 64 * j), 1);
+        xh[p] = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(x[2 * p][i].qs + 64 * j + 32)),
+                                   loadu256(x[2 * p + 1][i].qs + 64 * j + 32), 1);
+      }
+      for (int a = 0; a < RW; ++a) {
+        const __m512i q = _mm512_broadcast_i64x4(loadu256(w[a][i].qs + 32 * j));
+        const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        const __m512i sl = _mm512_broadcast_i64x4(k4_scale(scv[a], 2 * j)), sh = _mm512_broadcast_i64x4(k4_scale(scv[a], 2 * j + 1));
+        for (int p = 0; p < P; ++p) {
+          isum[a][p] = _mm512_dpwssd_epi32(isum[a][p], _mm512_maddubs_epi16(lo, xl[p]), sl);
+          isum[a][p] = _mm512_dpwssd_epi32(isum[a][p], _mm512_maddubs_epi16(hi, xh[p]), sh);
+        }
+      }
+    }
+    for (int a = 0; a < RW; ++a) {
+      const float wd = h2f(w[a][i].d), wm = h2f(w[a][i].dmin);
+      for (int p = 0; p < P; ++p) {
+        const __m512 s = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(wd * x[2 * p][i].d)),
+                                            _mm256_set1_ps(wd * x[2 * p + 1][i].d), 1);
+        acc[a][p] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(isum[a][p]), acc[a][p]);
+      }
+      for (int b = 0; b < 2 * P; ++b) {
+        const int summs = hsum_epi32(_mm256_madd_epi16(loadu256(x[b][i].bsums), m16[a]));
+        summ[a][b] += (wm * x[b][i].d) * static_cast<float>(summs);
+      }
+    }
+  }
+  hsum_halves_n<RW * P>(&acc[0][0], out);
+  for (int a = 0; a < RW; ++a)
+    for (int b = 0; b < 2 * P; ++b) out[a * 2 * P + b] -= summ[a][b];
+}
+
+constexpr int kVnniKW = 2;  // weight rows of the Q4_K tile
+struct VnniQ4K {
+  static constexpr VnniFn kFn[kVnniP] = {tile_vnni_q4_k<kVnniKW, 1>, tile_vnni_q4_k<kVnniKW, 2>, tile_vnni_q4_k<kVnniKW, 3>,
+                                         tile_vnni_q4_k<kVnniKW, 4>};
+  // Two or more activation rows (one row keeps the AVX2 kernel); partial tiles as in Vnni::run.
+  static void run(int64_t n, const uint8_t* wp, size_t w_stride, int64_t n_w, const void* const* x, int64_t n_x, float* y,
+                  int64_t y_stride) {
+    const int64_t nb = n / 256;
+    const void* wr[kVnniKW];
+    const void* xr[2 * kVnniP];
+    float out[kVnniKW * 2 * kVnniP];
+    for (int64_t j = 0; j < n_x; j += 2 * kVnniP) {
+      const int rx = static_cast<int>(std::min<int64_t>(2 * kVnniP, n_x - j));
+      const int p = (rx + 1) / 2;
+      for (int b = 0; b < 2 * p; ++b) xr[b] = x[j + std::min(b, rx - 1)];
+      const VnniFn fn = kFn[p - 1];
+      for (int64_t i = 0; i < n_w; i += kVnniKW) {
+        const int rw = static_cast<int>(std::min<int64_t>(kVnniKW, n_w - i));
+        for (int a = 0; a < kVnniKW; ++a) wr[a] = wp + static_cast<size_t>(i + std::min(a, rw - 1)) * w_stride;
+        fn(nb, wr, xr, out);
+        for (int a = 0; a < rw; ++a)
+          for (int b = 0; b < rx; ++b) y[(j + b) * y_stride + i + a] = out[a * 2 * p + b];
+      }
+    }
+  }
+};
+#pragma GCC diagnostic pop
+#endif
+
 template <int R>
 void tile_q4_k(int64_t nb, const void* wv, const void* const* xv, float* out) {
   const auto* w = static_cast<const BlockQ4_K*>(wv);
@@ -1643,6 +1737,9 @@ void gemm_rows(DType t, int64_t n, const void* w, size_t w_stride, int64_t n_w, 
         return Vnni<DecQ5_0>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
       case DType::IQ4_NL:
         return Vnni<DecIQ4_NL>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+      case DType::Q4_K:
+        if (n_x > 1) return VnniQ4K::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+        break;
       default:
         break;
     }
