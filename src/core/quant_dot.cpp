@@ -973,10 +973,67 @@ PG_VNNI_TARGET void tile_vnni_q4_k(int64_t nb, const void* const* wv, const void
     for (int b = 0; b < 2 * P; ++b) out[a * 2 * P + b] -= summ[a][b];
 }
 
-constexpr int kVnniKW = 2;  // weight rows of the Q4_K tile
-struct VnniQ4K {
-  static constexpr VnniFn kFn[kVnniP] = {tile_vnni_q4_k<kVnniKW, 1>, tile_vnni_q4_k<kVnniKW, 2>, tile_vnni_q4_k<kVnniKW, 3>,
-                                         tile_vnni_q4_k<kVnniKW, 4>};
+// Q6_K on the VNNI path, the same way as Q4_K: maddubs on the 6-bit values (vec_dot's int16 pair sums),
+// vpdpwssd by the 16-element group scales, then tile_q6_k's bsums correction and float steps per half.
+template <int RW, int P>
+PG_VNNI_TARGET void tile_vnni_q6_k(int64_t nb, const void* const* wv, const void* const* xv, float* out) {
+  const BlockQ6_K* w[RW];
+  const BlockQ8_K* x[2 * P];
+  for (int a = 0; a < RW; ++a) w[a] = static_cast<const BlockQ6_K*>(wv[a]);
+  for (int b = 0; b < 2 * P; ++b) x[b] = static_cast<const BlockQ8_K*>(xv[b]);
+  __m512 acc[RW][P];  // halves: (a, 2p), (a, 2p + 1)
+  for (int a = 0; a < RW; ++a)
+    for (int p = 0; p < P; ++p) acc[a][p] = _mm512_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < nb; ++i) {
+    __m512i isum[RW][P];
+    for (int a = 0; a < RW; ++a)
+      for (int p = 0; p < P; ++p) isum[a][p] = _mm512_setzero_si512();
+    for (int half = 0; half < 2; ++half) {
+      for (int k = 0; k < 4; ++k) {
+        __m512i xq[P];  // activation bytes 128·half + 32k.. of rows 2p, 2p+1
+        for (int p = 0; p < P; ++p)
+          xq[p] = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(x[2 * p][i].qs + 128 * half + 32 * k)),
+                                     loadu256(x[2 * p + 1][i].qs + 128 * half + 32 * k), 1);
+        for (int a = 0; a < RW; ++a) {
+          const __m256i l = loadu256(w[a][i].ql + 64 * half + 32 * (k & 1)), qh = loadu256(w[a][i].qh + 32 * half);
+          const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, k >= 2 ? 4 : 0), m4),
+                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3), 4));
+          const __m512i qz = _mm512_broadcast_i64x4(q);
+          const __m512i gs = _mm512_broadcast_i64x4(group_scales(loadu128(w[a][i].scales), 4 * half + k));
+          for (int p = 0; p < P; ++p) isum[a][p] = _mm512_dpwssd_epi32(isum[a][p], _mm512_maddubs_epi16(qz, xq[p]), gs);
+        }
+      }
+    }
+    for (int a = 0; a < RW; ++a) {
+      const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(w[a][i].scales));
+      const float wd = h2f(w[a][i].d);
+      for (int p = 0; p < P; ++p) {
+        const __m512i corr = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_madd_epi16(sc16, loadu256(x[2 * p][i].bsums))),
+                                                _mm256_madd_epi16(sc16, loadu256(x[2 * p + 1][i].bsums)), 1);
+        const __m512i s = _mm512_sub_epi32(isum[a][p], _mm512_slli_epi32(corr, 5));
+        const __m512 sv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(wd * x[2 * p][i].d)),
+                                             _mm256_set1_ps(wd * x[2 * p + 1][i].d), 1);
+        acc[a][p] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(s), acc[a][p]);
+      }
+    }
+  }
+  hsum_halves_n<RW * P>(&acc[0][0], out);
+}
+
+template <int RW, int P>
+struct TQ4K {
+  static void run(int64_t nb, const void* const* w, const void* const* x, float* out) { tile_vnni_q4_k<RW, P>(nb, w, x, out); }
+};
+template <int RW, int P>
+struct TQ6K {
+  static void run(int64_t nb, const void* const* w, const void* const* x, float* out) { tile_vnni_q6_k<RW, P>(nb, w, x, out); }
+};
+
+constexpr int kVnniKW = 2;  // weight rows of the K-quant tiles
+template <template <int, int> class T>
+struct VnniK {
+  static constexpr VnniFn kFn[kVnniP] = {T<kVnniKW, 1>::run, T<kVnniKW, 2>::run, T<kVnniKW, 3>::run, T<kVnniKW, 4>::run};
   // Two or more activation rows (one row keeps the AVX2 kernel); partial tiles as in Vnni::run.
   static void run(int64_t n, const uint8_t* wp, size_t w_stride, int64_t n_w, const void* const* x, int64_t n_x, float* y,
                   int64_t y_stride) {
@@ -1738,7 +1795,10 @@ void gemm_rows(DType t, int64_t n, const void* w, size_t w_stride, int64_t n_w, 
       case DType::IQ4_NL:
         return Vnni<DecIQ4_NL>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
       case DType::Q4_K:
-        if (n_x > 1) return VnniQ4K::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+        if (n_x > 1) return VnniK<TQ4K>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+        break;
+      case DType::Q6_K:
+        if (n_x > 1) return VnniK<TQ6K>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
         break;
       default:
         break;

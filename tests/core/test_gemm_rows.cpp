@@ -58,9 +58,10 @@ TEST(GemmRows, BitIdenticalToVecDotForEveryType) {
 }
 
 // The register-blocked tiles (AVX-512 VNNI where the CPU has it: 4 weight rows × up to 8 activation rows,
-// 2 × 8 for Q4_K, partial tiles padded) at every row count a speculative verify forward uses, on the demo model's width
-// (192 = 6 blocks) and a wider one, with weight counts that leave partial weight tiles. Q8_0 weights
-// include -128 (llama-quantize never writes it; a file may) and activations at ±127.
+// 2 × 8 for Q4_K and Q6_K, partial tiles padded) at every row count a speculative verify forward uses, on
+// the demo model's width (192 = 6 blocks; one super-block for the K-quants) and a wider one, with weight
+// counts that leave partial weight tiles. Q8_0 weights include -128 (llama-quantize never writes it; a
+// file may) and activations at ±127.
 void check_one_to_64_rows();
 
 TEST(GemmRows, RegisterTilesBitIdenticalForOneTo64Rows) { check_one_to_64_rows(); }
@@ -73,13 +74,13 @@ TEST(GemmRows, Avx2TilesBitIdenticalForOneTo64Rows) {
 }
 
 void check_one_to_64_rows() {
-  const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL, DType::Q4_K};
+  const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL, DType::Q4_K, DType::Q6_K};
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   int checked = 0;
   for (DType t : types) {
     for (int64_t n0 : {192, 1024}) {
-      const int64_t n = n0 % traits(t).block_size == 0 ? n0 : 256;  // Q4_K: one super-block for the narrow case
+      const int64_t n = n0 % traits(t).block_size == 0 ? n0 : 256;  // K-quants: one super-block for the narrow case
       for (int64_t n_w : {1, 5, 13}) {
         const size_t w_row = row_bytes(t, n);
         std::vector<float> wf(static_cast<size_t>(n));
