@@ -59,7 +59,7 @@ TEST(GemmRows, BitIdenticalToVecDotForEveryType) {
 
 // The register-blocked tiles (AVX-512 VNNI where the CPU has it: 4 weight rows × up to 8 activation rows,
 // 2 × 8 for Q4_K and Q6_K, partial tiles padded) at every row count a speculative verify forward uses, on
-// the demo model's width (192 = 6 blocks; one super-block for the K-quants) and a wider one, with weight
+// the demo draft's width (192 = 6 blocks; one super-block for the K-quants) and a wider one, with weight
 // counts that leave partial weight tiles. Q8_0 weights include -128 (llama-quantize never writes it; a
 // file may) and activations at ±127.
 void check_one_to_64_rows();
