@@ -1,7 +1,9 @@
 // The CPU matmul kernels in isolation: checks that gemm_rows (one decoded weight block shared by up to
 // four activation rows) gives bit-identical results to vec_dot per pair, then times both.
 //
-//   pg_cpu_gemm_bench [--types q4_k,q8_0,...] [--in N] [--out N] [--rows N] [--reps N]
+//   pg_cpu_gemm_bench [--types q4_k,q8_0,...] [--in N] [--out N] [--rows N] [--reps N] [--vnni 0|1]
+//
+// --vnni 0 turns the AVX-512 VNNI tiles off (gemm_enable_vnni) to time the AVX2 tiles on a VNNI machine.
 //
 // Types whose block size does not divide --in are skipped (--in 2056 exercises the float tails).
 //
@@ -63,11 +65,15 @@ int run(int argc, char** argv) {
       ok = number(argv[i + 1], &rows);
     } else if (ok && a == "--reps") {
       ok = number(argv[i + 1], &reps64);
+    } else if (ok && a == "--vnni") {
+      const std::string v = argv[i + 1];
+      ok = v == "0" || v == "1";
+      if (ok) pg::gemm_enable_vnni(v == "1");
     } else {
       ok = false;
     }
     if (!ok) {
-      std::fprintf(stderr, "usage: %s [--types q4_k,q8_0,...] [--in N] [--out N] [--rows N] [--reps N] (N: 1..16777216)\n",
+      std::fprintf(stderr, "usage: %s [--types q4_k,q8_0,...] [--in N] [--out N] [--rows N] [--reps N] [--vnni 0|1] (N: 1..16777216)\n",
                    argv[0]);
       return 2;
     }

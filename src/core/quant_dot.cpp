@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -711,6 +712,180 @@ void tile_legacy(int64_t nb, const void* wv, const void* const* xv, float* out) 
   for (int r = 0; r < R; ++r) out[r] = D::kMin ? hsum_ps(acc[r]) + summ[r] : hsum_ps(acc[r]);
 }
 
+// ---- AVX-512 VNNI tiles for the signed 32-element types (Q8_0, Q4_0, Q5_0, IQ4_NL) ----------------
+//
+// Built for x86-64-v3 like the rest, these few functions carry their own target and run only where the
+// CPU reports AVX-512 VNNI (gemm_rows checks once). A zmm holds one 32-byte weight block twice and the
+// blocks of two activation rows, so one vpdpbusd does the integer work of two (weight, activation) pairs
+// and each pair keeps its own 8-lane float accumulator in one half of a zmm. That is what keeps every
+// result bit-identical to vec_dot: lane k of a half receives, block after block, the exact integer sum
+// of bytes 4k..4k+3 (what maddubs + madd give), converted, times the same float h2f(w.d)·x.d, fused-added
+// in the same block order; the final sum of the 8 lanes is hsum_ps's tree (see hsum_halves8).
+// vpdpbusd multiplies unsigned by signed bytes, so the activations (never -128) are shifted to x + 128
+// and 128·Σq per 4-byte group is taken off again; both are exact in int32.
+// The tiles are RW weight rows × 2P activation rows; the register budget (32 zmm: RW·P accumulators,
+// P activation pairs and their P scale vectors) allows 4 × 8.
+#if defined(__GNUC__)  // GCC and Clang: target attributes and __builtin_cpu_supports
+#define PG_VNNI 1
+#define PG_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+// GCC 12's AVX-512 headers build results on _mm512_undefined_*() (a self-initialised variable), which
+// -Wuninitialized reports wherever those intrinsics are inlined; nothing here reads an undefined value.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+bool cpu_has_vnni() {
+  __builtin_cpu_init();  // callable from static initialisers (g_use_vnni), before libgcc's own constructor
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                         __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
+// The 16 half sums of 8 accumulators in one pass: out[2v + h] = the sum of the 8 lanes of half h of v[v]
+// in hsum_ps's order, ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) (float addition is commutative, so a+b and
+// b+a agree in every bit), for 21 shuffles and adds instead of 6 per accumulator and a scalar extraction.
+// Step 1 adds 128-bit chunk pairs (lanes l, l+4: r_k = l_k + l_{k+4}) of two accumulators into one
+// vector, step 2 adds r0+r2 and r1+r3 of two such, step 3 adds those two sums; lane 4c + m of the result
+// is then out[4m + c], a 4×4 transpose that one permute undoes.
+PG_VNNI_TARGET inline void hsum_halves8(const __m512* v, float* out) {
+  __m512 u[4];
+  for (int k = 0; k < 4; ++k)
+    u[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 x = _mm512_add_ps(_mm512_shuffle_ps(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(w, x, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(w, x, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(tr, f));
+}
+
+// hsum_halves8 over N accumulators: out[2v + h] for v < N (N ≤ 8 pads with zeros).
+template <int N>
+PG_VNNI_TARGET inline void hsum_halves_n(const __m512* v, float* out) {
+  for (int g = 0; g < N; g += 8) {
+    if (N - g >= 8) {
+      hsum_halves8(v + g, out + 2 * g);
+      continue;
+    }
+    __m512 pad[8];
+    for (int k = 0; k < 8; ++k) pad[k] = g + k < N ? v[g + k] : _mm512_setzero_ps();
+    float tmp[16];
+    hsum_halves8(pad, tmp);
+    for (int k = 0; k < 2 * (N - g); ++k) out[2 * g + k] = tmp[k];
+  }
+}
+
+// out[a·2P + b] = vec_dot(w row a, x row b) for a < RW, b < 2P. wv: RW weight rows of nb blocks; xv: 2P
+// prepared activation rows (blocks, then F32 scales at x_side_offset).
+template <class D, int RW, int P>
+PG_VNNI_TARGET void tile_vnni(int64_t nb, const void* const* wv, const void* const* xv, float* out) {
+  static_assert(!D::kMin && D::kSigned, "the VNNI tiles cover the signed types without a min");
+  const typename D::W* w[RW];
+  const typename D::X* x[2 * P];
+  const float* xd[2 * P];  // (nb) F32 block scales of activation row b
+  const size_t side = x_side_offset(nb, sizeof(typename D::X));
+  for (int a = 0; a < RW; ++a) w[a] = static_cast<const typename D::W*>(wv[a]);
+  for (int b = 0; b < 2 * P; ++b) {
+    x[b] = static_cast<const typename D::X*>(xv[b]);
+    xd[b] = reinterpret_cast<const float*>(static_cast<const uint8_t*>(xv[b]) + side);
+  }
+  __m512 acc[RW][P];  // halves: (a, 2p), (a, 2p + 1)
+  for (int a = 0; a < RW; ++a)
+    for (int p = 0; p < P; ++p) acc[a][p] = _mm512_setzero_ps();
+  const __m512i c80 = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
+  for (int64_t i = 0; i < nb; ++i) {
+    __m512i xu[P];  // activation rows 2p (low half) and 2p+1 (high half) of block i, + 128 as unsigned bytes
+    __m512 xs[P];   // their F32 block scales, each over its half
+    for (int p = 0; p < P; ++p) {
+      const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(x[2 * p][i].qs)), loadu256(x[2 * p + 1][i].qs), 1);
+      xu[p] = _mm512_xor_si512(v, c80);
+      xs[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_broadcast_ss(xd[2 * p] + i)), _mm256_broadcast_ss(xd[2 * p + 1] + i), 1);
+    }
+    for (int a = 0; a < RW; ++a) {
+      const __m512i q = _mm512_broadcast_i64x4(D::q(w[a][i]));
+      const __m512i neg = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, c80, q));  // -128·Σq per 4-byte group
+      const __m512 wd = _mm512_set1_ps(h2f(w[a][i].d));
+      for (int p = 0; p < P; ++p) {
+        const __m512i s = _mm512_dpbusd_epi32(neg, xu[p], q);  // Σ x·q per 4-byte group, both rows
+        acc[a][p] = _mm512_fmadd_ps(_mm512_mul_ps(wd, xs[p]), _mm512_cvtepi32_ps(s), acc[a][p]);
+      }
+    }
+  }
+  // Accumulator a·P + p, half h is out[2(a·P + p) + h] = out[a·2P + 2p + h].
+  hsum_halves_n<RW * P>(&acc[0][0], out);
+}
+
+// One activation row (decode): the zmm halves hold two weight rows instead, against the row's block
+// broadcast to both. out[a] = vec_dot(w row a, x) for a < 2·RP.
+template <class D, int RP>
+PG_VNNI_TARGET void tile_vnni_1(int64_t nb, const void* const* wv, const void* xv, float* out) {
+  const typename D::W* w[2 * RP];
+  for (int a = 0; a < 2 * RP; ++a) w[a] = static_cast<const typename D::W*>(wv[a]);
+  const auto* x = static_cast<const typename D::X*>(xv);
+  const float* xd = reinterpret_cast<const float*>(static_cast<const uint8_t*>(xv) + x_side_offset(nb, sizeof(typename D::X)));
+  __m512 acc[RP];
+  for (int p = 0; p < RP; ++p) acc[p] = _mm512_setzero_ps();
+  const __m512i c80 = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m512i xu = _mm512_xor_si512(_mm512_broadcast_i64x4(loadu256(x[i].qs)), c80);  // x + 128, both halves
+    const __m512 xs = _mm512_set1_ps(xd[i]);
+    for (int p = 0; p < RP; ++p) {
+      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(D::q(w[2 * p][i])), D::q(w[2 * p + 1][i]), 1);
+      const __m512i neg = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, c80, q));
+      const __m512 wd = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(h2f(w[2 * p][i].d))),
+                                           _mm256_set1_ps(h2f(w[2 * p + 1][i].d)), 1);
+      const __m512i s = _mm512_dpbusd_epi32(neg, xu, q);
+      acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(wd, xs), _mm512_cvtepi32_ps(s), acc[p]);
+    }
+  }
+  hsum_halves_n<RP>(acc, out);
+}
+
+constexpr int kVnniW = 4, kVnniP = 4;  // weight rows × activation-row pairs of the largest tile
+constexpr int kVnni1P = 8;             // weight-row pairs of the one-row tile
+using VnniFn = void (*)(int64_t nb, const void* const* w, const void* const* x, float* out);
+
+template <class D>
+struct Vnni {
+  static constexpr VnniFn kFn[kVnniP] = {tile_vnni<D, kVnniW, 1>, tile_vnni<D, kVnniW, 2>, tile_vnni<D, kVnniW, 3>,
+                                         tile_vnni<D, kVnniW, 4>};
+  // gemm_rows for weight type D::W: tiles of 4 weight rows × up to 8 activation rows; a partial tile
+  // repeats its last weight (activation) row and drops the repeated results.
+  static void run(int64_t n, const uint8_t* wp, size_t w_stride, int64_t n_w, const void* const* x, int64_t n_x, float* y,
+                  int64_t y_stride) {
+    const int64_t nb = n / 32;
+    if (n_x == 1) {
+      const void* w1[2 * kVnni1P];
+      float o1[2 * kVnni1P];
+      for (int64_t i = 0; i < n_w; i += 2 * kVnni1P) {
+        const int rw = static_cast<int>(std::min<int64_t>(2 * kVnni1P, n_w - i));
+        for (int a = 0; a < 2 * kVnni1P; ++a) w1[a] = wp + static_cast<size_t>(i + std::min(a, rw - 1)) * w_stride;
+        tile_vnni_1<D, kVnni1P>(nb, w1, x[0], o1);
+        for (int a = 0; a < rw; ++a) y[i + a] = o1[a];
+      }
+      return;
+    }
+    const void* wr[kVnniW];
+    const void* xr[2 * kVnniP];
+    float out[kVnniW * 2 * kVnniP];
+    for (int64_t j = 0; j < n_x; j += 2 * kVnniP) {
+      const int rx = static_cast<int>(std::min<int64_t>(2 * kVnniP, n_x - j));
+      const int p = (rx + 1) / 2;
+      for (int b = 0; b < 2 * p; ++b) xr[b] = x[j + std::min(b, rx - 1)];
+      const VnniFn fn = kFn[p - 1];
+      for (int64_t i = 0; i < n_w; i += kVnniW) {
+        const int rw = static_cast<int>(std::min<int64_t>(kVnniW, n_w - i));
+        for (int a = 0; a < kVnniW; ++a) wr[a] = wp + static_cast<size_t>(i + std::min(a, rw - 1)) * w_stride;
+        fn(nb, wr, xr, out);
+        for (int a = 0; a < rw; ++a)
+          for (int b = 0; b < rx; ++b) y[(j + b) * y_stride + i + a] = out[a * 2 * p + b];
+      }
+    }
+  }
+};
+#pragma GCC diagnostic pop
+#endif
 // Q4_K / Q5_K scales and mins without a scalar loop: the 8 six-bit scales as int16 in both 128-bit
 // halves of *sc (for k4_scale's shuffles) and the 8 mins, each twice, as the 16 int16 of *m16 (for the
 // bsums madd). Same values as k4_scales; four word operations instead of sixteen byte ones.
@@ -732,6 +907,157 @@ inline __m256i k4_scale(__m256i sc, int k) {
   const __m256i idx = _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * k));
   return _mm256_shuffle_epi8(sc, idx);
 }
+
+#if PG_DOT_AVX2 && PG_VNNI
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// Q4_K on the VNNI path: a zmm holds one 32-byte chunk of nibbles twice and the matching activation
+// bytes of two rows; maddubs gives vec_dot's int16 pair sums and vpdpwssd multiplies them by the
+// sub-block scale and adds pairs into the int32 lanes, the same integers madd + add give (all exact), so
+// the float steps — one fused add per super-block with wd·x.d, the min term summed per pair in scalar —
+// and the result are tile_q4_k's. Tiles of RW weight rows × 2P activation rows (16 int32 and 8 float
+// accumulators at 2 × 8).
+template <int RW, int P>
+PG_VNNI_TARGET void tile_vnni_q4_k(int64_t nb, const void* const* wv, const void* const* xv, float* out) {
+  const BlockQ4_K* w[RW];
+  const BlockQ8_K* x[2 * P];
+  for (int a = 0; a < RW; ++a) w[a] = static_cast<const BlockQ4_K*>(wv[a]);
+  for (int b = 0; b < 2 * P; ++b) x[b] = static_cast<const BlockQ8_K*>(xv[b]);
+  __m512 acc[RW][P];  // halves: (a, 2p), (a, 2p + 1)
+  float summ[RW][2 * P];
+  for (int a = 0; a < RW; ++a) {
+    for (int p = 0; p < P; ++p) acc[a][p] = _mm512_setzero_ps();
+    for (int b = 0; b < 2 * P; ++b) summ[a][b] = 0;
+  }
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int64_t i = 0; i < nb; ++i) {
+    __m256i scv[RW], m16[RW];
+    for (int a = 0; a < RW; ++a) k4_scale_vectors(w[a][i].scales, &scv[a], &m16[a]);
+    __m512i isum[RW][P];
+    for (int a = 0; a < RW; ++a)
+      for (int p = 0; p < P; ++p) isum[a][p] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      __m512i xl[P], xh[P];  // activation bytes 64j.. and 64j+32.. of rows 2p, 2p+1
+      for (int p = 0; p < P; ++p) {
+        xl[p] = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(x[2 * p][i].qs + 64 * j)), loadu256(x[2 * p + 1][i].qs + 64 * j), 1);
+        xh[p] = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(x[2 * p][i].qs + 64 * j + 32)),
+                                   loadu256(x[2 * p + 1][i].qs + 64 * j + 32), 1);
+      }
+      for (int a = 0; a < RW; ++a) {
+        const __m512i q = _mm512_broadcast_i64x4(loadu256(w[a][i].qs + 32 * j));
+        const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        const __m512i sl = _mm512_broadcast_i64x4(k4_scale(scv[a], 2 * j)), sh = _mm512_broadcast_i64x4(k4_scale(scv[a], 2 * j + 1));
+        for (int p = 0; p < P; ++p) {
+          isum[a][p] = _mm512_dpwssd_epi32(isum[a][p], _mm512_maddubs_epi16(lo, xl[p]), sl);
+          isum[a][p] = _mm512_dpwssd_epi32(isum[a][p], _mm512_maddubs_epi16(hi, xh[p]), sh);
+        }
+      }
+    }
+    for (int a = 0; a < RW; ++a) {
+      const float wd = h2f(w[a][i].d), wm = h2f(w[a][i].dmin);
+      for (int p = 0; p < P; ++p) {
+        const __m512 s = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(wd * x[2 * p][i].d)),
+                                            _mm256_set1_ps(wd * x[2 * p + 1][i].d), 1);
+        acc[a][p] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(isum[a][p]), acc[a][p]);
+      }
+      for (int b = 0; b < 2 * P; ++b) {
+        const int summs = hsum_epi32(_mm256_madd_epi16(loadu256(x[b][i].bsums), m16[a]));
+        summ[a][b] += (wm * x[b][i].d) * static_cast<float>(summs);
+      }
+    }
+  }
+  hsum_halves_n<RW * P>(&acc[0][0], out);
+  for (int a = 0; a < RW; ++a)
+    for (int b = 0; b < 2 * P; ++b) out[a * 2 * P + b] -= summ[a][b];
+}
+
+// Q6_K on the VNNI path, the same way as Q4_K: maddubs on the 6-bit values (vec_dot's int16 pair sums),
+// vpdpwssd by the 16-element group scales, then tile_q6_k's bsums correction and float steps per half.
+template <int RW, int P>
+PG_VNNI_TARGET void tile_vnni_q6_k(int64_t nb, const void* const* wv, const void* const* xv, float* out) {
+  const BlockQ6_K* w[RW];
+  const BlockQ8_K* x[2 * P];
+  for (int a = 0; a < RW; ++a) w[a] = static_cast<const BlockQ6_K*>(wv[a]);
+  for (int b = 0; b < 2 * P; ++b) x[b] = static_cast<const BlockQ8_K*>(xv[b]);
+  __m512 acc[RW][P];  // halves: (a, 2p), (a, 2p + 1)
+  for (int a = 0; a < RW; ++a)
+    for (int p = 0; p < P; ++p) acc[a][p] = _mm512_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  for (int64_t i = 0; i < nb; ++i) {
+    __m512i isum[RW][P];
+    for (int a = 0; a < RW; ++a)
+      for (int p = 0; p < P; ++p) isum[a][p] = _mm512_setzero_si512();
+    for (int half = 0; half < 2; ++half) {
+      for (int k = 0; k < 4; ++k) {
+        __m512i xq[P];  // activation bytes 128·half + 32k.. of rows 2p, 2p+1
+        for (int p = 0; p < P; ++p)
+          xq[p] = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(x[2 * p][i].qs + 128 * half + 32 * k)),
+                                     loadu256(x[2 * p + 1][i].qs + 128 * half + 32 * k), 1);
+        for (int a = 0; a < RW; ++a) {
+          const __m256i l = loadu256(w[a][i].ql + 64 * half + 32 * (k & 1)), qh = loadu256(w[a][i].qh + 32 * half);
+          const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l, k >= 2 ? 4 : 0), m4),
+                                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3), 4));
+          const __m512i qz = _mm512_broadcast_i64x4(q);
+          const __m512i gs = _mm512_broadcast_i64x4(group_scales(loadu128(w[a][i].scales), 4 * half + k));
+          for (int p = 0; p < P; ++p) isum[a][p] = _mm512_dpwssd_epi32(isum[a][p], _mm512_maddubs_epi16(qz, xq[p]), gs);
+        }
+      }
+    }
+    for (int a = 0; a < RW; ++a) {
+      const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(w[a][i].scales));
+      const float wd = h2f(w[a][i].d);
+      for (int p = 0; p < P; ++p) {
+        const __m512i corr = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_madd_epi16(sc16, loadu256(x[2 * p][i].bsums))),
+                                                _mm256_madd_epi16(sc16, loadu256(x[2 * p + 1][i].bsums)), 1);
+        const __m512i s = _mm512_sub_epi32(isum[a][p], _mm512_slli_epi32(corr, 5));
+        const __m512 sv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(wd * x[2 * p][i].d)),
+                                             _mm256_set1_ps(wd * x[2 * p + 1][i].d), 1);
+        acc[a][p] = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(s), acc[a][p]);
+      }
+    }
+  }
+  hsum_halves_n<RW * P>(&acc[0][0], out);
+}
+
+template <int RW, int P>
+struct TQ4K {
+  static void run(int64_t nb, const void* const* w, const void* const* x, float* out) { tile_vnni_q4_k<RW, P>(nb, w, x, out); }
+};
+template <int RW, int P>
+struct TQ6K {
+  static void run(int64_t nb, const void* const* w, const void* const* x, float* out) { tile_vnni_q6_k<RW, P>(nb, w, x, out); }
+};
+
+constexpr int kVnniKW = 2;  // weight rows of the K-quant tiles
+template <template <int, int> class T>
+struct VnniK {
+  static constexpr VnniFn kFn[kVnniP] = {T<kVnniKW, 1>::run, T<kVnniKW, 2>::run, T<kVnniKW, 3>::run, T<kVnniKW, 4>::run};
+  // Two or more activation rows (one row keeps the AVX2 kernel); partial tiles as in Vnni::run.
+  static void run(int64_t n, const uint8_t* wp, size_t w_stride, int64_t n_w, const void* const* x, int64_t n_x, float* y,
+                  int64_t y_stride) {
+    const int64_t nb = n / 256;
+    const void* wr[kVnniKW];
+    const void* xr[2 * kVnniP];
+    float out[kVnniKW * 2 * kVnniP];
+    for (int64_t j = 0; j < n_x; j += 2 * kVnniP) {
+      const int rx = static_cast<int>(std::min<int64_t>(2 * kVnniP, n_x - j));
+      const int p = (rx + 1) / 2;
+      for (int b = 0; b < 2 * p; ++b) xr[b] = x[j + std::min(b, rx - 1)];
+      const VnniFn fn = kFn[p - 1];
+      for (int64_t i = 0; i < n_w; i += kVnniKW) {
+        const int rw = static_cast<int>(std::min<int64_t>(kVnniKW, n_w - i));
+        for (int a = 0; a < kVnniKW; ++a) wr[a] = wp + static_cast<size_t>(i + std::min(a, rw - 1)) * w_stride;
+        fn(nb, wr, xr, out);
+        for (int a = 0; a < rw; ++a)
+          for (int b = 0; b < rx; ++b) y[(j + b) * y_stride + i + a] = out[a * 2 * p + b];
+      }
+    }
+  }
+};
+#pragma GCC diagnostic pop
+#endif
 
 template <int R>
 void tile_q4_k(int64_t nb, const void* wv, const void* const* xv, float* out) {
@@ -1429,6 +1755,23 @@ void gemm_prepare_x(DType t, const float* x, void* dst, int64_t n) {
 
 bool gemm_has_tiles(DType t) { return tiles_for(t).fn[0] != nullptr; }
 
+namespace {
+#if PG_DOT_AVX2 && PG_VNNI
+std::atomic<bool> g_use_vnni{cpu_has_vnni()};
+#else
+std::atomic<bool> g_use_vnni{false};
+#endif
+}  // namespace
+
+bool gemm_enable_vnni(bool on) {
+#if PG_DOT_AVX2 && PG_VNNI
+  on = on && cpu_has_vnni();
+#else
+  on = false;
+#endif
+  return g_use_vnni.exchange(on, std::memory_order_relaxed);
+}
+
 void gemm_rows(DType t, int64_t n, const void* w, size_t w_stride, int64_t n_w, const void* const* x, int64_t n_x, float* y,
                int64_t y_stride) {
   if (n_w <= 0 || n_x <= 0) return;
@@ -1440,6 +1783,28 @@ void gemm_rows(DType t, int64_t n, const void* w, size_t w_stride, int64_t n_w, 
     return;
   }
   check_dot(t, n);
+#if PG_DOT_AVX2 && PG_VNNI
+  if (g_use_vnni.load(std::memory_order_relaxed)) {
+    switch (t) {
+      case DType::Q8_0:
+        return Vnni<DecQ8_0>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+      case DType::Q4_0:
+        return Vnni<DecQ4_0>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+      case DType::Q5_0:
+        return Vnni<DecQ5_0>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+      case DType::IQ4_NL:
+        return Vnni<DecIQ4_NL>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+      case DType::Q4_K:
+        if (n_x > 1) return VnniK<TQ4K>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+        break;
+      case DType::Q6_K:
+        if (n_x > 1) return VnniK<TQ6K>::run(n, wp, w_stride, n_w, x, n_x, y, y_stride);
+        break;
+      default:
+        break;
+    }
+  }
+#endif
   if (n_x > 1 && ts.fn2) {
     constexpr int RW = kTile2W, RX = kTile2X;
     const void* wr[RW];
