@@ -245,16 +245,68 @@ struct Arena {
 
 thread_local Arena t_arena;
 
-// Depth-first trie walk. cur: stack ids alive at trie node `node`. Tokens ending at a child that some
-// stack survives are set in mask; a stack that pops out of a window is reported through on_exit.
+// Depth-first trie walk over a lazily built subset automaton: the sets of stacks met during the walk
+// are interned (set ids), and each (set, byte) transition is computed once into a dense 256-wide
+// table, so a trie edge costs one table load however many stacks the set holds (a JSON string state
+// holds ~10: one per UTF-8 lead-byte class). Tokens ending at a child that some stack survives are set
+// in mask; a stack that pops out of a window is reported through exits.
 struct Walker {
   Arena& A;
   const Vocab& V;
   uint32_t* mask;
-  std::vector<std::vector<int32_t>> bufs;  // per depth
-  std::vector<int32_t> tmp;
   std::vector<std::pair<uint32_t, uint32_t>>* exits = nullptr;  // (trie node, window j)
 
+  static constexpr int32_t kUnknown = -2, kEmpty = -1;
+  struct SetInfo {
+    uint32_t off, len;              // live stack ids in pool
+    uint32_t exit_off, exit_len;    // window markers j in pool
+    bool live;                      // has stacks that can take more bytes
+  };
+  std::vector<int32_t> pool;
+  std::vector<SetInfo> sets;
+  std::vector<int32_t> trans;  // set * 256 + byte -> set id, kEmpty or kUnknown
+  std::unordered_map<std::string, int32_t> set_index;
+  std::vector<int32_t> tmp, acc;
+
+  // Interns a sorted, unique list of result ids (stack ids >= 0, markers < 0). Returns kEmpty for none.
+  int32_t intern_set(std::vector<int32_t>& ids) {
+    if (ids.empty()) return kEmpty;
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::string key(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
+    auto it = set_index.find(key);
+    if (it != set_index.end()) return it->second;
+    SetInfo si{};
+    si.off = static_cast<uint32_t>(pool.size());
+    for (int32_t x : ids) {
+      if (x >= 0) pool.push_back(x);
+    }
+    si.len = static_cast<uint32_t>(pool.size()) - si.off;
+    si.exit_off = static_cast<uint32_t>(pool.size());
+    for (int32_t x : ids) {
+      if (x <= -2) pool.push_back(-2 - x);
+    }
+    si.exit_len = static_cast<uint32_t>(pool.size()) - si.exit_off;
+    si.live = si.len > 0;
+    int32_t id = static_cast<int32_t>(sets.size());
+    sets.push_back(si);
+    trans.resize(trans.size() + 256, kUnknown);
+    set_index.emplace(std::move(key), id);
+    return id;
+  }
+  int32_t step(int32_t set, uint8_t b) {
+    int32_t& t = trans[static_cast<size_t>(set) * 256 + b];
+    if (t != kUnknown) return t;
+    acc.clear();
+    const SetInfo si = sets[set];
+    for (uint32_t k = 0; k < si.len; ++k) {
+      auto [q, e] = A.advance(pool[si.off + k], b, tmp);
+      acc.insert(acc.end(), q, e);
+    }
+    int32_t r = intern_set(acc);
+    trans[static_cast<size_t>(set) * 256 + b] = r;  // trans may have grown: index again
+    return r;
+  }
   void set_tokens(uint32_t node) {
     const auto& nd = V.nodes_[node];
     for (uint32_t k = 0; k < nd.n_tokens; ++k) {
@@ -262,36 +314,25 @@ struct Walker {
       mask[t >> 5] |= 1u << (t & 31);
     }
   }
-  void walk(uint32_t node, const std::vector<int32_t>& cur, size_t depth) {
-    if (bufs.size() <= depth) bufs.resize(depth + 1);
+  void walk(uint32_t node, int32_t set) {
     const auto& nd = V.nodes_[node];
     for (uint32_t e = 0; e < nd.n_edges; ++e) {
       const auto& edge = V.edges_[nd.first_edge + e];
-      auto& next = bufs[depth];
-      next.clear();
-      bool any = false, live = false;
-      for (int32_t id : cur) {
-        auto [b, en] = A.advance(id, edge.byte, tmp);
-        for (const int32_t* q = b; q != en; ++q) {
-          int32_t r = *q;
-          any = true;
-          if (r >= 0) {
-            if (std::find(next.begin(), next.end(), r) == next.end()) next.push_back(r);
-            live = true;
-          } else if (r <= -2 && exits) {
-            exits->push_back({edge.child, static_cast<uint32_t>(-2 - r)});
-          }
-        }
-      }
-      if (!any) continue;
+      int32_t t = step(set, edge.byte);
+      if (t < 0) continue;
       set_tokens(edge.child);
-      if (live && V.nodes_[edge.child].n_edges > 0) {
-        std::vector<int32_t> copy;  // bufs[depth] is reused by the next edge
-        copy.swap(next);
-        walk(edge.child, copy, depth + 1);
-        copy.swap(bufs[depth]);
+      const SetInfo& si = sets[t];
+      if (exits) {
+        for (uint32_t k = 0; k < si.exit_len; ++k) exits->push_back({edge.child, static_cast<uint32_t>(pool[si.exit_off + k])});
       }
+      if (si.live && V.nodes_[edge.child].n_edges > 0) walk(edge.child, t);
     }
+  }
+  // Walks the subtree of node from the given stack ids (live ones only are used).
+  void walk_from(uint32_t node, std::vector<int32_t> ids) {
+    ids.erase(std::remove_if(ids.begin(), ids.end(), [](int32_t x) { return x < 0; }), ids.end());
+    int32_t s = intern_set(ids);
+    if (s >= 0) walk(node, s);
   }
 };
 
@@ -428,8 +469,8 @@ void Matcher::allowed_tokens(TokenMask& mask) const {
       int32_t id = A.intern_stack(*live[j], kWindow, static_cast<int32_t>(j));
       if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
     }
-    Walker w{A, *v_, e->mask.data(), {}, {}, &e->exits};
-    w.walk(0, ids, 0);
+    Walker w{A, *v_, e->mask.data(), &e->exits, {}, {}, {}, {}, {}, {}};
+    w.walk_from(0, ids);
     entry = e;
     std::lock_guard<std::mutex> lk(cache_->mu);
     ++cache_->misses;
@@ -443,7 +484,7 @@ void Matcher::allowed_tokens(TokenMask& mask) const {
   A.reset(g_.get());
   std::vector<std::vector<int32_t>> below(live.size());
   std::vector<char> have(live.size(), 0);
-  Walker w{A, *v_, mask.data(), {}, {}, nullptr};
+  Walker w{A, *v_, mask.data(), nullptr, {}, {}, {}, {}, {}, {}};
   for (auto [node, j] : entry->exits) {
     if (!have[j]) {
       have[j] = 1;
@@ -453,11 +494,7 @@ void Matcher::allowed_tokens(TokenMask& mask) const {
       A.expand(A.pos[top], A.parent[top], below[j]);
     }
     w.set_tokens(node);
-    std::vector<int32_t> liveids;
-    for (int32_t x : below[j]) {
-      if (x >= 0) liveids.push_back(x);
-    }
-    if (!liveids.empty() && v_->nodes_[node].n_edges > 0) w.walk(node, liveids, 0);
+    if (v_->nodes_[node].n_edges > 0) w.walk_from(node, below[j]);
   }
 }
 

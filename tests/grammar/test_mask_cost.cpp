@@ -68,4 +68,21 @@ TEST(MaskCost, QwenVocabularyJsonSchemaDepths) {
     worst_warm_median = std::max(worst_warm_median, pct(warm, 0.5));
   }
   EXPECT_LT(worst_warm_median, 1.0);
+
+  // The worst case, a cache miss inside a JSON string (nearly every token is allowed, so the walk
+  // visits nearly the whole trie): a fresh matcher (empty cache) each time.
+  auto g = Grammar::parse(json_schema_to_gbnf(nested_schema(3)));
+  std::vector<double> miss;
+  for (int r = 0; r < 21; ++r) {
+    Matcher m(g, vocab);
+    ASSERT_TRUE(m.accept_bytes("{\"title\":\"ab"));
+    TokenMask mask;
+    auto t0 = std::chrono::steady_clock::now();
+    m.allowed_tokens(mask);
+    miss.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    size_t n = 0;
+    for (int32_t t = 0; t < vocab->n_vocab(); ++t) n += mask_test(mask, t);
+    if (r == 0) std::printf("string state: %zu tokens allowed\n", n);
+  }
+  std::printf("cache miss inside a string: median %.3f ms, min %.3f ms\n", pct(miss, 0.5), pct(miss, 0.0));
 }
