@@ -638,6 +638,7 @@ bool Grammar::sample(std::mt19937_64& rng, std::string& out, int max_depth, size
   if (minlen[root_] >= UINT64_MAX / 4) return false;
   out.clear();
   std::function<bool(uint32_t, int)> gen = [&](uint32_t rule, int depth) -> bool {
+    if (depth > max_depth + 2000) return false;  // a long chain of rules: give up rather than recurse on
     const auto& alts = alts_[rule];
     uint32_t a;
     if (depth > max_depth) {

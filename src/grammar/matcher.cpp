@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "grammar/grammar.h"
-#include "tokenizer/tokenizer.h"
 
 namespace pg::grammar {
 
@@ -14,30 +13,31 @@ namespace pg::grammar {
 std::shared_ptr<const Vocab> Vocab::build(std::vector<std::string> pieces, std::vector<bool> eog) {
   PG_CHECK(eog.size() == pieces.size(), "grammar: vocab pieces and eog flags differ in size");
   auto v = std::make_shared<Vocab>();
-  // Sort token ids by piece, then lay the trie out breadth-first-per-parent: children of a node are
-  // one contiguous, byte-sorted run of edges (cache-friendly walk).
+  // Sort token ids by piece, then lay the trie out in depth-first order (the order the mask walk
+  // visits it, so the walk streams through nodes and edges); the children of a node are one
+  // contiguous, byte-sorted run of edges.
   std::vector<int32_t> order;
   for (int32_t i = 0; i < static_cast<int32_t>(pieces.size()); ++i) {
     if (!pieces[i].empty()) order.push_back(i);
     if (eog[i]) v->eog_ids_.push_back(i);
   }
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return pieces[a] < pieces[b]; });
-  // Build recursively over sorted ranges [lo, hi) sharing a prefix of length d.
   struct Work {
     uint32_t node;
-    size_t lo, hi, depth;
+    size_t lo, hi, depth;  // tokens order[lo, hi) share a prefix of length depth
   };
   v->nodes_.push_back({0, 0, 0, 0});
-  std::vector<Work> queue{{0, 0, order.size(), 0}};
-  for (size_t qi = 0; qi < queue.size(); ++qi) {
-    Work w = queue[qi];
+  std::vector<Work> stack{{0, 0, order.size(), 0}};
+  std::vector<Work> kids;
+  while (!stack.empty()) {
+    Work w = stack.back();
+    stack.pop_back();
     size_t i = w.lo;
-    Node& nd = v->nodes_[w.node];
-    nd.first_token = static_cast<uint32_t>(v->token_at_.size());
+    v->nodes_[w.node].first_token = static_cast<uint32_t>(v->token_at_.size());
     while (i < w.hi && pieces[order[i]].size() == w.depth) v->token_at_.push_back(order[i++]);
     v->nodes_[w.node].n_tokens = static_cast<uint32_t>(v->token_at_.size()) - v->nodes_[w.node].first_token;
     v->nodes_[w.node].first_edge = static_cast<uint32_t>(v->edges_.size());
-    uint32_t n_edges = 0;
+    kids.clear();
     while (i < w.hi) {
       uint8_t b = static_cast<uint8_t>(pieces[order[i]][w.depth]);
       size_t j = i;
@@ -45,27 +45,15 @@ std::shared_ptr<const Vocab> Vocab::build(std::vector<std::string> pieces, std::
       uint32_t child = static_cast<uint32_t>(v->nodes_.size());
       v->nodes_.push_back({0, 0, 0, 0});
       v->edges_.push_back({b, child});
-      ++n_edges;
-      queue.push_back({child, i, j, w.depth + 1});
+      kids.push_back({child, i, j, w.depth + 1});
       i = j;
     }
-    v->nodes_[w.node].n_edges = n_edges;
+    v->nodes_[w.node].n_edges = static_cast<uint32_t>(kids.size());
+    stack.insert(stack.end(), kids.rbegin(), kids.rend());  // first child processed next
   }
   v->pieces_ = std::move(pieces);
   v->eog_ = std::move(eog);
   return v;
-}
-
-std::shared_ptr<const Vocab> Vocab::from_tokenizer(const tok::Tokenizer& tok) {
-  const int32_t n = tok.n_vocab();
-  std::vector<std::string> pieces(static_cast<size_t>(n));
-  std::vector<bool> eog(static_cast<size_t>(n), false);
-  for (int32_t i = 0; i < n; ++i) {
-    eog[i] = tok.is_eog(i);
-    // Control tokens (and EOG) never match grammar bytes: a grammar constrains text.
-    if (!eog[i] && !tok.is_control(i)) pieces[i] = tok.token_to_piece(i, false);
-  }
-  return build(std::move(pieces), std::move(eog));
 }
 
 // ---- Stack arena ----------------------------------------------------------------------------------
