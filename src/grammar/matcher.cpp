@@ -245,6 +245,7 @@ struct Walker {
   std::vector<std::pair<uint32_t, uint32_t>>* exits = nullptr;  // (trie node, window j)
 
   static constexpr int32_t kUnknown = -2, kEmpty = -1;
+  static constexpr size_t kMaxDense = 16384;
   struct SetInfo {
     uint32_t off, len;              // live stack ids in pool
     uint32_t exit_off, exit_len;    // window markers j in pool
@@ -278,13 +279,15 @@ struct Walker {
     si.live = si.len > 0;
     int32_t id = static_cast<int32_t>(sets.size());
     sets.push_back(si);
-    trans.resize(trans.size() + 256, kUnknown);
+    // Dense transitions for the first kMaxDense sets (1 KB each); later sets (only an adversarial
+    // grammar gets there: JSON schemas need tens) are stepped without memoisation.
+    if (sets.size() <= kMaxDense) trans.resize(trans.size() + 256, kUnknown);
     set_index.emplace(std::move(key), id);
     return id;
   }
   int32_t step(int32_t set, uint8_t b) {
-    int32_t& t = trans[static_cast<size_t>(set) * 256 + b];
-    if (t != kUnknown) return t;
+    const size_t slot = static_cast<size_t>(set) * 256 + b;
+    if (slot < trans.size() && trans[slot] != kUnknown) return trans[slot];
     acc.clear();
     const SetInfo si = sets[set];
     for (uint32_t k = 0; k < si.len; ++k) {
@@ -292,7 +295,7 @@ struct Walker {
       acc.insert(acc.end(), q, e);
     }
     int32_t r = intern_set(acc);
-    trans[static_cast<size_t>(set) * 256 + b] = r;  // trans may have grown: index again
+    if (slot < trans.size()) trans[slot] = r;
     return r;
   }
   void set_tokens(uint32_t node) {

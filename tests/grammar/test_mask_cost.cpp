@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "grammar/grammar.h"
@@ -43,6 +44,7 @@ TEST(MaskCost, QwenVocabularyJsonSchemaDepths) {
     auto g = Grammar::parse(json_schema_to_gbnf(nested_schema(depth)));
     Matcher proto(g, vocab);
     std::vector<double> cold, warm, acc;
+    int slow_shown = 0;
     for (int inst = 0; inst < 6; ++inst) {
       std::string s;
       ASSERT_TRUE(g->sample(rng, s, 10));
@@ -56,7 +58,12 @@ TEST(MaskCost, QwenVocabularyJsonSchemaDepths) {
         ASSERT_TRUE(mask_test(mask, ids[k])) << s << " token " << k;
         ASSERT_TRUE(m.accept_token(ids[k]));
         auto t2 = std::chrono::steady_clock::now();
-        (inst == 0 ? cold : warm).push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+        (inst == 0 ? cold : warm).push_back(ms);
+        if (inst > 0 && ms > 2.0 && ++slow_shown <= 3) {
+          std::vector<int32_t> prefix(ids.begin(), ids.begin() + static_cast<long>(k));
+          std::printf("  slow warm step (%.2f ms, %zu stacks) after %zu tokens: %s\n", ms, m.n_stacks(), k, nlohmann::json(tok.decode(prefix).substr(0, 200)).dump().c_str());
+        }
         acc.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
       }
       ASSERT_TRUE(m.can_end());
