@@ -24,7 +24,7 @@ BUILD=${BUILD:-$ROOT/build-fuzz}
 JOBS=${JOBS:-1}
 SHARED=${SHARED:-${PEREGRINE_SHARED:-$ROOT/../shared}}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && { sed -n '2,21p' "$0"; exit 2; }
+[ ${#TARGETS[@]} -eq 0 ] && { sed -n '2,19p' "$0"; exit 2; }
 [ "${TARGETS[0]}" = all ] && TARGETS=(gguf server_request jinja chat_parse grammar)
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ is required (apt-get install clang)" >&2; exit 1; }
