@@ -559,8 +559,8 @@ struct Grammar::Builder {
         }
       }
     }
-    // Left edges r -> s: s can start r. Iterative DFS with colours; also the longest left chain, which
-    // bounds the recursion of the matcher's expansion.
+    // Left edges r -> s: s can start r. Iterative DFS with colours (the matcher's expansion is
+    // iterative too, so long left chains are fine; only cycles are errors).
     std::vector<std::vector<uint32_t>> left(n);
     for (size_t r = 0; r < n; ++r) {
       for (auto& alt : rules[r]) {
@@ -572,7 +572,6 @@ struct Grammar::Builder {
       }
     }
     std::vector<uint8_t> colour(n, 0);
-    std::vector<uint32_t> depth(n, 0);
     for (size_t s = 0; s < n; ++s) {
       if (colour[s]) continue;
       std::vector<std::pair<uint32_t, size_t>> st{{static_cast<uint32_t>(s), 0}};
@@ -587,10 +586,6 @@ struct Grammar::Builder {
             st.push_back({t, 0});
           }
         } else {
-          uint32_t d = 0;
-          for (uint32_t t : left[r]) d = std::max(d, depth[t] + 1);
-          depth[r] = d;
-          if (d > 1000) throw Error("grammar: rules nested too deeply at the start of rule '" + g.names_[r] + "'");
           colour[r] = 2;
           st.pop_back();
         }

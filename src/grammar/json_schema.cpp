@@ -1,5 +1,6 @@
 // JSON Schema -> GBNF. The covered subset and the whitespace policy are in docs/structured-output.md.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -479,26 +480,29 @@ struct Converter {
     }
     std::string extra_kv = extra.empty() ? "" : define(name + "-extra-kv", "string ws \":\" ws " + extra + " ws");
     // R(i, first): properties i.. in order, optional ones may be skipped; first = nothing emitted yet.
-    std::map<std::pair<size_t, bool>, std::string> memo;
-    std::function<std::string(size_t, bool)> R = [&](size_t i, bool first) -> std::string {
-      auto key = std::make_pair(i, first);
-      if (auto it = memo.find(key); it != memo.end()) return it->second;
-      std::string sep = first ? "" : "\",\" ws ";
-      std::string body;
-      if (i == ps.size()) {
-        if (extra_kv.empty()) return memo[key] = "";
-        body = first ? "( " + extra_kv + " ( \",\" ws " + extra_kv + " )* )?" : "( \",\" ws " + extra_kv + " )*";
+    // Built from the last property backwards (no recursion per property).
+    std::vector<std::array<std::string, 2>> R(ps.size() + 1);  // [i][first]
+    for (int first = 0; first < 2; ++first) {
+      if (extra_kv.empty()) {
+        R[ps.size()][first] = "";
       } else {
-        std::string next = R(i + 1, false);
-        body = sep + ps[i].kv + (next.empty() ? "" : " " + next);
+        R[ps.size()][first] = define(name + "-extra", first ? "( " + extra_kv + " ( \",\" ws " + extra_kv + " )* )?"
+                                                            : "( \",\" ws " + extra_kv + " )*");
+      }
+    }
+    for (size_t i = ps.size(); i-- > 0;) {
+      for (int first = 0; first < 2; ++first) {
+        const std::string sep = first ? "" : "\",\" ws ";
+        const std::string& next = R[i + 1][0];
+        std::string body = sep + ps[i].kv + (next.empty() ? "" : " " + next);
         if (!ps[i].req) {
-          std::string skip = R(i + 1, first);
+          const std::string& skip = R[i + 1][first];
           body = "( " + body + " )" + (skip.empty() ? "?" : " | " + skip);
         }
+        R[i][first] = define(name + "-props", body);
       }
-      return memo[key] = define(name + "-props", body);
-    };
-    std::string inner = R(0, true);
+    }
+    std::string inner = R[0][1];
     return define(name + "-object", "\"{\" ws " + inner + (inner.empty() ? "" : " ") + "\"}\"");
   }
 
@@ -549,19 +553,24 @@ struct Converter {
       }
       return "( \",\" ws " + e + " )" + rep(lo, hi);
     };
-    std::function<std::string(size_t)> R = [&](size_t i) -> std::string {
-      if (i == k) {
-        uint64_t lo = mn > k ? mn - k : 0, hi = mx == UINT64_MAX ? UINT64_MAX : mx - k;
-        return tail(k == 0, lo, hi);
+    // R(i): elements from index i on (i already emitted), built backwards from the tail.
+    std::vector<std::string> R(k + 1);
+    {
+      uint64_t lo = mn > k ? mn - k : 0, hi = mx == UINT64_MAX ? UINT64_MAX : mx - std::min<uint64_t>(mx, k);
+      R[k] = mx < k ? "" : tail(k == 0, lo, hi);
+    }
+    for (size_t i = k; i-- > 0;) {
+      if (i >= mx) {
+        R[i] = "";
+        continue;
       }
-      if (i >= mx) return "";
       std::string sep = i == 0 ? "" : "\",\" ws ";
-      std::string next = R(i + 1);
+      const std::string& next = R[i + 1];
       std::string body = sep + prefix[i] + " ws" + (next.empty() ? "" : " " + next);
       if (i >= mn) body = "( " + body + " )?";
-      return define(name + "-items", body);
-    };
-    std::string inner = R(0);
+      R[i] = define(name + "-items", body);
+    }
+    std::string inner = R[0];
     return define(name + "-array", "\"[\" ws " + inner + (inner.empty() ? "" : " ") + "\"]\"");
   }
 

@@ -12,6 +12,10 @@ namespace pg::grammar {
 // ---- Vocabulary trie ------------------------------------------------------------------------------
 std::shared_ptr<const Vocab> Vocab::build(std::vector<std::string> pieces, std::vector<bool> eog) {
   PG_CHECK(eog.size() == pieces.size(), "grammar: vocab pieces and eog flags differ in size");
+  // The mask walk recurses once per byte of a piece: bound it (real vocabularies stay under ~256).
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    PG_CHECK(pieces[i].size() <= 4096, "grammar: token " + std::to_string(i) + " has a piece over 4096 bytes");
+  }
   auto v = std::make_shared<Vocab>();
   // Sort token ids by piece, then lay the trie out in depth-first order (the order the mask walk
   // visits it, so the walk streams through nodes and edges); the children of a node are one
@@ -152,11 +156,44 @@ struct Arena {
   }
 
   // All stacks reachable from frame (p over parent) without consuming a byte: terminal-topped ids or
-  // negative "emptied" markers, appended to out (deduplicated).
-  void expand(uint32_t p, int32_t par, std::vector<int32_t>& out) {
+  // negative "emptied" markers, appended to out (deduplicated). Iterative (an explicit work list):
+  // a long run of nullable references must not recurse once per reference.
+  std::vector<std::pair<uint32_t, int32_t>> work;
+  void expand(uint32_t p0, int32_t par0, std::vector<int32_t>& out) {
     visit.reset();
-    size_t start = out.size();
-    expand_rec(p, par, out, start);
+    const size_t start = out.size();
+    const auto& els = g->elements();
+    work.clear();
+    work.push_back({p0, par0});
+    while (!work.empty()) {
+      auto [p, par] = work.back();
+      work.pop_back();
+      for (;;) {
+        const auto& e = els[p];
+        if (e.kind == Grammar::Kind::Bytes) {
+          push_unique(intern(p, par), out, start);
+          break;
+        }
+        bool ins;
+        visit.find_or_insert((static_cast<uint64_t>(p) << 32) | static_cast<uint32_t>(par), &ins);
+        if (!ins) break;  // already expanded this frame in this expansion
+        if (e.kind == Grammar::Kind::End) {
+          if (par < 0) {
+            push_unique(par, out, start);
+            break;
+          }
+          p = pos[par];
+          par = parent[par];
+          continue;
+        }
+        // Ref: the return position is pushed unless it ends its alternative (a tail call).
+        uint32_t ret = p + 1;
+        int32_t np = els[ret].kind == Grammar::Kind::End ? par : intern(ret, par);
+        const auto& alts = g->alternatives(e.arg);
+        for (size_t k = alts.size(); k-- > 0;) work.push_back({alts[k], np});
+        break;
+      }
+    }
   }
   void push_unique(int32_t id, std::vector<int32_t>& out, size_t start) {
     for (size_t k = start; k < out.size(); ++k) {
@@ -164,33 +201,6 @@ struct Arena {
     }
     out.push_back(id);
     if (out.size() - start > max_stacks) throw Error("grammar: too many parallel parses (over " + std::to_string(max_stacks) + "); the grammar is too ambiguous");
-  }
-  void expand_rec(uint32_t p, int32_t par, std::vector<int32_t>& out, size_t start) {
-    const auto& els = g->elements();
-    for (;;) {
-      const auto& e = els[p];
-      if (e.kind == Grammar::Kind::Bytes) {
-        push_unique(intern(p, par), out, start);
-        return;
-      }
-      bool ins;
-      visit.find_or_insert((static_cast<uint64_t>(p) << 32) | static_cast<uint32_t>(par), &ins);
-      if (!ins) return;  // already expanded this frame in this expansion
-      if (e.kind == Grammar::Kind::End) {
-        if (par < 0) {
-          push_unique(par, out, start);
-          return;
-        }
-        p = pos[par];
-        par = parent[par];
-        continue;
-      }
-      // Ref: the return position is pushed unless it ends its alternative (a tail call).
-      uint32_t ret = p + 1;
-      int32_t np = els[ret].kind == Grammar::Kind::End ? par : intern(ret, par);
-      for (uint32_t a : g->alternatives(e.arg)) expand_rec(a, np, out, start);
-      return;
-    }
   }
 
   // Stacks after consuming byte b on stack id (a terminal-topped stack); memoised per (id, b).

@@ -143,3 +143,21 @@ TEST(Gbnf, AmbiguityIsBounded) {
       },
       pg::Error);
 }
+
+TEST(Gbnf, LongRunsOfNullableRulesDoNotRecurse) {
+  // 200 000 nullable references in one sequence: expansion walks them all before the first byte.
+  std::string refs = "root ::=";
+  for (int i = 0; i < 200000; ++i) refs += " n";
+  refs += " \"z\"\n";
+  Matcher m(Grammar::parse(refs + "n ::= \"\"\n"), byte_vocab());
+  EXPECT_TRUE(m.accept_bytes("z"));
+  EXPECT_TRUE(m.can_end());
+  // With n ::= "a"? every position is a parse of its own: the stack bound answers, clearly.
+  auto g = Grammar::parse(refs + "n ::= \"a\"?\n");
+  try {
+    Matcher m2(g, byte_vocab());
+    ADD_FAILURE() << "expected the parallel-parse bound";
+  } catch (const pg::Error& e) {
+    EXPECT_EQ(std::string(e.what()), "grammar: too many parallel parses (over 4096); the grammar is too ambiguous");
+  }
+}
