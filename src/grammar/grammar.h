@@ -34,7 +34,7 @@ struct Limits {
   int max_nesting = 64;                 // parenthesised groups inside one another
   size_t max_elements = 1u << 20;       // compiled byte-level elements after repetition expansion
   uint32_t max_repetition = 10000;      // m and n in x{m,n}
-  size_t max_stacks = 4096;             // live stacks of the recogniser (ambiguous grammars blow up)
+  size_t max_stacks = 4096;             // parallel parses (stacks) of one expansion (ambiguous grammars blow up)
 };
 
 // A compiled byte-level grammar. Immutable; share it between matchers (and threads).
@@ -66,7 +66,8 @@ class Grammar {
   const Limits& limits() const { return limits_; }
 
   // A random sentence of the grammar (bytes), for tests and fuzzing: a random walk that prefers the
-  // shortest alternative once depth passes max_depth. Empty optional when the walk ran over max_bytes.
+  // shortest alternative once depth passes max_depth. False when the grammar has no finite sentence or
+  // the walk ran over max_bytes.
   bool sample(std::mt19937_64& rng, std::string& out, int max_depth = 12, size_t max_bytes = 1 << 16) const;
 
   struct Builder;
