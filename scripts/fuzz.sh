@@ -7,6 +7,8 @@
 #   jinja           chat templates, parsed and rendered under the sandbox limits (src/chat/jinja)
 #   chat_parse      model output through every tool-call/reasoning parser family, whole and in chunks,
 #                   which must parse identically (src/chat/parse)
+#   grammar         GBNF text and JSON Schemas through the parser, converter and matcher, the token
+#                   mask checked against brute force (src/grammar)
 #
 #   scripts/fuzz.sh gguf                      # one target, its default number of executions
 #   RUNS=10000000 JOBS=2 scripts/fuzz.sh all  # every target in turn
@@ -23,7 +25,7 @@ JOBS=${JOBS:-1}
 SHARED=${SHARED:-${PEREGRINE_SHARED:-$ROOT/../shared}}
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && { sed -n '2,19p' "$0"; exit 2; }
-[ "${TARGETS[0]}" = all ] && TARGETS=(gguf server_request jinja chat_parse)
+[ "${TARGETS[0]}" = all ] && TARGETS=(gguf server_request jinja chat_parse grammar)
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ is required (apt-get install clang)" >&2; exit 1; }
 if [ ! -f "$BUILD/build.ninja" ]; then
@@ -62,8 +64,13 @@ for target in "${TARGETS[@]}"; do
       /usr/bin/python3 "$ROOT/fuzz/seeds_chat/make_seeds.py" "$BUILD/fuzz-chat-seeds" "$SHARED"
       cp "$BUILD"/fuzz-chat-seeds/parse/* "$SEEDS/"
       ;;
+    grammar)
+      runs=1000000
+      ARGS+=(-max_len=4096 -timeout=10 -len_control=0)
+      /usr/bin/python3 "$ROOT/fuzz/seeds_grammar/make_seeds.py" "$SEEDS" "$SHARED"
+      ;;
     *)
-      echo "fuzz: unknown target '$target' (gguf, server_request, jinja, chat_parse, all)" >&2
+      echo "fuzz: unknown target '$target' (gguf, server_request, jinja, chat_parse, grammar, all)" >&2
       exit 2
       ;;
   esac

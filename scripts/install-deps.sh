@@ -8,7 +8,7 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake ninja-build git ca-certificates \
   libgtest-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev libpcre2-dev \
-  python3 python3-jinja2 python3-numpy
+  python3 python3-jinja2 python3-numpy python3-jsonschema
 # Node.js for the SDK end-to-end tests. Machines that already carry a Node.js build (NodeSource's
 # nodejs package bundles npm and conflicts with Debian's npm) keep theirs.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
