@@ -60,13 +60,7 @@ struct SpecRun {
 // Greedy chat answers to every prompt, one at a time, through the engine's step loop.
 SpecRun spec_run(Model& model, const tok::Tokenizer& tok, const LoadedModel& lm, int n_batch, const engine::SpecOptions& spec,
                  const std::vector<std::vector<int32_t>>& prompts, int n_gen) {
-  engine::SchedulerOptions so;
-  so.n_slots = 1;
-  so.n_ctx = lm.n_ctx;
-  so.n_batch = n_batch;
-  so.kv_type = lm.kv_type;
-  so.kv_type_v = lm.kv_type_v;
-  so.spec = spec;
+  const engine::SchedulerOptions so = lm.scheduler_options(1, n_batch, spec);
   engine::Scheduler sched(model, tok, so);
   SpecRun r;
   double decode_s = 0;

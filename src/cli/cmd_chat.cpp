@@ -94,13 +94,7 @@ int cmd_chat(int argc, char** argv) {
   if (no_think) vars["enable_thinking"] = false;
 
   // The same step loop as the server (engine/scheduler.h), with one slot; each turn is one request.
-  engine::SchedulerOptions so;
-  so.n_slots = 1;
-  so.n_ctx = lm.n_ctx;
-  so.n_batch = mf.batch;
-  so.kv_type = lm.kv_type;
-  so.kv_type_v = lm.kv_type_v;
-  so.spec = draft.opt;
+  const engine::SchedulerOptions so = lm.scheduler_options(1, mf.batch, draft.opt);
   engine::Scheduler sched(*lm.model, tok, so);
   const SamplingParams sp = sf.resolve();
   const bool interactive = prompt.empty();

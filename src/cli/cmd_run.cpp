@@ -52,13 +52,7 @@ int cmd_run(int argc, char** argv) {
   PG_CHECK(static_cast<int>(ids.size()) < lm.n_ctx,
            "prompt of " + std::to_string(ids.size()) + " tokens does not fit the context of " + std::to_string(lm.n_ctx));
   // The same step loop as the server (engine/scheduler.h), with one slot.
-  engine::SchedulerOptions so;
-  so.n_slots = 1;
-  so.n_ctx = lm.n_ctx;
-  so.n_batch = mf.batch;
-  so.kv_type = lm.kv_type;
-  so.kv_type_v = lm.kv_type_v;
-  so.spec = draft.opt;
+  const engine::SchedulerOptions so = lm.scheduler_options(1, mf.batch, draft.opt);
   engine::Scheduler sched(*lm.model, tok, so);
   engine::RequestSpec rs;
   rs.prompt = ids;

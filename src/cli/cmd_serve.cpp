@@ -140,14 +140,8 @@ int cmd_serve(int argc, char** argv) {
   const SamplingParams sp = sf.p;
   sp.validate(cfg.n_vocab);
 
-  engine::SchedulerOptions so;
-  so.n_slots = parallel;
-  so.n_ctx = lm.n_ctx;
-  so.n_batch = mf.batch;
+  engine::SchedulerOptions so = lm.scheduler_options(parallel, mf.batch, draft.opt);
   so.max_queue = max_queue;
-  so.kv_type = lm.kv_type;
-  so.kv_type_v = lm.kv_type_v;
-  so.spec = draft.opt;
   engine::Scheduler sched(*lm.model, *lm.tokenizer, so);
 
   server::ServerOptions o;

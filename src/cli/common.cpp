@@ -37,6 +37,17 @@ KvCacheOptions LoadedModel::kv_options(int n_seq, int n_ctx_) const {
   return o;
 }
 
+engine::SchedulerOptions LoadedModel::scheduler_options(int n_slots, int n_batch, const engine::SpecOptions& spec) const {
+  engine::SchedulerOptions so;
+  so.n_slots = n_slots;
+  so.n_ctx = n_ctx;
+  so.n_batch = n_batch;
+  so.kv_type = kv_type;
+  so.kv_type_v = kv_type_v;
+  so.spec = spec;
+  return so;
+}
+
 std::string ModelFlags::kv_types() const {
   const std::string k = cache_type_k.empty() ? cache_type : cache_type_k, v = cache_type_v.empty() ? cache_type : cache_type_v;
   return k == v ? k : k + "/" + v;

@@ -34,6 +34,8 @@ struct LoadedModel {
   DType kv_type = DType::F16;    // K cache type
   DType kv_type_v = DType::F16;  // V cache type
   KvCacheOptions kv_options(int n_seq, int n_ctx) const;  // the cache the flags ask for
+  // The step loop's options for this model: its context and KV types, n_slots sequences, n_batch rows per step.
+  engine::SchedulerOptions scheduler_options(int n_slots, int n_batch, const engine::SpecOptions& spec) const;
 };
 
 // The bundled demo model (models/ in the source tree) used when no -m is given.
