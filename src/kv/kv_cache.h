@@ -24,6 +24,7 @@ struct KvCacheOptions {
   int block_size = 64;     // cells per block
   int n_blocks = 0;        // 0 = enough for every slot at full context
   int n_capture = 0;       // hybrid models: recurrent-state capture slots (max rows of a capturing forward)
+  int n_snapshot = 0;      // hybrid models: recurrent-state slots the prefix cache keeps block-boundary states in
   std::optional<DType> type_k = std::nullopt, type_v = std::nullopt;  // K and V storage chosen separately
   DType k_type() const { return type_k.value_or(type); }
   DType v_type() const { return type_v.value_or(type); }

@@ -60,6 +60,7 @@ PagedKvCache::PagedKvCache(Backend& backend, const std::vector<KvLayerShape>& sh
       }
     }
   }
+  block_bytes_ = bytes_per_token_ * static_cast<size_t>(opt_.block_size);
   if (bytes_per_token_ > 0)
     PG_INFO("KV cache: K %s, V %s: %zu bytes per token, %.1f MiB for %lld cells (%d slots x %d tokens)",
             kv_type_name(opt_.k_type()).c_str(), kv_type_name(opt_.v_type()).c_str(), bytes_per_token_,
@@ -77,7 +78,7 @@ PagedKvCache::PagedKvCache(Backend& backend, const std::vector<KvLayerShape>& sh
   for (const auto& r : recurrent) any_recurrent |= r.any();
   if (any_recurrent) {
     PG_CHECK(recurrent.size() == shapes.size(), "recurrent layer shapes do not match the layer count");
-    recurrent_ = std::make_unique<RecurrentState>(backend_, recurrent, opt_.n_seq, opt_.n_capture);
+    recurrent_ = std::make_unique<RecurrentState>(backend_, recurrent, opt_.n_seq, opt_.n_capture, opt_.n_snapshot);
     bytes_ += recurrent_->bytes();
   }
 }
@@ -259,6 +260,69 @@ void PagedKvCache::share_prefix(int src, int dst, int n) {
   if (recurrent_ && n > 0) {
     recurrent_->copy_slot(snapshot >= 0 ? snapshot : src, dst);
     recurrent_->invalidate(dst, 0);
+  }
+}
+
+int32_t PagedKvCache::block_of(int seq, int i) const {
+  check_seq(seq);
+  PG_CHECK(i >= 0 && i < n_blocks_of_[static_cast<size_t>(seq)], "block " + std::to_string(i) + " of sequence " + std::to_string(seq) + " is not reserved");
+  return table_[static_cast<size_t>(seq) * static_cast<size_t>(max_blocks_) + static_cast<size_t>(i)];
+}
+
+void PagedKvCache::hold_block(int32_t b) {
+  PG_CHECK(b >= 0 && b < opt_.n_blocks && refcount_[static_cast<size_t>(b)] > 0, "hold_block: block " + std::to_string(b) + " is not in use");
+  ++refcount_[static_cast<size_t>(b)];
+}
+
+void PagedKvCache::drop_block(int32_t b) {
+  PG_CHECK(b >= 0 && b < opt_.n_blocks && refcount_[static_cast<size_t>(b)] > 0, "drop_block: block " + std::to_string(b) + " is not in use");
+  if (--refcount_[static_cast<size_t>(b)] == 0) free_.push_back(b);
+}
+
+int32_t PagedKvCache::alloc_block() {
+  if (free_.empty()) return -1;
+  const int32_t b = free_.back();
+  free_.pop_back();
+  refcount_[static_cast<size_t>(b)] = 1;
+  return b;
+}
+
+void PagedKvCache::attach_blocks(int seq, const std::vector<int32_t>& blocks) {
+  check_seq(seq);
+  PG_CHECK(len_[static_cast<size_t>(seq)] == 0 && n_blocks_of_[static_cast<size_t>(seq)] == 0, "attach_blocks: sequence " + std::to_string(seq) + " is not empty");
+  PG_CHECK(static_cast<int>(blocks.size()) <= max_blocks_ && static_cast<int64_t>(blocks.size()) * opt_.block_size <= opt_.n_ctx,
+           "attach_blocks: " + std::to_string(blocks.size()) + " blocks exceed the context");
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    hold_block(blocks[i]);
+    table_at(seq, static_cast<int>(i)) = blocks[i];
+  }
+  n_blocks_of_[static_cast<size_t>(seq)] = static_cast<int>(blocks.size());
+  len_[static_cast<size_t>(seq)] = static_cast<int>(blocks.size()) * opt_.block_size;
+  drop_tree(seq);
+  table_dirty_ = true;
+}
+
+void PagedKvCache::read_block(int32_t b, uint8_t* out) const {
+  PG_CHECK(b >= 0 && b < opt_.n_blocks, "read_block: block out of range");
+  for (const auto& l : layers_) {
+    if (!l.k.valid()) continue;
+    for (const Tensor* t : {&l.k, &l.v}) {
+      const size_t n = t->row_bytes() * static_cast<size_t>(opt_.block_size);
+      backend_.download(*t, out, n, static_cast<size_t>(b) * n);
+      out += n;
+    }
+  }
+}
+
+void PagedKvCache::write_block(int32_t b, const uint8_t* in) {
+  PG_CHECK(b >= 0 && b < opt_.n_blocks, "write_block: block out of range");
+  for (auto& l : layers_) {
+    if (!l.k.valid()) continue;
+    for (Tensor* t : {&l.k, &l.v}) {
+      const size_t n = t->row_bytes() * static_cast<size_t>(opt_.block_size);
+      backend_.upload(*t, in, n, static_cast<size_t>(b) * n);
+      in += n;
+    }
   }
 }
 

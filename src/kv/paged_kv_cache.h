@@ -51,6 +51,23 @@ class PagedKvCache final : public KvCache {
   bool has_layer(int il) const override { return layers_[static_cast<size_t>(il)].k.valid(); }
 
   int block_refcount(int block) const { return refcount_[static_cast<size_t>(block)]; }
+
+  // ---- blocks held outside any sequence (the prefix cache, kv/prefix_cache.h) ----
+  // A reference the prefix index keeps is one more refcount: a block stays out of the free pool while
+  // any sequence or the index holds it, and is never written again once full (a sequence only writes
+  // past its attached prefix, so copy-on-write never triggers on an attached full block).
+  int32_t block_of(int seq, int i) const;  // physical block of logical block i of seq (reserved)
+  void hold_block(int32_t b);              // one more reference to a block in use
+  void drop_block(int32_t b);              // one reference less; the last returns it to the pool
+  int32_t alloc_block();                   // a free block with one reference (the caller's), or -1
+  // Makes the empty sequence seq hold `blocks` (full blocks, in order) as its positions
+  // [0, blocks.size()·block_size); their refcounts grow. The recurrent state (hybrid models) is the
+  // caller's to set.
+  void attach_blocks(int seq, const std::vector<int32_t>& blocks);
+  // The K and V rows of one block over every attention layer (layer order, K then V), as bytes.
+  size_t block_bytes() const { return block_bytes_; }
+  void read_block(int32_t b, uint8_t* out) const;   // writes block_bytes()
+  void write_block(int32_t b, const uint8_t* in);   // reads block_bytes()
   // K/V rows moved so far by commit() and copy-on-write (per layer count once): a chain verified as a
   // tree commits with none.
   int64_t rows_copied() const { return rows_copied_; }
@@ -66,7 +83,7 @@ class PagedKvCache final : public KvCache {
   Backend& backend_;
   KvCacheOptions opt_;
   int max_blocks_ = 0;
-  size_t bytes_ = 0, bytes_per_token_ = 0;
+  size_t bytes_ = 0, bytes_per_token_ = 0, block_bytes_ = 0;
   std::vector<KvLayer> layers_;        // (n_layer); invalid for non-attention layers
   std::vector<int32_t> table_;         // (n_seq, max_blocks)
   std::vector<int> n_blocks_of_;       // (n_seq)

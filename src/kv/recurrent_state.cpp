@@ -6,9 +6,10 @@
 
 namespace pg {
 
-RecurrentState::RecurrentState(Backend& backend, const std::vector<RecurrentLayerShape>& layers, int n_seq, int n_capture)
-    : backend_(backend), n_seq_(n_seq), n_capture_(n_capture), n_backup_(n_capture > 0 ? n_seq : 0), shapes_(layers) {
-  PG_CHECK(n_seq > 0 && n_capture >= 0, "invalid recurrent state size");
+RecurrentState::RecurrentState(Backend& backend, const std::vector<RecurrentLayerShape>& layers, int n_seq, int n_capture,
+                               int n_snapshot)
+    : backend_(backend), n_seq_(n_seq), n_capture_(n_capture), n_snapshot_(n_snapshot), n_backup_(n_capture > 0 ? n_seq : 0), shapes_(layers) {
+  PG_CHECK(n_seq > 0 && n_capture >= 0 && n_snapshot >= 0, "invalid recurrent state size");
   layers_.resize(layers.size());
   for (size_t il = 0; il < layers.size(); ++il) {
     if (!layers[il].any()) continue;

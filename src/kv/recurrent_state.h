@@ -6,7 +6,11 @@
 //   - with n_capture > 0, slots n_seq .. 2·n_seq-1: backups. A capturing forward first copies the
 //     committed state of each sequence it extends here, so rejecting every drafted token is a rollback
 //     like any other;
-//   - then n_capture capture slots. A forward with capture on writes, for batch
+//   - then n_capture capture slots;
+//   - then n_snapshot prefix slots (kv/prefix_cache.h): the state after a cached prompt block, which a
+//     prefix-cache hit copies into the sequence instead of recomputing the prefix. The prefix cache
+//     owns their bookkeeping; nothing here tags or invalidates them.
+// The capture slots: A forward with capture on writes, for batch
 //     row i, the state after that row into capture slot i (conv window and delta state of every
 //     layer), so that a later step resumes from any verified position (speculative decoding keeps the
 //     state of the last accepted token) or any verified tree node, without recomputing.
@@ -32,7 +36,7 @@ struct RecurrentLayerShape {
 
 class RecurrentState {
  public:
-  RecurrentState(Backend& backend, const std::vector<RecurrentLayerShape>& layers, int n_seq, int n_capture);
+  RecurrentState(Backend& backend, const std::vector<RecurrentLayerShape>& layers, int n_seq, int n_capture, int n_snapshot = 0);
   ~RecurrentState();
   RecurrentState(const RecurrentState&) = delete;
   RecurrentState& operator=(const RecurrentState&) = delete;
@@ -44,7 +48,9 @@ class RecurrentState {
 
   int n_seq() const { return n_seq_; }
   int n_capture() const { return n_capture_; }
-  int n_slots() const { return n_seq_ + n_backup_ + n_capture_; }
+  int n_snapshot() const { return n_snapshot_; }
+  int n_slots() const { return n_seq_ + n_backup_ + n_capture_ + n_snapshot_; }
+  int snapshot_slot(int i) const { return n_seq_ + n_backup_ + n_capture_ + i; }
   int backup_slot(int seq) const { return n_seq_ + seq; }  // only when n_capture() > 0
   int capture_slot(int i) const { return n_seq_ + n_backup_ + i; }
   int n_layer() const { return static_cast<int>(layers_.size()); }
@@ -83,7 +89,7 @@ class RecurrentState {
   void check_slot(int slot) const;
 
   Backend& backend_;
-  int n_seq_, n_capture_;
+  int n_seq_, n_capture_, n_snapshot_;
   int n_backup_;  // n_seq when captures are enabled, else 0
   std::vector<RecurrentLayerShape> shapes_;
   std::vector<Layer> layers_;     // (n_layer); invalid tensors for attention layers

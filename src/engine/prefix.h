@@ -1,0 +1,34 @@
+// Engine glue of the prefix cache (kv/prefix_cache.h): what a model and a RAM budget mean for the KV
+// pool, and the model identity that keys cached blocks.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kv/prefix_cache.h"
+#include "model/model.h"
+
+namespace pg::engine {
+
+struct PrefixOptions {
+  // RAM budget in MiB for blocks (and hybrid recurrent snapshots) only the prefix index holds;
+  // -1 = the default (the slots' own KV size, at most 8 GiB), 0 = prefix cache off.
+  int64_t ram_mib = -1;
+  std::string disk_dir;       // --kv-cache-dir: "" = no disk tier
+  uint64_t disk_bytes = 10ull << 30;  // --kv-cache-budget
+};
+
+// A hash of the model file's metadata and tensor directory, its size, and a sample of every tensor's
+// bytes: two files share it only when they are (for all practical purposes) the same weights.
+uint64_t model_identity(const Model& m);
+
+// The RAM budget in bytes PrefixOptions resolve to for a cache `slots` (opt as the scheduler would make it).
+size_t prefix_ram_bytes(const PrefixOptions& p, size_t slots_kv_bytes);
+
+// Makes the model's cache with room for the prefix cache (KvCacheOptions::n_blocks grows by the
+// budget's blocks, n_snapshot for hybrid models) and the PrefixCache over it; `prefix` stays null when
+// the budget is 0.
+std::unique_ptr<KvCache> make_cache_with_prefix(Model& m, KvCacheOptions ko, const PrefixOptions& p,
+                                                std::unique_ptr<PrefixCache>& prefix);
+
+}  // namespace pg::engine

@@ -1,0 +1,521 @@
+#include "kv/disk_cache.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace pg {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'P', 'G', 'K', 'V', 'B', 'L', 'K', '\0'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kFixed = 8 + 4 + 4 + 8 + 4 * 4 + 8 + 8;  // magic .. snapshot bytes
+constexpr uint32_t kMaxBlocks = 1u << 20;                 // 64M tokens at block size 64: no real prompt
+constexpr uint32_t kMaxBlockSize = 1u << 16;
+
+std::string hex(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+template <class T>
+void put(std::vector<uint8_t>& out, T v) {
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));
+}
+
+template <class T>
+T get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// RAII exclusive flock on the folder's lock file (no-op when it could not be opened).
+struct DirLock {
+  int fd;
+  explicit DirLock(int f) : fd(f) {
+    if (fd >= 0)
+      while (flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+      }
+  }
+  ~DirLock() {
+    if (fd >= 0) flock(fd, LOCK_UN);
+  }
+};
+
+bool write_all(int fd, const uint8_t* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, uint8_t* p, size_t n) {
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+uint64_t fnv1a64(const uint8_t* p, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t parse_byte_size(const std::string& s) {
+  const std::string bad = "cannot parse the size '" + s + "' (expected a number with an optional K, M, G or T suffix, e.g. 20G or 512M)";
+  PG_CHECK(!s.empty(), bad);
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    throw Error(bad);
+  }
+  PG_CHECK(std::isfinite(v) && v >= 0 && (s[0] >= '0' && s[0] <= '9'), bad);
+  std::string suf = s.substr(used);
+  for (char& c : suf) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double mul;
+  if (suf.empty()) mul = 1024.0 * 1024.0;  // a bare number is MiB, like --cache-ram
+  else if (suf == "B") mul = 1;
+  else if (suf == "K" || suf == "KB" || suf == "KIB") mul = 1024.0;
+  else if (suf == "M" || suf == "MB" || suf == "MIB") mul = 1024.0 * 1024.0;
+  else if (suf == "G" || suf == "GB" || suf == "GIB") mul = 1024.0 * 1024.0 * 1024.0;
+  else if (suf == "T" || suf == "TB" || suf == "TIB") mul = 1024.0 * 1024.0 * 1024.0 * 1024.0;
+  else throw Error(bad);
+  const double b = v * mul;
+  PG_CHECK(b < 9.0e18, bad);
+  return static_cast<uint64_t>(b);
+}
+
+std::vector<uint8_t> make_block_file_header(const BlockFileHeader& h) {
+  std::vector<uint8_t> out(kMagic, kMagic + 8);
+  const size_t header_bytes = kFixed + h.keys.size() * 8 + h.tokens.size() * 4 + 16;
+  put<uint32_t>(out, kVersion);
+  put<uint32_t>(out, static_cast<uint32_t>(header_bytes));
+  put<uint64_t>(out, h.model_id);
+  put<uint32_t>(out, h.k_type);
+  put<uint32_t>(out, h.v_type);
+  put<uint32_t>(out, h.block_size);
+  put<uint32_t>(out, h.n_blocks);
+  put<uint64_t>(out, h.block_bytes);
+  put<uint64_t>(out, h.snapshot_bytes);
+  for (uint64_t k : h.keys) put<uint64_t>(out, k);
+  for (int32_t t : h.tokens) put<int32_t>(out, t);
+  put<uint64_t>(out, h.payload_checksum);
+  put<uint64_t>(out, fnv1a64(out.data(), out.size()));
+  return out;
+}
+
+bool parse_block_file_header(std::span<const uint8_t> d, uint64_t file_size, BlockFileHeader& h, std::string& why) {
+  if (d.size() < kFixed) return why = "shorter than a block file header", false;
+  if (std::memcmp(d.data(), kMagic, 8) != 0) return why = "not a block file (bad magic)", false;
+  const uint8_t* p = d.data() + 8;
+  h.version = get<uint32_t>(p);
+  h.header_bytes = get<uint32_t>(p + 4);
+  h.model_id = get<uint64_t>(p + 8);
+  h.k_type = get<uint32_t>(p + 16);
+  h.v_type = get<uint32_t>(p + 20);
+  h.block_size = get<uint32_t>(p + 24);
+  h.n_blocks = get<uint32_t>(p + 28);
+  h.block_bytes = get<uint64_t>(p + 32);
+  h.snapshot_bytes = get<uint64_t>(p + 40);
+  if (h.version != kVersion) return why = "block file version " + std::to_string(h.version) + " is not supported", false;
+  if (h.block_size == 0 || h.block_size > kMaxBlockSize || h.n_blocks == 0 || h.n_blocks > kMaxBlocks)
+    return why = "implausible block size or count", false;
+  const uint64_t want = kFixed + static_cast<uint64_t>(h.n_blocks) * 8 + static_cast<uint64_t>(h.n_blocks) * h.block_size * 4 + 16;
+  if (h.header_bytes != want) return why = "header length does not match its block count", false;
+  if (d.size() < want) return why = "truncated header", false;
+  // Sizes are bounded before multiplying: a payload larger than 2^62 bytes is malformed, not an overflow.
+  if (h.block_bytes > (1ull << 40) || h.snapshot_bytes > (1ull << 40)) return why = "implausible payload size", false;
+  if (file_size != want + h.payload_bytes())
+    return why = "file is " + std::to_string(file_size) + " bytes, the header says " + std::to_string(want + h.payload_bytes()) + " (truncated?)", false;
+  const uint8_t* q = d.data() + kFixed;
+  h.keys.resize(h.n_blocks);
+  for (uint32_t i = 0; i < h.n_blocks; ++i) h.keys[i] = get<uint64_t>(q + 8 * i);
+  q += 8ull * h.n_blocks;
+  h.tokens.resize(static_cast<size_t>(h.n_blocks) * h.block_size);
+  std::memcpy(h.tokens.data(), q, h.tokens.size() * 4);
+  q += h.tokens.size() * 4;
+  h.payload_checksum = get<uint64_t>(q);
+  const uint64_t hc = get<uint64_t>(q + 8);
+  if (hc != fnv1a64(d.data(), want - 8)) return why = "header checksum mismatch (corrupt)", false;
+  return true;
+}
+
+DiskCache::DiskCache(const DiskCacheOptions& opt) : opt_(opt) {
+  folder_ = (fs::path(opt_.dir) / hex(opt_.root)).string();
+  std::error_code ec;
+  fs::create_directories(fs::path(folder_) / "quarantine", ec);
+  if (ec) {
+    PG_WARN("--kv-cache-dir %s: cannot create %s (%s): serving without the disk cache", opt_.dir.c_str(), folder_.c_str(), ec.message().c_str());
+    return;
+  }
+  // Writable? (a read-only mount or someone else's directory): one probe file.
+  const std::string probe = folder_ + "/.probe." + std::to_string(getpid());
+  const int pf = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (pf < 0) {
+    PG_WARN("--kv-cache-dir %s is not writable (%s): serving without the disk cache", opt_.dir.c_str(), std::strerror(errno));
+    return;
+  }
+  ::close(pf);
+  ::unlink(probe.c_str());
+  lock_fd_ = ::open((folder_ + "/lock").c_str(), O_RDWR | O_CREAT, 0644);
+  enabled_ = true;
+  scan();
+  thread_ = std::thread([this] { writer(); });
+}
+
+DiskCache::~DiskCache() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+bool DiskCache::enabled() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return enabled_;
+}
+
+void DiskCache::disable(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!enabled_) return;
+  enabled_ = false;
+  jobs_.clear();
+  PG_WARN("disk KV cache %s: %s: serving without the disk cache from now on", folder_.c_str(), why.c_str());
+}
+
+void DiskCache::add_locked(FileRec r) {
+  for (size_t i = 0; i < r.keys.size(); ++i) by_key_[r.keys[i]].push_back(r.name);
+  total_ += r.size;
+  files_[r.name] = std::move(r);
+}
+
+void DiskCache::remove_locked(const std::string& name) {
+  auto it = files_.find(name);
+  if (it == files_.end()) return;
+  for (uint64_t k : it->second.keys) {
+    auto b = by_key_.find(k);
+    if (b == by_key_.end()) continue;
+    std::erase(b->second, name);
+    if (b->second.empty()) by_key_.erase(b);
+  }
+  total_ -= it->second.size;
+  files_.erase(it);
+}
+
+void DiskCache::quarantine(const std::string& name, const std::string& why) {
+  PG_WARN("disk KV cache: skipping %s/%s: %s (moved to quarantine/)", folder_.c_str(), name.c_str(), why.c_str());
+  std::error_code ec;
+  fs::rename(fs::path(folder_) / name, fs::path(folder_) / "quarantine" / name, ec);
+  if (ec) fs::remove(fs::path(folder_) / name, ec);
+}
+
+void DiskCache::scan() {
+  DirLock lock(lock_fd_);
+  std::vector<std::pair<fs::file_time_type, FileRec>> found;
+  std::error_code ec;
+  for (const auto& de : fs::directory_iterator(folder_, ec)) {
+    const std::string name = de.path().filename().string();
+    if (!de.is_regular_file(ec)) continue;
+    if (name.ends_with(".tmp")) {
+      // A writer that died mid-write; a live one renames within seconds.
+      const auto age = fs::file_time_type::clock::now() - de.last_write_time(ec);
+      if (!ec && age > std::chrono::hours(1)) fs::remove(de.path(), ec);
+      continue;
+    }
+    if (!name.ends_with(".pgkv")) continue;
+    const uint64_t size = de.file_size(ec);
+    if (ec) continue;
+    BlockFileHeader h;
+    std::string why;
+    std::vector<uint8_t> head(static_cast<size_t>(std::min<uint64_t>(size, 1u << 26)));
+    const int fd = ::open(de.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    const bool ok_read = read_all(fd, head.data(), head.size());
+    ::close(fd);
+    bool ok = ok_read && parse_block_file_header(head, size, h, why);
+    if (!ok_read) why = "unreadable";
+    if (ok && (h.model_id != opt_.model_id)) ok = false, why = "written for another model";
+    if (ok && (h.k_type != static_cast<uint32_t>(opt_.k_type) || h.v_type != static_cast<uint32_t>(opt_.v_type)))
+      ok = false, why = "written with other K/V cache types";
+    if (ok && (h.block_size != static_cast<uint32_t>(opt_.block_size) || h.block_bytes != opt_.block_bytes || h.snapshot_bytes != opt_.snapshot_bytes))
+      ok = false, why = "written with another cache layout";
+    if (ok && name != hex(h.keys.back()) + ".pgkv") ok = false, why = "its name does not match its contents";
+    if (!ok) {
+      quarantine(name, why);
+      continue;
+    }
+    FileRec r;
+    r.name = name;
+    r.n_blocks = static_cast<int>(h.n_blocks);
+    r.size = size;
+    r.keys = std::move(h.keys);
+    found.emplace_back(de.last_write_time(ec), std::move(r));
+  }
+  // Oldest first, so the tick order is the files' last-use order (loads touch their file).
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& [t, r] : found) {
+    r.tick = ++tick_;
+    add_locked(std::move(r));
+  }
+  if (!files_.empty())
+    PG_INFO("disk KV cache %s: %zu block files, %.1f MiB", folder_.c_str(), files_.size(), static_cast<double>(total_) / (1024.0 * 1024.0));
+  evict_locked();
+}
+
+DiskCache::Found DiskCache::find(const std::vector<uint64_t>& keys, bool whole_only) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  Found f;
+  if (!enabled_) return f;
+  for (size_t n = keys.size(); n > 0; --n) {
+    auto b = by_key_.find(keys[n - 1]);
+    if (b == by_key_.end()) continue;
+    for (const std::string& name : b->second) {
+      const FileRec& r = files_.at(name);
+      if (static_cast<size_t>(r.n_blocks) < n || r.keys[n - 1] != keys[n - 1]) continue;
+      if (whole_only && static_cast<size_t>(r.n_blocks) != n) continue;
+      f.name = name;
+      f.n_blocks = static_cast<int>(n);
+      return f;
+    }
+  }
+  return f;
+}
+
+bool DiskCache::has(uint64_t last_key) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return files_.count(hex(last_key) + ".pgkv") > 0;
+}
+
+bool DiskCache::load(const Found& f, const std::vector<uint64_t>& keys, const std::vector<int32_t>& prompt, BlockFileHeader& h,
+                     std::vector<uint8_t>& payload) {
+  const std::string path = folder_ + "/" + f.name;
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    remove_locked(f.name);  // evicted by another server sharing the directory: a miss
+    return false;
+  }
+  struct stat st {};
+  std::vector<uint8_t> all;
+  bool ok = fstat(fd, &st) == 0;
+  if (ok) {
+    all.resize(static_cast<size_t>(st.st_size));
+    ok = read_all(fd, all.data(), all.size());
+  }
+  ::close(fd);
+  std::string why = "unreadable";
+  if (ok) ok = parse_block_file_header(all, all.size(), h, why);
+  if (ok && (h.model_id != opt_.model_id || h.k_type != static_cast<uint32_t>(opt_.k_type) || h.v_type != static_cast<uint32_t>(opt_.v_type) ||
+             h.block_size != static_cast<uint32_t>(opt_.block_size) || h.block_bytes != opt_.block_bytes || h.snapshot_bytes != opt_.snapshot_bytes))
+    ok = false, why = "written for another model or cache layout";
+  if (ok && fnv1a64(all.data() + h.header_bytes, all.size() - h.header_bytes) != h.payload_checksum)
+    ok = false, why = "payload checksum mismatch (corrupt)";
+  if (ok && static_cast<int>(h.n_blocks) < f.n_blocks) ok = false, why = "shorter than indexed";
+  if (ok) {
+    const size_t ntok = static_cast<size_t>(f.n_blocks) * h.block_size;
+    ok = std::equal(keys.begin(), keys.begin() + f.n_blocks, h.keys.begin()) && prompt.size() >= ntok &&
+         std::equal(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(ntok), h.tokens.begin());
+    if (!ok) {
+      // Another chain under this name (a key collision): a miss; the file itself is fine.
+      return false;
+    }
+  }
+  if (!ok) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      remove_locked(f.name);
+    }
+    DirLock lock(lock_fd_);
+    quarantine(f.name, why);
+    return false;
+  }
+  payload.assign(all.begin() + h.header_bytes, all.end());
+  // Recently used, for this process's LRU and (through the mtime) for the next start's.
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = files_.find(f.name);
+  if (it != files_.end()) it->second.tick = ++tick_;
+  return true;
+}
+
+void DiskCache::write(std::vector<uint64_t> keys, std::vector<int32_t> tokens, std::vector<uint8_t> payload, uint64_t snapshot_bytes) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!enabled_ || keys.empty()) return;
+    // Bounded: a disk slower than the engine drops writes rather than holding RAM.
+    if (jobs_.size() >= 8) return;
+    jobs_.push_back({std::move(keys), std::move(tokens), std::move(payload), snapshot_bytes});
+  }
+  cv_.notify_all();
+}
+
+void DiskCache::flush() {
+  std::unique_lock<std::mutex> lk(mu_);
+  idle_.wait(lk, [&] { return jobs_.empty() && busy_ == 0; });
+}
+
+void DiskCache::writer() {
+  for (;;) {
+    Job j;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) {
+        if (stop_) return;
+        continue;
+      }
+      j = std::move(jobs_.front());
+      jobs_.pop_front();
+      ++busy_;
+    }
+    const bool ok = write_file(j);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      --busy_;
+    }
+    idle_.notify_all();
+    (void)ok;
+  }
+}
+
+bool DiskCache::write_file(const Job& j) {
+  BlockFileHeader h;
+  h.model_id = opt_.model_id;
+  h.k_type = static_cast<uint32_t>(opt_.k_type);
+  h.v_type = static_cast<uint32_t>(opt_.v_type);
+  h.block_size = static_cast<uint32_t>(opt_.block_size);
+  h.n_blocks = static_cast<uint32_t>(j.keys.size());
+  h.block_bytes = opt_.block_bytes;
+  h.snapshot_bytes = j.snapshot_bytes;
+  h.keys = j.keys;
+  h.tokens = j.tokens;
+  h.payload_checksum = fnv1a64(j.payload.data(), j.payload.size());
+  const std::vector<uint8_t> head = make_block_file_header(h);
+  const std::string name = hex(j.keys.back()) + ".pgkv";
+  uint64_t n;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    n = ++counter_;
+  }
+  const std::string tmp = folder_ + "/" + name + "." + std::to_string(getpid()) + "." + std::to_string(n) + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) {
+    disable(std::string("cannot create a block file: ") + std::strerror(errno));
+    return false;
+  }
+  const bool ok = write_all(fd, head.data(), head.size()) && write_all(fd, j.payload.data(), j.payload.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    disable(std::string("writing a block file failed: ") + std::strerror(err));
+    return false;
+  }
+  DirLock lock(lock_fd_);
+  if (::rename(tmp.c_str(), (folder_ + "/" + name).c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    disable(std::string("renaming a block file failed: ") + std::strerror(e));
+    return false;
+  }
+  // The rename itself must survive a crash: fsync the folder.
+  if (const int dfd = ::open(folder_.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  remove_locked(name);  // the same chain written again (another server, or a race): replaced
+  FileRec r;
+  r.name = name;
+  r.n_blocks = static_cast<int>(j.keys.size());
+  r.size = head.size() + j.payload.size();
+  r.tick = ++tick_;
+  r.keys = j.keys;
+  ++writes_;
+  write_bytes_ += r.size;
+  // Attention-only chains: a file holding a strict prefix of this one is superseded (every hit it could
+  // serve this one serves). Hybrid files end at their snapshot, so shorter ones stay useful.
+  if (j.snapshot_bytes == 0) {
+    std::vector<std::string> gone;
+    for (size_t i = 0; i + 1 < j.keys.size(); ++i) {
+      auto it = files_.find(hex(j.keys[i]) + ".pgkv");
+      if (it != files_.end() && it->second.n_blocks == static_cast<int>(i) + 1) gone.push_back(it->first);
+    }
+    for (const auto& g : gone) {
+      remove_locked(g);
+      ::unlink((folder_ + "/" + g).c_str());
+    }
+  }
+  add_locked(std::move(r));
+  evict_locked();
+  return true;
+}
+
+void DiskCache::evict_locked() {
+  while (total_ > opt_.budget && !files_.empty()) {
+    auto oldest = files_.begin();
+    for (auto it = files_.begin(); it != files_.end(); ++it)
+      if (it->second.tick < oldest->second.tick) oldest = it;
+    const std::string name = oldest->first;
+    remove_locked(name);
+    ::unlink((folder_ + "/" + name).c_str());
+  }
+}
+
+uint64_t DiskCache::files() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return files_.size();
+}
+uint64_t DiskCache::bytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return total_;
+}
+uint64_t DiskCache::writes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return writes_;
+}
+uint64_t DiskCache::write_bytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return write_bytes_;
+}
+
+}  // namespace pg

@@ -1,0 +1,393 @@
+#include "kv/prefix_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "kv/disk_cache.h"
+
+namespace pg {
+
+namespace {
+
+// A final avalanche over FNV-1a, so keys of neighbouring blocks differ in every bit (the map buckets
+// on the low bits).
+uint64_t mix(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
+// 0 and 1 mark free and pending snapshot slots (snap_owner_), so keys never take those values.
+uint64_t not_reserved(uint64_t h) { return h < 2 ? h + 2 : h; }
+
+}  // namespace
+
+uint64_t prefix_root_key(uint64_t model_id, DType k_type, DType v_type, int block_size) {
+  const uint64_t v[5] = {0x5047505245464958ull /* "PGPREFIX" */, model_id, static_cast<uint64_t>(k_type),
+                         static_cast<uint64_t>(v_type), static_cast<uint64_t>(block_size)};
+  return not_reserved(mix(fnv1a64(reinterpret_cast<const uint8_t*>(v), sizeof v)));
+}
+
+uint64_t prefix_block_key(uint64_t parent, const int32_t* tokens, int n) {
+  uint64_t h = fnv1a64(reinterpret_cast<const uint8_t*>(&parent), sizeof parent);
+  h = fnv1a64(reinterpret_cast<const uint8_t*>(tokens), static_cast<size_t>(n) * sizeof(int32_t), h);
+  return not_reserved(mix(h));
+}
+
+PrefixPlan PrefixCache::plan(size_t ram_bytes, size_t block_bytes, size_t snapshot_bytes, int n_seq) {
+  PrefixPlan p;
+  if (ram_bytes == 0 || block_bytes == 0) return p;
+  size_t left = ram_bytes;
+  if (snapshot_bytes > 0) {
+    // Hybrid: a cached prompt is useless without its snapshot, so up to half the budget goes to them;
+    // every running slot may hold one pending snapshot, so fewer than n_seq + 1 cannot cache anything
+    // reliably (then take n_seq + 1 when the budget affords it at all).
+    size_t n = std::min<size_t>(ram_bytes / 2 / snapshot_bytes, 256);
+    if (n < static_cast<size_t>(n_seq) + 1 && ram_bytes >= (static_cast<size_t>(n_seq) + 1) * snapshot_bytes)
+      n = static_cast<size_t>(n_seq) + 1;
+    p.snapshots = static_cast<int>(n);
+    left -= std::min(left, n * snapshot_bytes);
+  }
+  p.blocks = static_cast<int>(std::min<size_t>(left / block_bytes, 1u << 24));
+  return p;
+}
+
+PrefixCache::PrefixCache(PagedKvCache& kv, const PrefixCacheOptions& opt)
+    : kv_(kv), rs_(kv.recurrent()), opt_(opt), bs_(kv.block_size()) {
+  const KvCacheOptions& ko = kv.options();
+  root_ = prefix_root_key(opt_.model_id, ko.k_type(), ko.v_type(), bs_);
+  // What the pool holds beyond every slot at full context is the index's to keep (plan()).
+  budget_blocks_ = std::max(0, kv.total_blocks() - kv.max_blocks() * kv.n_seq());
+  pending_.assign(static_cast<size_t>(kv.n_seq()), Pending{});
+  if (rs_) snap_owner_.assign(static_cast<size_t>(rs_->n_snapshot()), 0);
+  if (!opt_.disk_dir.empty()) {
+    DiskCacheOptions d;
+    d.dir = opt_.disk_dir;
+    d.budget = opt_.disk_bytes;
+    d.root = root_;
+    d.model_id = opt_.model_id;
+    d.k_type = ko.k_type();
+    d.v_type = ko.v_type();
+    d.block_size = bs_;
+    d.block_bytes = kv.block_bytes();
+    d.snapshot_bytes = rs_ ? rs_->slot_bytes() : 0;
+    disk_ = std::make_unique<DiskCache>(d);
+  }
+  PG_INFO("prefix cache: %d blocks of %d tokens (%.1f MiB)%s%s", budget_blocks_, bs_,
+          static_cast<double>(static_cast<size_t>(budget_blocks_) * kv.block_bytes()) / (1024.0 * 1024.0),
+          rs_ ? (", " + std::to_string(snap_owner_.size()) + " recurrent snapshots of " +
+                 std::to_string(rs_->slot_bytes() / 1024) + " KiB").c_str()
+              : "",
+          disk_ && disk_->enabled() ? (", disk tier " + disk_->folder()).c_str() : "");
+}
+
+PrefixCache::~PrefixCache() = default;
+
+bool PrefixCache::disk_enabled() const { return disk_ && disk_->enabled(); }
+
+void PrefixCache::flush() {
+  if (disk_) disk_->flush();
+}
+
+std::vector<uint64_t> PrefixCache::chain(const std::vector<int32_t>& toks, int n_blocks) const {
+  std::vector<uint64_t> keys(static_cast<size_t>(n_blocks));
+  uint64_t h = root_;
+  for (int i = 0; i < n_blocks; ++i) {
+    h = prefix_block_key(h, toks.data() + static_cast<size_t>(i) * static_cast<size_t>(bs_), bs_);
+    keys[static_cast<size_t>(i)] = h;
+  }
+  return keys;
+}
+
+PrefixCache::Entry* PrefixCache::find(uint64_t key, const int32_t* tokens) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return nullptr;
+  // The tokens decide: a 64-bit collision is a miss, never another prompt's KV.
+  if (std::memcmp(it->second.tokens.data(), tokens, static_cast<size_t>(bs_) * sizeof(int32_t)) != 0) return nullptr;
+  return &it->second;
+}
+
+PrefixCache::Entry& PrefixCache::insert(uint64_t key, uint64_t parent, int depth, int32_t block, const int32_t* tokens) {
+  Entry e;
+  e.parent = parent;
+  e.block = block;
+  e.depth = depth;
+  e.tick = tick_;
+  e.tokens.assign(tokens, tokens + bs_);
+  if (depth > 0) {
+    auto p = index_.find(parent);
+    if (p != index_.end()) ++p->second.children;
+  }
+  n_index_ = index_.size() + 1;
+  return index_[key] = std::move(e);
+}
+
+PrefixHit PrefixCache::attach(int seq, const std::vector<int32_t>& prompt) {
+  PrefixHit hit;
+  ++tick_;
+  ++lookups_;
+  prompt_tokens_ += prompt.size();
+  pending_[static_cast<size_t>(seq)] = Pending{};
+  const int n = static_cast<int>(prompt.size());
+  // Whole blocks that leave at least one prompt token to prefill.
+  const int max_blocks = n > 0 ? (n - 1) / bs_ : 0;
+  const std::vector<uint64_t> keys = chain(prompt, max_blocks);
+  std::vector<int32_t> blocks;
+  int usable = 0;  // blocks of the match a hit may end at (hybrid: the deepest with a snapshot)
+  int snap = -1;
+  for (int i = 0; i < max_blocks; ++i) {
+    Entry* e = find(keys[static_cast<size_t>(i)], prompt.data() + static_cast<size_t>(i) * static_cast<size_t>(bs_));
+    if (!e) break;
+    e->tick = tick_;
+    blocks.push_back(e->block);
+    if (!rs_ || e->snap >= 0) {
+      usable = i + 1;
+      snap = e->snap;
+    }
+  }
+  blocks.resize(static_cast<size_t>(usable));
+  int got = usable;
+  if (disk_ && disk_->enabled() && max_blocks > usable) {
+    const int d = attach_disk(seq, prompt, keys, usable, max_blocks);
+    if (d > 0) {
+      hit.n_disk = (d - usable) * bs_;
+      got = d;
+    }
+  }
+  if (got == usable && usable > 0) {
+    kv_.attach_blocks(seq, blocks);
+    if (rs_) {
+      rs_->copy_slot(rs_->snapshot_slot(snap), seq);
+      rs_->invalidate(seq, 0);
+    }
+  }
+  hit.n_tokens = got * bs_;
+  ram_hits_ += static_cast<uint64_t>(hit.n_tokens - hit.n_disk);
+  disk_hits_ += static_cast<uint64_t>(hit.n_disk);
+  if (rs_) {
+    // The state after the prompt's last full block before its final token is what a later prompt
+    // sharing this one reuses; stop the prefill there once (unless this hit already reaches it).
+    const int point = max_blocks * bs_;
+    if (point > hit.n_tokens) pending_[static_cast<size_t>(seq)].point = point;
+  }
+  return hit;
+}
+
+int PrefixCache::attach_disk(int seq, const std::vector<int32_t>& prompt, const std::vector<uint64_t>& keys, int n_ram,
+                             int max_blocks) {
+  const DiskCache::Found f = disk_->find(keys, rs_ != nullptr);
+  if (f.n_blocks <= n_ram || f.n_blocks > max_blocks) return 0;
+  BlockFileHeader h;
+  std::vector<uint8_t> payload;
+  if (!disk_->load(f, keys, prompt, h, payload)) return 0;
+  const size_t bb = kv_.block_bytes();
+  // The blocks: RAM entries where the index has them (identical KV), fresh blocks loaded from the file
+  // for the rest. Fresh blocks come from the free pool; the empty slot's share guarantees room, but an
+  // index over budget might have taken it, so evict first if needed.
+  std::vector<int32_t> blocks;
+  std::vector<int32_t> fresh;
+  for (int i = 0; i < f.n_blocks; ++i) {
+    const uint64_t key = keys[static_cast<size_t>(i)];
+    const int32_t* toks = prompt.data() + static_cast<size_t>(i) * static_cast<size_t>(bs_);
+    if (Entry* e = find(key, toks)) {
+      e->tick = tick_;
+      blocks.push_back(e->block);
+      continue;
+    }
+    if (index_.count(key)) {
+      // A different block under the same key (a collision): leave both alone.
+      for (int32_t b : fresh) kv_.drop_block(b);
+      return 0;
+    }
+    int32_t b = kv_.alloc_block();
+    while (b < 0 && evict_one()) b = kv_.alloc_block();
+    if (b < 0) {
+      for (int32_t x : fresh) kv_.drop_block(x);
+      return 0;
+    }
+    kv_.write_block(b, payload.data() + static_cast<size_t>(i) * bb);
+    fresh.push_back(b);
+    // The index takes the block's one reference; the parent exists (it was found or just inserted).
+    insert(key, i == 0 ? root_ : keys[static_cast<size_t>(i - 1)], i, b, toks);
+    blocks.push_back(b);
+  }
+  kv_.attach_blocks(seq, blocks);
+  if (rs_) {
+    rs_->load_slot(seq, payload.data() + static_cast<size_t>(f.n_blocks) * bb);
+    rs_->invalidate(seq, 0);
+    Entry& last = index_.at(keys[static_cast<size_t>(f.n_blocks - 1)]);
+    if (last.snap < 0) {
+      const int s = take_snapshot_slot();
+      if (s >= 0) {
+        rs_->copy_slot(seq, rs_->snapshot_slot(s));
+        last.snap = s;
+        snap_owner_[static_cast<size_t>(s)] = keys[static_cast<size_t>(f.n_blocks - 1)];
+      }
+    }
+  }
+  enforce_budget();
+  return f.n_blocks;
+}
+
+int PrefixCache::chunk_end(int seq, int from, int n_prompt) const {
+  const int p = pending_[static_cast<size_t>(seq)].point;
+  return p > from ? std::min(p, n_prompt) : n_prompt;
+}
+
+int PrefixCache::take_snapshot_slot() {
+  for (size_t i = 0; i < snap_owner_.size(); ++i)
+    if (snap_owner_[i] == 0) return static_cast<int>(i);
+  // The least recently used cached snapshot gives way (its blocks stay, reusable once re-snapshotted).
+  int best = -1;
+  uint64_t best_tick = UINT64_MAX;
+  for (size_t i = 0; i < snap_owner_.size(); ++i) {
+    if (snap_owner_[i] < 2) continue;
+    auto it = index_.find(snap_owner_[i]);
+    if (it != index_.end() && it->second.tick < best_tick) {
+      best_tick = it->second.tick;
+      best = static_cast<int>(i);
+    }
+  }
+  if (best < 0) return -1;
+  index_.at(snap_owner_[static_cast<size_t>(best)]).snap = -1;
+  snap_owner_[static_cast<size_t>(best)] = 0;
+  return best;
+}
+
+void PrefixCache::after_forward(int seq, int n_prefilled) {
+  Pending& p = pending_[static_cast<size_t>(seq)];
+  if (!rs_ || p.point < 0 || n_prefilled != p.point || kv_.seq_len(seq) != p.point) return;
+  p.point = -1;
+  const int s = take_snapshot_slot();
+  if (s < 0) return;
+  rs_->copy_slot(seq, rs_->snapshot_slot(s));
+  snap_owner_[static_cast<size_t>(s)] = 1;
+  p.snap = s;
+  p.snap_at = n_prefilled;
+}
+
+void PrefixCache::abandon(int seq) {
+  Pending& p = pending_[static_cast<size_t>(seq)];
+  if (p.snap >= 0) snap_owner_[static_cast<size_t>(p.snap)] = 0;
+  p = Pending{};
+  kv_.clear(seq);
+}
+
+void PrefixCache::release(int seq, const std::vector<int32_t>& history) {
+  ++tick_;
+  Pending p = pending_[static_cast<size_t>(seq)];
+  pending_[static_cast<size_t>(seq)] = Pending{};
+  const int len = std::min(kv_.seq_len(seq), static_cast<int>(history.size()));
+  const int n_full = len / bs_;
+  const std::vector<uint64_t> keys = chain(history, n_full);
+  int indexed = 0;  // depth of the chain now in the index, contiguous from the root
+  for (int i = 0; i < n_full; ++i) {
+    const uint64_t key = keys[static_cast<size_t>(i)];
+    const int32_t* toks = history.data() + static_cast<size_t>(i) * static_cast<size_t>(bs_);
+    if (Entry* e = find(key, toks)) {
+      e->tick = tick_;
+    } else if (index_.count(key)) {
+      break;  // collision: the chain below it cannot be reached
+    } else {
+      const int32_t b = kv_.block_of(seq, i);
+      kv_.hold_block(b);
+      insert(key, i == 0 ? root_ : keys[static_cast<size_t>(i - 1)], i, b, toks);
+    }
+    indexed = i + 1;
+  }
+  // Hybrid: the boundary snapshot belongs to the entry of its block (unless that has one already).
+  if (rs_ && p.snap >= 0) {
+    const int d = p.snap_at / bs_;
+    Entry* e = d >= 1 && d <= indexed ? &index_.at(keys[static_cast<size_t>(d - 1)]) : nullptr;
+    if (e && e->snap < 0) {
+      e->snap = p.snap;
+      snap_owner_[static_cast<size_t>(p.snap)] = keys[static_cast<size_t>(d - 1)];
+    } else {
+      snap_owner_[static_cast<size_t>(p.snap)] = 0;
+    }
+  }
+  // Disk: the chain as deep as a hit could use it (hybrid: up to its deepest snapshot), once.
+  if (disk_ && disk_->enabled()) {
+    int depth = rs_ ? 0 : indexed;
+    if (rs_)
+      for (int i = indexed; i-- > 0;)
+        if (index_.at(keys[static_cast<size_t>(i)]).snap >= 0) {
+          depth = i + 1;
+          break;
+        }
+    if (depth > 0 && !disk_->has(keys[static_cast<size_t>(depth - 1)])) {
+      const size_t bb = kv_.block_bytes();
+      const size_t sb = rs_ ? rs_->slot_bytes() : 0;
+      std::vector<uint8_t> payload(static_cast<size_t>(depth) * bb);
+      for (int i = 0; i < depth; ++i) kv_.read_block(index_.at(keys[static_cast<size_t>(i)]).block, payload.data() + static_cast<size_t>(i) * bb);
+      if (rs_) rs_->save_slot(rs_->snapshot_slot(index_.at(keys[static_cast<size_t>(depth - 1)]).snap), payload);
+      disk_->write(std::vector<uint64_t>(keys.begin(), keys.begin() + depth),
+                   std::vector<int32_t>(history.begin(), history.begin() + static_cast<std::ptrdiff_t>(depth) * bs_), std::move(payload), sb);
+    }
+  }
+  kv_.clear(seq);
+  enforce_budget();
+}
+
+void PrefixCache::enforce_budget() {
+  auto index_only = [&]() {
+    int n = 0;
+    for (const auto& [k, e] : index_) n += kv_.block_refcount(e.block) == 1;
+    return n;
+  };
+  int over = index_only() - budget_blocks_;
+  while (over > 0 && evict_one()) --over;
+  uint64_t used = static_cast<uint64_t>(std::max(0, index_only())) * kv_.block_bytes();
+  if (rs_)
+    for (uint64_t o : snap_owner_) used += o != 0 ? rs_->slot_bytes() : 0;
+  used_bytes_ = used;
+  n_index_ = index_.size();
+}
+
+bool PrefixCache::evict_one() {
+  // The least recently used leaf that no sequence holds; on a tie the deeper one (a chain's blocks share
+  // their last use, and its tail must go before its head).
+  auto best = index_.end();
+  for (auto it = index_.begin(); it != index_.end(); ++it) {
+    const Entry& e = it->second;
+    if (e.children > 0 || kv_.block_refcount(e.block) != 1) continue;
+    if (best == index_.end() || e.tick < best->second.tick || (e.tick == best->second.tick && e.depth > best->second.depth)) best = it;
+  }
+  if (best == index_.end()) return false;
+  Entry& e = best->second;
+  if (e.depth > 0) {
+    auto p = index_.find(e.parent);
+    if (p != index_.end()) --p->second.children;
+  }
+  if (e.snap >= 0) snap_owner_[static_cast<size_t>(e.snap)] = 0;
+  kv_.drop_block(e.block);
+  index_.erase(best);
+  ++evicted_;
+  n_index_ = index_.size();
+  return true;
+}
+
+PrefixStats PrefixCache::stats() const {
+  PrefixStats s;
+  s.lookups = lookups_;
+  s.prompt_tokens = prompt_tokens_;
+  s.ram_hit_tokens = ram_hits_;
+  s.disk_hit_tokens = disk_hits_;
+  s.evicted_blocks = evicted_;
+  s.ram_blocks = n_index_;
+  s.ram_bytes = used_bytes_;
+  if (disk_) {
+    s.disk_files = disk_->files();
+    s.disk_bytes = disk_->bytes();
+    s.disk_writes = disk_->writes();
+    s.disk_write_bytes = disk_->write_bytes();
+  }
+  return s;
+}
+
+}  // namespace pg

@@ -1,0 +1,483 @@
+// The prefix cache in RAM and on disk (kv/prefix_cache.h, kv/disk_cache.h), driven the way the
+// scheduler drives it (attach at admission, prefill chunks that stop at chunk_end(), after_forward,
+// release), against the real golden models on the CPU backend.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/prefix.h"
+#include "kv/disk_cache.h"
+#include "kv/prefix_cache.h"
+#include "model/model.h"
+#include "testutil.h"
+
+namespace pg {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<int32_t> tokens(int n, int vocab, uint32_t seed) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((seed * 7919u + static_cast<uint32_t>(i) * 104729u + 13u) % static_cast<uint32_t>(vocab)));
+  return t;
+}
+
+std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+struct Env {
+  CpuBackend be{CpuOptions{2, false, 1}};
+  std::unique_ptr<Model> model;
+  int V = 0;
+  explicit Env(const std::string& file) {
+    model = Model::load(test::shared_path("golden/models/" + file).string(), be);
+    V = model->config().n_vocab;
+  }
+};
+
+// Chain forward of toks[from, to) on seq, every row's logits.
+std::vector<float> forward(Model& m, KvCache& c, const std::vector<int32_t>& toks, int seq, int from, int to) {
+  Batch b;
+  for (int i = from; i < to; ++i) b.add(toks[static_cast<size_t>(i)], i, seq, true);
+  std::vector<float> out;
+  m.forward(b, c, out);
+  return out;
+}
+
+// What the scheduler does for one request: attach, prefill in chunks ending at chunk_end(), then the
+// logits of the last chunk (the rows a hit and a miss both compute). Returns the hit.
+PrefixHit prefill(Model& m, KvCache& c, PrefixCache* pc, int seq, const std::vector<int32_t>& prompt, std::vector<float>& last) {
+  PrefixHit hit;
+  if (pc) hit = pc->attach(seq, prompt);
+  const int n = static_cast<int>(prompt.size());
+  int from = hit.n_tokens;
+  EXPECT_EQ(c.seq_len(seq), from);
+  while (from < n) {
+    const int to = pc ? pc->chunk_end(seq, from, n) : n;
+    last = forward(m, c, prompt, seq, from, to);
+    if (pc) pc->after_forward(seq, to);
+    from = to;
+  }
+  return hit;
+}
+
+struct Cached {
+  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<PrefixCache> pc;
+  Cached(Model& m, int n_seq, int n_ctx, int64_t ram_mib, const std::string& dir = "", int block = 16) {
+    KvCacheOptions ko{n_seq, n_ctx, DType::F16, block};
+    engine::PrefixOptions po;
+    po.ram_mib = ram_mib;
+    po.disk_dir = dir;
+    kv = engine::make_cache_with_prefix(m, ko, po, pc);
+  }
+};
+
+// The uncached run with the batch shapes the cached one had: the prefix's KV as the first request
+// computed it (attention: `first` as one batch, cut back to `hit`; hybrid: `p` up to the boundary, where
+// the first request's prefill stopped), then the rest in the chunks the scheduler uses (hybrid: stop at
+// p's own last boundary). Returns the last chunk's logits.
+std::vector<float> reference(Model& m, const std::vector<int32_t>& first, const std::vector<int32_t>& p, int hit, int bs = 16) {
+  const bool hybrid = m.config().has_recurrent();
+  auto plain = m.make_cache({1, 1024, DType::F16, bs});
+  if (hybrid) {
+    forward(m, *plain, p, 0, 0, hit);
+  } else {
+    forward(m, *plain, first, 0, 0, static_cast<int>(first.size()));
+    plain->truncate(0, hit);
+  }
+  const int n = static_cast<int>(p.size()), point = (n - 1) / bs * bs;
+  int from = hit;
+  if (hybrid && point > hit) {
+    forward(m, *plain, p, 0, hit, point);
+    from = point;
+  }
+  return forward(m, *plain, p, 0, from, n);
+}
+
+bool same(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+double worst(const std::vector<float>& a, const std::vector<float>& b) {
+  double w = a.size() == b.size() ? 0 : 1e30;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) w = std::max(w, static_cast<double>(std::fabs(a[i] - b[i])));
+  return w;
+}
+
+std::vector<std::string> golden_models() {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(test::shared_path("golden/models")))
+    if (e.path().extension() == ".gguf") out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A request sharing the first request's prompt plus more (the next chat turn) hits its whole blocks —
+// for hybrid models through the snapshot at the first prompt's last boundary — and the logits of the
+// rows it prefills are bit-identical to a run without the cache that evaluates the same batch shapes
+// (the prefix as one batch up to that boundary, then the rest). Every golden architecture and quantization.
+TEST(PrefixCache, HitLogitsBitIdenticalForEveryGoldenModel) {
+  const auto models = golden_models();
+  ASSERT_GE(models.size(), 20u);
+  for (const auto& file : models) {
+    SCOPED_TRACE(file);
+    Env e(file);
+    const bool hybrid = e.model->config().has_recurrent();
+    Cached c(*e.model, 2, 256, 4);
+    ASSERT_NE(c.pc, nullptr);
+    const auto p1 = tokens(70, e.V, 1), p2 = cat(p1, tokens(21, e.V, 2));
+    std::vector<float> l1, l2, ref;
+    EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l1).n_tokens, 0);
+    c.pc->release(0, p1);
+    EXPECT_EQ(c.kv->seq_len(0), 0);
+    // p1's 4 full blocks (64 tokens) before its last token are cached; p2 reuses them all.
+    EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 1, p2, l2).n_tokens, 64);
+    ref = reference(*e.model, p1, p2, 64);
+    EXPECT_TRUE(same(l2, ref)) << "worst |diff| " << worst(l2, ref);
+    // And a divergent prompt (shares 3 blocks only) on an attention model: hits 48.
+    c.pc->release(1, p2);
+    if (!hybrid) {
+      const auto p3 = cat(std::vector<int32_t>(p1.begin(), p1.begin() + 50), tokens(30, e.V, 3));
+      std::vector<float> l3;
+      EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p3, l3).n_tokens, 48);
+      auto plain3 = e.model->make_cache({1, 256, DType::F16, 16});
+      forward(*e.model, *plain3, p1, 0, 0, 70);
+      plain3->truncate(0, 48);
+      EXPECT_TRUE(same(l3, forward(*e.model, *plain3, p3, 0, 48, static_cast<int>(p3.size()))));
+      c.pc->release(0, p3);
+    }
+  }
+}
+
+// Sliding-window layers (gemma3, window smaller than the prompt): the cached rows outside the window
+// are simply not attended to, as without the cache.
+TEST(PrefixCache, SlidingWindowReuseRespectsTheWindow) {
+  Env e("tiny-gemma3-f16.gguf");
+  const int w = e.model->config().sliding_window;
+  ASSERT_GT(w, 0);
+  const int n1 = std::max(70, w + 40);
+  Cached c(*e.model, 2, 1024, 8);
+  const auto p1 = tokens(n1, e.V, 7), p2 = cat(p1, tokens(w + 10, e.V, 8));
+  std::vector<float> l1, l2;
+  prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l1);
+  c.pc->release(0, p1);
+  const int hit = prefill(*e.model, *c.kv, c.pc.get(), 0, p2, l2).n_tokens;
+  EXPECT_EQ(hit, (n1 - 1) / 16 * 16);
+  auto plain = e.model->make_cache({1, 1024, DType::F16, 16});
+  forward(*e.model, *plain, p1, 0, 0, n1);
+  plain->truncate(0, hit);
+  EXPECT_TRUE(same(l2, forward(*e.model, *plain, p2, 0, hit, static_cast<int>(p2.size()))));
+}
+
+// Two running sequences share the cached blocks (refcounts: the index + each), each computes the same
+// as without sharing, and releasing them leaves only the index's references.
+TEST(PrefixCache, ConcurrentSequencesShareBlocks) {
+  Env e("tiny-qwen3-f16.gguf");
+  Cached c(*e.model, 3, 256, 4);
+  auto& paged = dynamic_cast<PagedKvCache&>(*c.kv);
+  const auto p1 = tokens(40, e.V, 1);
+  std::vector<float> l;
+  prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l);
+  c.pc->release(0, p1);
+  const auto a = cat(p1, tokens(9, e.V, 2)), b = cat(p1, tokens(13, e.V, 3));
+  std::vector<float> la, lb;
+  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 1, a, la).n_tokens, 32);
+  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 2, b, lb).n_tokens, 32);
+  const int32_t blk0 = paged.block_of(1, 0);
+  EXPECT_EQ(blk0, paged.block_of(2, 0));
+  EXPECT_EQ(paged.block_refcount(blk0), 3);
+  // The index must never evict blocks running sequences hold, even far over budget.
+  for (int s = 0; s < 6; ++s) {
+    const auto other = tokens(60, e.V, 100 + static_cast<uint32_t>(s));
+    prefill(*e.model, *c.kv, c.pc.get(), 0, other, l);
+    c.pc->release(0, other);
+  }
+  EXPECT_EQ(paged.block_refcount(blk0), 3);
+  auto plain = e.model->make_cache({1, 256, DType::F16, 16});
+  forward(*e.model, *plain, p1, 0, 0, 40);
+  plain->truncate(0, 32);
+  EXPECT_TRUE(same(la, forward(*e.model, *plain, a, 0, 32, static_cast<int>(a.size()))));
+  c.pc->release(1, a);
+  c.pc->release(2, b);
+  EXPECT_EQ(c.kv->free_blocks() + static_cast<int>(c.pc->stats().ram_blocks), c.kv->total_blocks());
+}
+
+// A budget of a few blocks: the least recently used chain goes, tail first, and what stays is within
+// the budget; a chain used again survives.
+TEST(PrefixCache, EvictionUnderATinyBudget) {
+  Env e("tiny-llama-f16.gguf");
+  Cached c(*e.model, 1, 256, 0);
+  EXPECT_EQ(c.pc, nullptr) << "--cache-ram 0 turns the prefix cache off";
+  // One block of the tiny llama is bytes_per_token·16; budget ~5 blocks.
+  KvCacheOptions ko{1, 256, DType::F16, 16};
+  auto probe = e.model->make_cache(ko);
+  const size_t bb = dynamic_cast<PagedKvCache&>(*probe).block_bytes();
+  std::unique_ptr<PrefixCache> pc;
+  ko.n_blocks = 16 + 5;
+  auto kv = e.model->make_cache(ko);
+  PrefixCacheOptions po;
+  po.ram_bytes = 5 * bb;
+  pc = std::make_unique<PrefixCache>(dynamic_cast<PagedKvCache&>(*kv), po);
+  EXPECT_EQ(pc->budget_blocks(), 5);
+  std::vector<float> l;
+  const auto a = tokens(50, e.V, 1), b = tokens(50, e.V, 2);  // 3 cacheable blocks each
+  prefill(*e.model, *kv, pc.get(), 0, a, l);
+  pc->release(0, a);
+  EXPECT_EQ(pc->stats().ram_blocks, 3u);
+  prefill(*e.model, *kv, pc.get(), 0, b, l);
+  pc->release(0, b);
+  EXPECT_EQ(pc->stats().ram_blocks, 5u) << "over budget by one: a's last block goes";
+  EXPECT_EQ(pc->stats().evicted_blocks, 1u);
+  EXPECT_EQ(prefill(*e.model, *kv, pc.get(), 0, a, l).n_tokens, 32) << "a keeps its first two blocks";
+  pc->release(0, a);  // a is the most recent now; b's tail goes
+  EXPECT_EQ(prefill(*e.model, *kv, pc.get(), 0, b, l).n_tokens, 32) << "b lost its tail";
+  pc->release(0, b);
+  EXPECT_LE(pc->stats().ram_blocks, 5u);
+  EXPECT_EQ(kv->free_blocks() + static_cast<int>(pc->stats().ram_blocks), kv->total_blocks());
+}
+
+struct TempDir {
+  fs::path p;
+  TempDir() {
+    p = fs::temp_directory_path() / ("pg_prefix_" + std::to_string(getpid()) + "_" + std::to_string(counter()++));
+    fs::remove_all(p);
+    fs::create_directories(p);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(p, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(p, ec);
+  }
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+};
+
+std::vector<fs::path> block_files(const fs::path& dir, bool quarantined = false) {
+  std::vector<fs::path> out;
+  for (const auto& d : fs::recursive_directory_iterator(dir))
+    if (d.path().extension() == ".pgkv" && (d.path().parent_path().filename() == "quarantine") == quarantined) out.push_back(d.path());
+  return out;
+}
+
+// A "restart": a new cache and prefix cache on the same directory hit the block file the first one
+// wrote, with logits bit-identical to the uncached run; attention and hybrid models.
+TEST(PrefixCache, DiskRoundTripAcrossARestart) {
+  for (const char* file : {"tiny-qwen3-f16.gguf", "tiny-qwen35-f16.gguf", "tiny-qwen35moe-f16.gguf", "tiny-llama-Q4_K_M.gguf"}) {
+    SCOPED_TRACE(file);
+    Env e(file);
+    TempDir dir;
+    const auto p1 = tokens(70, e.V, 1), p2 = cat(p1, tokens(21, e.V, 2));
+    {
+      Cached c(*e.model, 1, 256, 4, dir.p.string());
+      ASSERT_TRUE(c.pc->disk_enabled());
+      std::vector<float> l;
+      prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l);
+      c.pc->release(0, p1);
+      c.pc->flush();
+      EXPECT_EQ(c.pc->stats().disk_files, 1u);
+    }
+    ASSERT_EQ(block_files(dir.p).size(), 1u);
+    Cached c(*e.model, 1, 256, 4, dir.p.string());
+    EXPECT_EQ(c.pc->stats().disk_files, 1u) << "the index is rebuilt by the scan";
+    std::vector<float> l2;
+    const PrefixHit hit = prefill(*e.model, *c.kv, c.pc.get(), 0, p2, l2);
+    EXPECT_EQ(hit.n_tokens, 64);
+    EXPECT_EQ(hit.n_disk, 64);
+    EXPECT_TRUE(same(l2, reference(*e.model, p1, p2, 64)));
+    c.pc->release(0, p2);
+    // The blocks joined the RAM index: the same prompt again is a RAM hit.
+    const PrefixHit again = prefill(*e.model, *c.kv, c.pc.get(), 0, p2, l2);
+    EXPECT_GE(again.n_tokens, 64);
+    EXPECT_EQ(again.n_disk, 0);
+    c.pc->release(0, p2);
+  }
+}
+
+void flip_byte(const fs::path& p, uint64_t at) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char ch = 0;
+  f.read(&ch, 1);
+  ch = static_cast<char>(ch ^ 0x5a);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&ch, 1);
+}
+
+// Broken files — a flipped payload byte, a flipped header byte, a cut file, another model's file under
+// our folder, garbage — are skipped (quarantined) and the request is a miss computed correctly.
+TEST(PrefixCache, CorruptTruncatedAndForeignFilesAreSkipped) {
+  Env e("tiny-qwen3-f16.gguf");
+  const auto p1 = tokens(70, e.V, 1), p2 = cat(p1, tokens(21, e.V, 2));
+  auto ref = [&] {
+    auto plain = e.model->make_cache({1, 256, DType::F16, 16});
+    std::vector<float> l;
+    prefill(*e.model, *plain, nullptr, 0, p2, l);
+    return l;
+  }();
+  for (int mode = 0; mode < 5; ++mode) {
+    SCOPED_TRACE(mode);
+    TempDir dir;
+    {
+      Cached c(*e.model, 1, 256, 4, dir.p.string());
+      std::vector<float> l;
+      prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l);
+      c.pc->release(0, p1);
+      c.pc->flush();
+    }
+    auto files = block_files(dir.p);
+    ASSERT_EQ(files.size(), 1u);
+    const fs::path f = files[0];
+    const uint64_t size = fs::file_size(f);
+    if (mode == 0) flip_byte(f, size - 100);   // payload: found at load (checksum)
+    if (mode == 1) flip_byte(f, 30);           // header: found at the scan
+    if (mode == 2) fs::resize_file(f, size - 1000);
+    if (mode == 3) {
+      // Another model's file renamed into our folder.
+      Env other("tiny-llama-f16.gguf");
+      TempDir od;
+      Cached oc(*other.model, 1, 256, 4, od.p.string());
+      const auto op = tokens(70, other.V, 1);
+      std::vector<float> l;
+      prefill(*other.model, *oc.kv, oc.pc.get(), 0, op, l);
+      oc.pc->release(0, op);
+      oc.pc->flush();
+      auto of = block_files(od.p);
+      ASSERT_EQ(of.size(), 1u);
+      fs::copy_file(of[0], f.parent_path() / of[0].filename());
+    }
+    if (mode == 4) std::ofstream(f.parent_path() / "0123456789abcdef.pgkv") << "not a block file";
+    Cached c(*e.model, 1, 256, 4, dir.p.string());
+    std::vector<float> l2;
+    const PrefixHit hit = prefill(*e.model, *c.kv, c.pc.get(), 0, p2, l2);
+    if (mode <= 2) {
+      EXPECT_EQ(hit.n_tokens, 0);
+      EXPECT_TRUE(same(l2, ref)) << "a miss computes everything";
+      EXPECT_EQ(block_files(dir.p).size(), 0u);
+      EXPECT_EQ(block_files(dir.p, true).size(), 1u) << "quarantined";
+    } else {
+      EXPECT_EQ(hit.n_disk, 64) << "the good file still serves";
+      EXPECT_EQ(block_files(dir.p).size(), 1u);
+      EXPECT_EQ(block_files(dir.p, true).size(), 1u);
+    }
+    c.pc->release(0, p2);
+  }
+}
+
+// The disk budget is an LRU over files, and a chain extending an earlier one replaces it.
+TEST(PrefixCache, DiskBudgetAndSupersededFiles) {
+  Env e("tiny-qwen3-f16.gguf");
+  TempDir dir;
+  KvCacheOptions ko{1, 256, DType::F16, 16};
+  engine::PrefixOptions po;
+  po.ram_mib = 4;
+  po.disk_dir = dir.p.string();
+  std::unique_ptr<PrefixCache> pc;
+  auto kv = engine::make_cache_with_prefix(*e.model, ko, po, pc);
+  std::vector<float> l;
+  const auto a = tokens(40, e.V, 1), a2 = cat(a, tokens(40, e.V, 9));
+  prefill(*e.model, *kv, pc.get(), 0, a, l);
+  pc->release(0, a);
+  pc->flush();
+  const uint64_t one = pc->stats().disk_bytes;
+  prefill(*e.model, *kv, pc.get(), 0, a2, l);
+  pc->release(0, a2);
+  pc->flush();
+  EXPECT_EQ(pc->stats().disk_files, 1u) << "a's 2-block file is a prefix of a2's 5-block file";
+  EXPECT_GT(pc->stats().disk_bytes, one);
+  kv.reset();
+  pc.reset();
+  // Budget for about two small files: the oldest goes.
+  po.disk_bytes = 2 * one + one / 4;
+  kv = engine::make_cache_with_prefix(*e.model, ko, po, pc);
+  EXPECT_EQ(pc->stats().disk_files, 0u) << "the 5-block file is over the new budget";
+  for (uint32_t s = 0; s < 3; ++s) {
+    const auto p = tokens(40, e.V, 20 + s);
+    prefill(*e.model, *kv, pc.get(), 0, p, l);
+    pc->release(0, p);
+    pc->flush();
+  }
+  EXPECT_EQ(pc->stats().disk_files, 2u);
+  EXPECT_LE(pc->stats().disk_bytes, po.disk_bytes);
+}
+
+TEST(PrefixCache, UnwritableDirectoryTurnsTheDiskTierOff) {
+  Env e("tiny-qwen3-f16.gguf");
+  TempDir dir;
+  std::ofstream(dir.p / "file") << "a file, not a directory";  // (root ignores permissions; this fails for anyone)
+  Cached c(*e.model, 1, 256, 4, (dir.p / "file" / "sub").string());
+  EXPECT_FALSE(c.pc->disk_enabled());
+  std::vector<float> l;
+  const auto p = tokens(40, e.V, 1);
+  prefill(*e.model, *c.kv, c.pc.get(), 0, p, l);
+  c.pc->release(0, p);  // still serves from RAM
+  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p, l).n_tokens, 32);
+}
+
+TEST(PrefixCache, DiskFullOrVanishedDirectoryKeepsServing) {
+  Env e("tiny-qwen3-f16.gguf");
+  TempDir dir;
+  Cached c(*e.model, 1, 256, 4, dir.p.string());
+  ASSERT_TRUE(c.pc->disk_enabled());
+  fs::remove_all(dir.p);  // every write now fails
+  std::vector<float> l;
+  const auto p = tokens(40, e.V, 1);
+  prefill(*e.model, *c.kv, c.pc.get(), 0, p, l);
+  c.pc->release(0, p);
+  c.pc->flush();
+  EXPECT_FALSE(c.pc->disk_enabled());
+  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p, l).n_tokens, 32);
+  c.pc->release(0, p);
+}
+
+TEST(PrefixCache, ByteSizes) {
+  EXPECT_EQ(parse_byte_size("20G"), 20ull << 30);
+  EXPECT_EQ(parse_byte_size("512M"), 512ull << 20);
+  EXPECT_EQ(parse_byte_size("512m"), 512ull << 20);
+  EXPECT_EQ(parse_byte_size("1.5G"), 3ull << 29);
+  EXPECT_EQ(parse_byte_size("64"), 64ull << 20);
+  EXPECT_EQ(parse_byte_size("4096B"), 4096u);
+  for (const char* bad : {"", "G", "-1G", "12Q", "1e400", "abc", "nan"}) EXPECT_THROW(parse_byte_size(bad), Error) << bad;
+}
+
+// The parser of block files never reads out of bounds and rejects every cut of a valid header.
+TEST(PrefixCache, BlockFileHeaderParser) {
+  BlockFileHeader h;
+  h.model_id = 42;
+  h.k_type = 1;
+  h.v_type = 1;
+  h.block_size = 4;
+  h.n_blocks = 2;
+  h.block_bytes = 10;
+  h.keys = {7, 8};
+  h.tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  const auto bytes = make_block_file_header(h);
+  BlockFileHeader g;
+  std::string why;
+  ASSERT_TRUE(parse_block_file_header(bytes, bytes.size() + 20, g, why)) << why;
+  EXPECT_EQ(g.keys, h.keys);
+  EXPECT_EQ(g.tokens, h.tokens);
+  EXPECT_FALSE(parse_block_file_header(bytes, bytes.size() + 19, g, why)) << "truncated payload";
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
+    EXPECT_FALSE(parse_block_file_header(cut, bytes.size() + 20, g, why));
+  }
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    auto bad = bytes;
+    bad[i] ^= 1;
+    EXPECT_FALSE(parse_block_file_header(bad, bytes.size() + 20, g, why)) << "flipped byte " << i;
+  }
+}
+
+}  // namespace
+}  // namespace pg
