@@ -59,6 +59,7 @@ int cmd_chat(int argc, char** argv) {
   Args a("chat", "Chat with a model in the terminal using its chat template. Type a message and press enter;\n"
                  "an empty line or end of input quits. With -p, answers one message and exits.");
   mf.add_to(a);
+  mf.add_prefix_to(a);
   sf.p.temperature = 0.7f;
   sf.add_to(a);
   spf.add_to(a);

@@ -23,6 +23,7 @@ int cmd_run(int argc, char** argv) {
   bool no_bos = false, no_parse_special = false, show_stats = false;
   Args a("run", "Generate a continuation of a raw prompt (no chat template). The continuation is written to stdout.");
   mf.add_to(a);
+  mf.add_prefix_to(a);
   a.opt("-p,--prompt", &prompt, "prompt text");
   a.opt("-f,--file", &prompt_file, "read the prompt from a file", "FILE");
   a.opt("-n,--n-predict", &n_predict, "tokens to generate (-1 = until end of generation)");

@@ -52,6 +52,7 @@ int cmd_serve(int argc, char** argv) {
          "Serve the model over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models) and "
          "Anthropic (/v1/messages) APIs, plus /health, /props, /metrics, /tokenize, /detokenize.");
   mf.add_to(a);
+  mf.add_prefix_to(a);
   a.opt("--host", &host, "address to listen on (0.0.0.0 exposes the server to the network)", "ADDR");
   a.opt("--port", &port, "port to listen on (0 = any free port)");
   a.opt("-np,--parallel", &parallel, "sequences decoded together (KV slots); more requests wait in a queue");

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/kv_quant.h"
 #include "core/log.h"
+#include "kv/disk_cache.h"
 #include "spec/drafter.h"
 
 namespace pg::cli {
@@ -26,6 +27,13 @@ void ModelFlags::add_to(Args& a, bool with_ctx) {
   a.flag("--exact", &exact, "CPU: multiply in F32 on dequantized weights (reference precision, slower)");
 }
 
+void ModelFlags::add_prefix_to(Args& a) {
+  a.opt("--cache-ram", &cache_ram, "prefix cache RAM budget in MiB (-1 = the slots' KV size, at most 4096; 0 = off)");
+  a.opt("--prefix-cache-slots", &prefix_cache_slots, "prefix cache sized for N whole contexts (used when --cache-ram is not given)");
+  a.opt("--kv-cache-dir", &kv_cache_dir, "prefix cache on disk: block files in DIR survive restarts", "DIR");
+  a.opt("--kv-cache-budget", &kv_cache_budget, "disk budget of --kv-cache-dir (e.g. 20G, 512M; a bare number is MiB)", "SIZE");
+}
+
 DType parse_cache_type(const std::string& s) { return parse_kv_type(s); }
 
 KvCacheOptions LoadedModel::kv_options(int n_seq, int n_ctx_) const {
@@ -39,6 +47,7 @@ KvCacheOptions LoadedModel::kv_options(int n_seq, int n_ctx_) const {
 
 engine::SchedulerOptions LoadedModel::scheduler_options(int n_slots, int n_batch, const engine::SpecOptions& spec) const {
   engine::SchedulerOptions so;
+  so.prefix = prefix;
   so.n_slots = n_slots;
   so.n_ctx = n_ctx;
   so.n_batch = n_batch;
@@ -80,7 +89,19 @@ LoadedModel load_model(const ModelFlags& f_in, bool need_tokenizer) {
   PG_CHECK(f.threads >= 0 && f.threads <= 1024, "invalid thread count " + std::to_string(f.threads));
   PG_CHECK(f.batch > 0 && f.batch <= 65536, "invalid batch size " + std::to_string(f.batch));
   PG_CHECK(f.ctx >= 0 && f.ctx <= (1 << 24), "invalid context size " + std::to_string(f.ctx));
+  PG_CHECK(f.cache_ram >= -1, "--cache-ram must be a size in MiB ≥ 0 (0 = off), got " + std::to_string(f.cache_ram));
+  PG_CHECK(f.prefix_cache_slots >= -1, "--prefix-cache-slots must be ≥ 0, got " + std::to_string(f.prefix_cache_slots));
+  engine::PrefixOptions prefix;
+  prefix.ram_mib = f.cache_ram;
+  prefix.slots = f.prefix_cache_slots;
+  prefix.disk_dir = f.kv_cache_dir;
+  try {
+    prefix.disk_bytes = parse_byte_size(f.kv_cache_budget);
+  } catch (const Error& e) {
+    throw Error(std::string("--kv-cache-budget: ") + e.what());
+  }
   LoadedModel lm;
+  lm.prefix = prefix;
   BackendOptions bo;
   bo.device = f.device;
   bo.cpu.n_threads = f.threads;

@@ -21,8 +21,14 @@ struct ModelFlags {
   std::string cache_type_k, cache_type_v;     // -ctk / -ctv; empty = cache_type
   bool exact = false;
   int batch = 512;
+  // Prefix cache (commands that run the scheduler: run, chat, serve); docs/prefix-cache.md.
+  int64_t cache_ram = -1;        // --cache-ram MiB (-1 = default, 0 = off)
+  int prefix_cache_slots = -1;   // --prefix-cache-slots N (the reference's; N contexts' worth of RAM)
+  std::string kv_cache_dir;      // --kv-cache-dir DIR
+  std::string kv_cache_budget = "10G";
 
   void add_to(Args& a, bool with_ctx = true);
+  void add_prefix_to(Args& a);
   std::string kv_types() const;  // "q8_0", or "q8_0/f16" when K and V differ (for messages)
 };
 
@@ -33,6 +39,7 @@ struct LoadedModel {
   int n_ctx = 0;
   DType kv_type = DType::F16;    // K cache type
   DType kv_type_v = DType::F16;  // V cache type
+  engine::PrefixOptions prefix;  // from the prefix-cache flags (checked at load)
   KvCacheOptions kv_options(int n_seq, int n_ctx) const;  // the cache the flags ask for
   // The step loop's options for this model: its context and KV types, n_slots sequences, n_batch rows per step.
   engine::SchedulerOptions scheduler_options(int n_slots, int n_batch, const engine::SpecOptions& spec) const;

@@ -30,17 +30,19 @@ uint64_t model_identity(const Model& m) {
   return h;
 }
 
-size_t prefix_ram_bytes(const PrefixOptions& p, size_t slots_kv_bytes) {
+size_t prefix_ram_bytes(const PrefixOptions& p, size_t slots_kv_bytes, size_t context_bytes) {
   if (p.ram_mib == 0) return 0;
-  if (p.ram_mib < 0) return std::min<size_t>(slots_kv_bytes, size_t{8} << 30);
-  return static_cast<size_t>(p.ram_mib) << 20;
+  if (p.ram_mib > 0) return static_cast<size_t>(p.ram_mib) << 20;
+  if (p.slots >= 0) return static_cast<size_t>(p.slots) * context_bytes;
+  return std::min<size_t>(slots_kv_bytes, size_t{4} << 30);
 }
 
 std::unique_ptr<KvCache> make_cache_with_prefix(Model& m, KvCacheOptions ko, const PrefixOptions& p,
                                                 std::unique_ptr<PrefixCache>& prefix) {
   prefix.reset();
   PG_CHECK(p.ram_mib >= -1, "--cache-ram must be ≥ 0 MiB (0 = prefix cache off), got " + std::to_string(p.ram_mib));
-  if (p.ram_mib == 0) return m.make_cache(ko);
+  PG_CHECK(p.slots >= -1, "--prefix-cache-slots must be ≥ 0, got " + std::to_string(p.slots));
+  if (p.ram_mib == 0 || (p.ram_mib < 0 && p.slots == 0)) return m.make_cache(ko);
   // A one-block probe tells the bytes of a block and of a recurrent slot for these types and this model.
   size_t block_bytes = 0, snap_bytes = 0;
   {
@@ -56,15 +58,15 @@ std::unique_ptr<KvCache> make_cache_with_prefix(Model& m, KvCacheOptions ko, con
     if (probe->recurrent()) snap_bytes = probe->recurrent()->slot_bytes();
   }
   const int max_blocks = (ko.n_ctx + ko.block_size - 1) / ko.block_size;
-  const size_t slots_kv = static_cast<size_t>(max_blocks) * static_cast<size_t>(ko.n_seq) * block_bytes +
-                          static_cast<size_t>(ko.n_seq) * snap_bytes;
-  const PrefixPlan plan = PrefixCache::plan(prefix_ram_bytes(p, slots_kv), block_bytes, snap_bytes, ko.n_seq);
+  const size_t context = static_cast<size_t>(max_blocks) * block_bytes + snap_bytes;
+  const size_t ram = prefix_ram_bytes(p, context * static_cast<size_t>(ko.n_seq), context);
+  const PrefixPlan plan = PrefixCache::plan(ram, block_bytes, snap_bytes, ko.n_seq);
   if (plan.blocks == 0) return m.make_cache(ko);
   ko.n_blocks = (ko.n_blocks > 0 ? ko.n_blocks : max_blocks * ko.n_seq) + plan.blocks;
   ko.n_snapshot = plan.snapshots;
   auto cache = m.make_cache(ko);
   PrefixCacheOptions po;
-  po.ram_bytes = prefix_ram_bytes(p, slots_kv);
+  po.ram_bytes = ram;
   po.model_id = model_identity(m);
   po.disk_dir = p.disk_dir;
   po.disk_bytes = p.disk_bytes;

@@ -57,6 +57,8 @@ struct RequestStats {
   int draft_rounds = 0;      // speculative decoding: verify steps of this request
   int draft_n = 0;           // speculative decoding: tokens drafted for this request
   int draft_n_accepted = 0;  // of which the target accepted
+  int n_cached = 0;       // prompt tokens served by the prefix cache (not prefilled)
+  int n_cached_disk = 0;  // of which read from the disk tier
 };
 
 // Output since the previous next(): text and tokens; the final one has done = true.

@@ -46,7 +46,7 @@ Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOpt
     const int rows = 1 + (opt_.spec.tree ? std::max(opt_.spec.budget, opt_.spec.n_max) : opt_.spec.n_max);
     if (model_.config().has_recurrent()) ko.n_capture = opt_.n_slots * std::min(rows, spec::kMaxTreeNodes);
   }
-  cache_ = model_.make_cache(ko);
+  cache_ = make_cache_with_prefix(model_, ko, opt_.prefix, prefix_);
   // Tree verification needs attention that honours AttentionBatch::tree_mask (the CPU and CUDA
   // backends do); a backend without it fails the forward loudly rather than attending to siblings.
   tree_forward_ = true;
@@ -123,12 +123,16 @@ std::shared_ptr<RequestHandle> Scheduler::submit(RequestSpec spec) {
 }
 
 void Scheduler::publish_occupancy() {
+  // Blocks only the prefix cache holds are not in use: any request may take them (eviction).
+  const int idle = prefix_ ? prefix_->idle_blocks() : 0;
   metrics_.set_occupancy(static_cast<int>(active_.size()), n_queued_.load(), opt_.n_slots,
-                         cache_->total_blocks() - cache_->free_blocks(), cache_->total_blocks());
+                         cache_->total_blocks() - cache_->free_blocks() - idle, cache_->total_blocks());
 }
 
 void Scheduler::release(Sequence& s) {
   if (s.slot() >= 0) {
+    if (prefix_ && index_on_release_) prefix_->release(s.slot(), s.history());
+    if (prefix_ && !index_on_release_) prefix_->abandon(s.slot());
     cache_->clear(s.slot());
     if (drafter_) drafter_->release(s.slot());
     free_slots_.push_back(s.slot());
@@ -169,6 +173,10 @@ void Scheduler::admit(Clock::time_point now) {
     auto s = std::move(waiting_.front());
     waiting_.pop_front();
     s->admit(slot, now, metrics_);
+    if (prefix_) {
+      const PrefixHit hit = prefix_->attach(slot, s->spec().prompt);
+      if (hit.n_tokens > 0) s->cached(hit.n_tokens, hit.n_disk);
+    }
     ++n_active_;
     --n_queued_;
     active_.push_back(std::move(s));
@@ -335,7 +343,8 @@ void Scheduler::step() {
     Sequence& s = *sp;
     if (s.phase() != Sequence::Phase::kPrefill) continue;
     const int from = s.n_prefilled();
-    const int n = std::min(budget, s.n_prompt() - from);
+    int n = std::min(budget, s.n_prompt() - from);
+    if (prefix_) n = std::min(n, prefix_->chunk_end(s.slot(), from, s.n_prompt()) - from);
     for (int i = 0; i < n; ++i) {
       const bool last = from + i + 1 == s.n_prompt();
       batch_.add(s.spec().prompt[static_cast<size_t>(from + i)], from + i, s.slot(), last);
@@ -372,13 +381,18 @@ void Scheduler::step() {
     // A failed forward leaves the cache contents of every sequence in it undefined: end them all.
     PG_WARN("forward failed: %s", e.what());
     const auto now = Clock::now();
+    index_on_release_ = false;
     for (auto& sp : active_) {
       sp->finish(FinishReason::kError, now, metrics_, std::string("inference failed: ") + e.what());
       release(*sp);
     }
+    index_on_release_ = true;
     active_.clear();
     return;
   }
+  if (prefix_)
+    for (auto& sp : active_)
+      if (sp->phase() == Sequence::Phase::kPrefill) prefix_->after_forward(sp->slot(), sp->n_prefilled());
   const auto now = Clock::now();
   auto row_logits = [&](size_t i) { return logits_.data() + i * static_cast<size_t>(n_vocab_); };
   vi = 0;

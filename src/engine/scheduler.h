@@ -27,6 +27,7 @@
 
 #include "core/error.h"
 #include "engine/metrics.h"
+#include "engine/prefix.h"
 #include "engine/request.h"
 #include "engine/sequence.h"
 #include "model/model.h"
@@ -57,6 +58,7 @@ struct SchedulerOptions {
   std::optional<DType> kv_type_v;           // V cache type when it differs
   int kv_block_size = 64;
   SpecOptions spec;
+  PrefixOptions prefix;  // the prefix cache (RAM budget, disk tier); docs/prefix-cache.md
 };
 
 // submit() refuses a request before any work is done.
@@ -88,6 +90,8 @@ class Scheduler {
   size_t kv_bytes() const { return kv_bytes_; }
   const Model& model() const { return model_; }
   const tok::Tokenizer& tokenizer() const { return tok_; }
+  // The prefix cache (null when off); its stats() may be read from any thread.
+  const PrefixCache* prefix_cache() const { return prefix_.get(); }
   void shutdown();
 
  private:
@@ -106,6 +110,8 @@ class Scheduler {
   SchedulerOptions opt_;
   int n_vocab_;
   std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<PrefixCache> prefix_;  // after cache_: destroyed first
+  bool index_on_release_ = true;         // false while releasing sequences of a failed forward
   size_t kv_bytes_ = 0;
   Metrics metrics_;
 

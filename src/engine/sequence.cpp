@@ -135,6 +135,8 @@ void Sequence::finish(FinishReason r, Clock::time_point now, Metrics& m, std::st
   s.draft_rounds = draft_rounds_;
   s.draft_n = draft_n_;
   s.draft_n_accepted = draft_accepted_;
+  s.n_cached = n_cached_;
+  s.n_cached_disk = n_cached_disk_;
   const bool admitted = phase_ != Phase::kWaiting;
   s.queue_ms = ms_between(submitted_, admitted ? admitted_ : now);
   if (n_generated_ > 0) {

@@ -34,6 +34,12 @@ class Sequence {
 
   // Takes a cache slot (already cleared by the caller); prefill starts with the next step.
   void admit(int slot, Clock::time_point now, Metrics& m);
+  // The prefix cache attached the first n prompt tokens (n_disk of them from disk): prefill resumes there.
+  void cached(int n, int n_disk) {
+    n_prefilled_ = n_past_ = n_cached_ = n;
+    n_cached_disk_ = n_disk;
+  }
+  int n_cached() const { return n_cached_; }
   // The caller put prompt tokens [n_prefilled, n_prefilled + n) in this step's batch.
   void prefilled(int n);
   // The caller put last_token() in this step's batch at position n_past().
@@ -81,6 +87,7 @@ class Sequence {
   int32_t last_ = -1;
   std::vector<int32_t> history_;
   int draft_rounds_ = 0, draft_n_ = 0, draft_accepted_ = 0;
+  int n_cached_ = 0, n_cached_disk_ = 0;
   Clock::time_point submitted_, admitted_, first_token_, last_token_time_;
 };
 

@@ -388,7 +388,7 @@ void DiskCache::write(std::vector<uint64_t> keys, std::vector<int32_t> tokens, s
   cv_.notify_all();
 }
 
-void DiskCache::flush() {
+void DiskCache::flush() const {
   std::unique_lock<std::mutex> lk(mu_);
   idle_.wait(lk, [&] { return jobs_.empty() && busy_ == 0; });
 }

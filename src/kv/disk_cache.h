@@ -92,7 +92,7 @@ class DiskCache {
   bool has(uint64_t last_key) const;
   // Queues a write (the writer thread does the I/O). keys/tokens: the chain; payload: blocks then snapshot.
   void write(std::vector<uint64_t> keys, std::vector<int32_t> tokens, std::vector<uint8_t> payload, uint64_t snapshot_bytes);
-  void flush();
+  void flush() const;
 
   uint64_t files() const;
   uint64_t bytes() const;
@@ -126,7 +126,8 @@ class DiskCache {
   std::string folder_;
   int lock_fd_ = -1;
   mutable std::mutex mu_;
-  std::condition_variable cv_, idle_;
+  std::condition_variable cv_;
+  mutable std::condition_variable idle_;
   bool enabled_ = false, stop_ = false;
   int busy_ = 0;
   std::deque<Job> jobs_;

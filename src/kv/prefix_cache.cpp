@@ -90,7 +90,7 @@ PrefixCache::~PrefixCache() = default;
 
 bool PrefixCache::disk_enabled() const { return disk_ && disk_->enabled(); }
 
-void PrefixCache::flush() {
+void PrefixCache::flush() const {
   if (disk_) disk_->flush();
 }
 
@@ -167,6 +167,7 @@ PrefixHit PrefixCache::attach(int seq, const std::vector<int32_t>& prompt) {
     }
   }
   hit.n_tokens = got * bs_;
+  n_idle_ = static_cast<uint64_t>(count_idle());
   ram_hits_ += static_cast<uint64_t>(hit.n_tokens - hit.n_disk);
   disk_hits_ += static_cast<uint64_t>(hit.n_disk);
   if (rs_) {
@@ -187,36 +188,49 @@ int PrefixCache::attach_disk(int seq, const std::vector<int32_t>& prompt, const 
   if (!disk_->load(f, keys, prompt, h, payload)) return 0;
   const size_t bb = kv_.block_bytes();
   // The blocks: RAM entries where the index has them (identical KV), fresh blocks loaded from the file
-  // for the rest. Fresh blocks come from the free pool; the empty slot's share guarantees room, but an
-  // index over budget might have taken it, so evict first if needed.
-  std::vector<int32_t> blocks;
-  std::vector<int32_t> fresh;
+  // for the rest. The found blocks are held while fresh ones are allocated (an eviction to make room
+  // must not take them); fresh blocks come from the free pool — the empty slot's share guarantees room
+  // unless the index is over budget, so evict if needed.
+  std::vector<int32_t> blocks(static_cast<size_t>(f.n_blocks), -1);
+  std::vector<int32_t> held;
+  int n_fresh = 0;
   for (int i = 0; i < f.n_blocks; ++i) {
     const uint64_t key = keys[static_cast<size_t>(i)];
-    const int32_t* toks = prompt.data() + static_cast<size_t>(i) * static_cast<size_t>(bs_);
-    if (Entry* e = find(key, toks)) {
+    if (Entry* e = find(key, prompt.data() + static_cast<size_t>(i) * static_cast<size_t>(bs_))) {
       e->tick = tick_;
-      blocks.push_back(e->block);
-      continue;
-    }
-    if (index_.count(key)) {
-      // A different block under the same key (a collision): leave both alone.
-      for (int32_t b : fresh) kv_.drop_block(b);
+      kv_.hold_block(e->block);
+      held.push_back(e->block);
+      blocks[static_cast<size_t>(i)] = e->block;
+    } else if (index_.count(key)) {
+      for (int32_t b : held) kv_.drop_block(b);  // another block under the same key (a collision)
       return 0;
+    } else {
+      ++n_fresh;
     }
+  }
+  std::vector<int32_t> fresh;
+  while (static_cast<int>(fresh.size()) < n_fresh) {
     int32_t b = kv_.alloc_block();
     while (b < 0 && evict_one()) b = kv_.alloc_block();
-    if (b < 0) {
-      for (int32_t x : fresh) kv_.drop_block(x);
-      return 0;
-    }
-    kv_.write_block(b, payload.data() + static_cast<size_t>(i) * bb);
+    if (b < 0) break;
     fresh.push_back(b);
-    // The index takes the block's one reference; the parent exists (it was found or just inserted).
-    insert(key, i == 0 ? root_ : keys[static_cast<size_t>(i - 1)], i, b, toks);
-    blocks.push_back(b);
+  }
+  if (static_cast<int>(fresh.size()) < n_fresh) {
+    for (int32_t b : fresh) kv_.drop_block(b);
+    for (int32_t b : held) kv_.drop_block(b);
+    return 0;
+  }
+  for (int i = 0, j = 0; i < f.n_blocks; ++i) {
+    if (blocks[static_cast<size_t>(i)] >= 0) continue;
+    const int32_t b = fresh[static_cast<size_t>(j++)];
+    kv_.write_block(b, payload.data() + static_cast<size_t>(i) * bb);
+    // The index takes the block's one reference; its parent is in the index (found or just inserted).
+    insert(keys[static_cast<size_t>(i)], i == 0 ? root_ : keys[static_cast<size_t>(i - 1)], i, b,
+           prompt.data() + static_cast<size_t>(i) * static_cast<size_t>(bs_));
+    blocks[static_cast<size_t>(i)] = b;
   }
   kv_.attach_blocks(seq, blocks);
+  for (int32_t b : held) kv_.drop_block(b);
   if (rs_) {
     rs_->load_slot(seq, payload.data() + static_cast<size_t>(f.n_blocks) * bb);
     rs_->invalidate(seq, 0);
@@ -276,6 +290,7 @@ void PrefixCache::abandon(int seq) {
   if (p.snap >= 0) snap_owner_[static_cast<size_t>(p.snap)] = 0;
   p = Pending{};
   kv_.clear(seq);
+  n_idle_ = static_cast<uint64_t>(count_idle());
 }
 
 void PrefixCache::release(int seq, const std::vector<int32_t>& history) {
@@ -334,15 +349,18 @@ void PrefixCache::release(int seq, const std::vector<int32_t>& history) {
   enforce_budget();
 }
 
+int PrefixCache::count_idle() const {
+  int n = 0;
+  for (const auto& [k, e] : index_) n += kv_.block_refcount(e.block) == 1;
+  return n;
+}
+
 void PrefixCache::enforce_budget() {
-  auto index_only = [&]() {
-    int n = 0;
-    for (const auto& [k, e] : index_) n += kv_.block_refcount(e.block) == 1;
-    return n;
-  };
-  int over = index_only() - budget_blocks_;
+  int over = count_idle() - budget_blocks_;
   while (over > 0 && evict_one()) --over;
-  uint64_t used = static_cast<uint64_t>(std::max(0, index_only())) * kv_.block_bytes();
+  const int idle = count_idle();
+  n_idle_ = static_cast<uint64_t>(idle);
+  uint64_t used = static_cast<uint64_t>(idle) * kv_.block_bytes();
   if (rs_)
     for (uint64_t o : snap_owner_) used += o != 0 ? rs_->slot_bytes() : 0;
   used_bytes_ = used;

@@ -104,12 +104,14 @@ class PrefixCache {
   // The sequence's cache content is not trustworthy (a failed forward): empties the slot, indexes nothing.
   void abandon(int seq);
   // Blocks until queued disk writes are done (tests, shutdown).
-  void flush();
+  void flush() const;
 
   PrefixStats stats() const;
   bool hybrid() const { return rs_ != nullptr; }
   int budget_blocks() const { return budget_blocks_; }
   int n_snapshots() const { return static_cast<int>(snap_owner_.size()); }
+  // Blocks only the index holds (evictable; not "in use" by any sequence), as of the last change.
+  int idle_blocks() const { return static_cast<int>(n_idle_.load()); }
   bool disk_enabled() const;
 
  private:
@@ -133,6 +135,7 @@ class PrefixCache {
   Entry& insert(uint64_t key, uint64_t parent, int depth, int32_t block, const int32_t* tokens);
   int take_snapshot_slot();  // a free snapshot index (evicting the least recently used one), or -1
   void enforce_budget();
+  int count_idle() const;
   bool evict_one();
   int attach_disk(int seq, const std::vector<int32_t>& prompt, const std::vector<uint64_t>& keys, int n_ram, int max_blocks);
 
@@ -149,7 +152,7 @@ class PrefixCache {
   std::unique_ptr<DiskCache> disk_;
 
   std::atomic<uint64_t> lookups_{0}, prompt_tokens_{0}, ram_hits_{0}, disk_hits_{0}, evicted_{0};
-  std::atomic<uint64_t> n_index_{0}, used_bytes_{0};
+  std::atomic<uint64_t> n_index_{0}, used_bytes_{0}, n_idle_{0};
 };
 
 }  // namespace pg

@@ -30,11 +30,12 @@ json tool_input(const std::string& args) {
   return json::object();
 }
 
-json usage_json(int n_prompt, int n_out) {
+// Anthropic counts cached input apart: input_tokens + cache_read_input_tokens is the whole prompt.
+json usage_json(int n_prompt, int n_out, int n_cached = 0) {
   json u = json::object();
-  u["input_tokens"] = n_prompt;
+  u["input_tokens"] = n_prompt - n_cached;
   u["cache_creation_input_tokens"] = 0;
-  u["cache_read_input_tokens"] = 0;
+  u["cache_read_input_tokens"] = n_cached;
   u["output_tokens"] = n_out;
   return u;
 }
@@ -71,7 +72,7 @@ HttpOut handle_messages(Context& ctx, const HttpIn& in) {
     r["content"] = content;
     r["stop_reason"] = stop_reason(f, !calls.empty());
     r["stop_sequence"] = f.finish == engine::FinishReason::kStop ? json(f.stop_word) : json(nullptr);
-    r["usage"] = usage_json(f.stats.n_prompt, f.stats.n_generated);
+    r["usage"] = usage_json(f.stats.n_prompt, f.stats.n_generated, f.stats.n_cached);
     r["timings"] = timings_json(f.stats);
     return HttpOut::json_reply(r);
   }
@@ -152,7 +153,7 @@ HttpOut handle_messages(Context& ctx, const HttpIn& in) {
     md["type"] = "message_delta";
     md["delta"] = json{{"stop_reason", stop_reason(f, any_tool)},
                        {"stop_sequence", f.finish == engine::FinishReason::kStop ? json(f.stop_word) : json(nullptr)}};
-    md["usage"] = usage_json(f.stats.n_prompt, f.stats.n_generated);
+    md["usage"] = usage_json(f.stats.n_prompt, f.stats.n_generated, f.stats.n_cached);
     md["timings"] = timings_json(f.stats);  // as the OpenAI streams carry on their last chunk
     if (!send("message_delta", md)) return;
     send("message_stop", json{{"type", "message_stop"}});

@@ -36,6 +36,22 @@ void histogram(std::string& out, const char* name, const char* help, const engin
 
 }  // namespace
 
+// The prefix cache's configuration (/props) and counters (/metrics); docs/prefix-cache.md.
+json prefix_cache_props(const Context& ctx) {
+  const PrefixCache* pc = ctx.sched.prefix_cache();
+  const auto& po = ctx.sched.options().prefix;
+  json j = json::object();
+  j["enabled"] = pc != nullptr;
+  if (!pc) return j;
+  j["ram_budget_blocks"] = pc->budget_blocks();
+  j["block_size"] = ctx.sched.options().kv_block_size;
+  j["recurrent_snapshots"] = pc->n_snapshots();
+  j["disk_dir"] = po.disk_dir.empty() ? json(nullptr) : json(po.disk_dir);
+  j["disk_enabled"] = pc->disk_enabled();
+  j["disk_budget_bytes"] = po.disk_bytes;
+  return j;
+}
+
 HttpOut handle_props(Context& ctx, const HttpIn&) {
   const SamplingParams& p = ctx.opt.sampling;
   const auto& so = ctx.sched.options();
@@ -93,6 +109,7 @@ HttpOut handle_props(Context& ctx, const HttpIn&) {
   r["default_generation_settings"] = json{{"n_ctx", so.n_ctx}, {"params", params}};
   r["runtime"] = runtime;
   r["speculative"] = spec;
+  r["prefix_cache"] = prefix_cache_props(ctx);
   return HttpOut::json_reply(r);
 }
 
@@ -134,6 +151,21 @@ HttpOut handle_metrics(Context& ctx, const HttpIn&) {
   metric(s, "peregrine_kv_blocks_total", "gauge", "KV cache blocks in the pool.", m.kv_blocks_total);
   metric(s, "peregrine_kv_usage_ratio", "gauge", "Fraction of the KV cache in use.",
          m.kv_blocks_total > 0 ? static_cast<double>(m.kv_blocks_used) / m.kv_blocks_total : 0.0);
+  if (const PrefixCache* pc = ctx.sched.prefix_cache()) {
+    const PrefixStats ps = pc->stats();
+    const auto d = [](uint64_t v) { return static_cast<double>(v); };
+    metric(s, "peregrine_prefix_cache_lookups_total", "counter", "Prompts looked up in the prefix cache.", d(ps.lookups));
+    metric(s, "peregrine_prefix_cache_ram_hit_tokens_total", "counter", "Prompt tokens served from RAM prefix blocks.", d(ps.ram_hit_tokens));
+    metric(s, "peregrine_prefix_cache_disk_hit_tokens_total", "counter", "Prompt tokens served from disk block files.", d(ps.disk_hit_tokens));
+    metric(s, "peregrine_prefix_cache_miss_tokens_total", "counter", "Prompt tokens the prefix cache could not serve (prefilled).",
+           d(ps.prompt_tokens - ps.ram_hit_tokens - ps.disk_hit_tokens));
+    metric(s, "peregrine_prefix_cache_evicted_blocks_total", "counter", "RAM prefix blocks evicted (LRU).", d(ps.evicted_blocks));
+    metric(s, "peregrine_prefix_cache_ram_blocks", "gauge", "Blocks in the RAM prefix index.", d(ps.ram_blocks));
+    metric(s, "peregrine_prefix_cache_ram_bytes", "gauge", "RAM budget in use (blocks only the index holds, snapshots).", d(ps.ram_bytes));
+    metric(s, "peregrine_prefix_cache_disk_files", "gauge", "Block files in the disk tier.", d(ps.disk_files));
+    metric(s, "peregrine_prefix_cache_disk_bytes", "gauge", "Bytes of block files in the disk tier.", d(ps.disk_bytes));
+    metric(s, "peregrine_prefix_cache_disk_writes_total", "counter", "Block files written.", d(ps.disk_writes));
+  }
   HttpOut o;
   o.content_type = "text/plain; version=0.0.4; charset=utf-8";
   o.body = std::move(s);

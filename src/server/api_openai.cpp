@@ -24,7 +24,7 @@ json usage_json(const engine::RequestStats& s) {
   u["prompt_tokens"] = s.n_prompt;
   u["completion_tokens"] = s.n_generated;
   u["total_tokens"] = s.n_prompt + s.n_generated;
-  u["prompt_tokens_details"] = json{{"cached_tokens", 0}};
+  u["prompt_tokens_details"] = json{{"cached_tokens", s.n_cached}};  // served by the prefix cache
   return u;
 }
 

@@ -45,7 +45,7 @@ json base_response(const ResponseShell& s, const char* status) {
 json usage_json(const engine::RequestStats& s) {
   json u = json::object();
   u["input_tokens"] = s.n_prompt;
-  u["input_tokens_details"] = json{{"cached_tokens", 0}};
+  u["input_tokens_details"] = json{{"cached_tokens", s.n_cached}};
   u["output_tokens"] = s.n_generated;
   u["output_tokens_details"] = json{{"reasoning_tokens", 0}};
   u["total_tokens"] = s.n_prompt + s.n_generated;

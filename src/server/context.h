@@ -42,6 +42,7 @@ struct HttpIn {
 struct RequestLog {
   int n_prompt = -1;  // -1: the request never reached the engine
   int n_generated = 0;
+  int n_cached = 0;  // prompt tokens the prefix cache served
   double ttft_ms = 0, predicted_per_second = 0;
   std::string finish;   // eog, stop, length, ... once finished
   bool cancelled = false;  // the client left before the end

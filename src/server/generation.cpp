@@ -39,10 +39,13 @@ std::string sse_event(std::string_view event, const json& j) {
 
 json timings_json(const engine::RequestStats& s) {
   json t = json::object();
-  t["prompt_n"] = s.n_prompt;
+  // llama-server's meaning: prompt_n tokens were prefilled, cache_n came from the prefix cache.
+  const int prefilled = s.n_prompt - s.n_cached;
+  t["cache_n"] = s.n_cached;
+  t["prompt_n"] = prefilled;
   t["prompt_ms"] = s.prompt_ms;
-  t["prompt_per_token_ms"] = s.n_prompt > 0 ? s.prompt_ms / s.n_prompt : 0.0;
-  t["prompt_per_second"] = s.prompt_ms > 0 ? s.n_prompt * 1000.0 / s.prompt_ms : 0.0;
+  t["prompt_per_token_ms"] = prefilled > 0 ? s.prompt_ms / prefilled : 0.0;
+  t["prompt_per_second"] = s.prompt_ms > 0 ? prefilled * 1000.0 / s.prompt_ms : 0.0;
   // The first generated token is produced by the prefill; the decode time covers the rest.
   const int decoded = std::max(0, s.n_generated - 1);
   t["predicted_n"] = s.n_generated;
@@ -103,6 +106,7 @@ bool EngineRun::next(engine::Event& e, ConnWatch& w, const std::function<bool()>
         if (RequestLog* l = current_request_log()) {
           l->n_generated = e.stats.n_generated;
           l->ttft_ms = e.stats.ttft_ms;
+          l->n_cached = e.stats.n_cached;
           l->predicted_per_second = e.stats.decode_ms > 0 ? std::max(0, e.stats.n_generated - 1) * 1000.0 / e.stats.decode_ms : 0.0;
           l->finish = engine::finish_reason_name(e.finish);
         }
