@@ -131,7 +131,7 @@ void Scheduler::publish_occupancy() {
 
 void Scheduler::release(Sequence& s) {
   if (s.slot() >= 0) {
-    if (prefix_ && index_on_release_) prefix_->release(s.slot(), s.history());
+    if (prefix_ && index_on_release_) prefix_->release(s.slot(), s.history(), s.n_past());
     if (prefix_ && !index_on_release_) prefix_->abandon(s.slot());
     cache_->clear(s.slot());
     if (drafter_) drafter_->release(s.slot());

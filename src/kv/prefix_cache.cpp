@@ -293,11 +293,12 @@ void PrefixCache::abandon(int seq) {
   n_idle_ = static_cast<uint64_t>(count_idle());
 }
 
-void PrefixCache::release(int seq, const std::vector<int32_t>& history) {
+void PrefixCache::release(int seq, const std::vector<int32_t>& history, int n_valid) {
   ++tick_;
   Pending p = pending_[static_cast<size_t>(seq)];
   pending_[static_cast<size_t>(seq)] = Pending{};
-  const int len = std::min(kv_.seq_len(seq), static_cast<int>(history.size()));
+  // A sequence that ended inside a verify step still has the rejected drafts' rows past n_valid.
+  const int len = std::min({kv_.seq_len(seq), static_cast<int>(history.size()), n_valid >= 0 ? n_valid : INT32_MAX});
   const int n_full = len / bs_;
   const std::vector<uint64_t> keys = chain(history, n_full);
   int indexed = 0;  // depth of the chain now in the index, contiguous from the root

@@ -97,10 +97,11 @@ class PrefixCache {
   int chunk_end(int seq, int from, int n_prompt) const;
   // After a forward: seq has n_prefilled prompt tokens in the cache (hybrid: snapshots at the boundary).
   void after_forward(int seq, int n_prefilled);
-  // The sequence is done: indexes its full blocks (history = its tokens, at least seq_len of them; the
-  // cache holds positions 0..seq_len-1), writes them to the disk tier, empties the slot and evicts to
-  // the budget.
-  void release(int seq, const std::vector<int32_t>& history);
+  // The sequence is done: indexes its full blocks (history = its tokens; the KV of positions
+  // 0..n_valid-1 is theirs, -1 = all of seq_len — a sequence that ended inside a speculative verify
+  // step has rejected drafts' rows after its last accepted token), writes them to the disk tier,
+  // empties the slot and evicts to the budget.
+  void release(int seq, const std::vector<int32_t>& history, int n_valid = -1);
   // The sequence's cache content is not trustworthy (a failed forward): empties the slot, indexes nothing.
   void abandon(int seq);
   // Blocks until queued disk writes are done (tests, shutdown).

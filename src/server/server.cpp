@@ -83,10 +83,10 @@ struct Server::Impl {
     std::snprintf(buf, sizeof buf, " %.1f ms", ms);
     s += buf;
     if (l.n_prompt >= 0) {
-      std::snprintf(buf, sizeof buf, " prompt=%d cached=%d gen=%d ttft=%.1fms %.1ftok/s", l.n_prompt, l.n_cached, l.n_generated, l.ttft_ms,
-                    l.predicted_per_second);
+      std::snprintf(buf, sizeof buf, " prompt=%d gen=%d ttft=%.1fms %.1ftok/s", l.n_prompt, l.n_generated, l.ttft_ms, l.predicted_per_second);
       s += buf;
       if (!l.finish.empty()) s += " finish=" + l.finish;
+      s += " cached=" + std::to_string(l.n_cached);  // prompt tokens served by the prefix cache
     }
     if (streamed) s += " stream";
     if (l.cancelled) s += " CANCELLED (client disconnected)";

@@ -245,6 +245,22 @@ TEST(PrefixCache, EvictionUnderATinyBudget) {
   EXPECT_EQ(kv->free_blocks() + static_cast<int>(pc->stats().ram_blocks), kv->total_blocks());
 }
 
+// A sequence that ended inside a speculative verify step has rows past its accepted history (rejected
+// drafts): release(…, n_valid) caches only the blocks below n_valid.
+TEST(PrefixCache, ReleaseCachesOnlyTheValidRows) {
+  Env e("tiny-qwen3-f16.gguf");
+  Cached c(*e.model, 1, 256, 4);
+  const auto p = tokens(70, e.V, 1);
+  std::vector<float> l;
+  prefill(*e.model, *c.kv, c.pc.get(), 0, p, l);
+  EXPECT_EQ(c.kv->seq_len(0), 70);
+  c.pc->release(0, p, 47);  // rows 47.. are not p's
+  EXPECT_EQ(c.pc->stats().ram_blocks, 2u);
+  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p, l).n_tokens, 32);
+  c.pc->release(0, p);
+  EXPECT_EQ(c.pc->stats().ram_blocks, 4u);
+}
+
 struct TempDir {
   fs::path p;
   TempDir() {

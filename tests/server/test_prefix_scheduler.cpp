@@ -44,6 +44,7 @@ std::vector<int32_t> tokens(int n, int vocab, uint32_t seed) {
 
 struct Out {
   std::vector<int32_t> ids;
+  std::vector<float> logprobs;
   RequestStats stats;
 };
 
@@ -53,7 +54,10 @@ Out drain(RequestHandle& h) {
   Event e;
   while (Clock::now() < end) {
     if (!h.next(e, 100ms)) continue;
-    for (auto& t : e.tokens) r.ids.push_back(t.id);
+    for (auto& t : e.tokens) {
+      r.ids.push_back(t.id);
+      r.logprobs.push_back(t.logprob);
+    }
     if (e.done) {
       r.stats = e.stats;
       return r;
@@ -141,6 +145,42 @@ TEST(PrefixScheduler, ConcurrentRequestsShareTheCachedPrefix) {
     EXPECT_EQ(o.stats.n_cached, 192) << i;
     EXPECT_EQ(o.ids, drain(*off.submit(greedy(ps[i], 12))).ids) << i;
   }
+}
+
+// Speculative decoding: sequences end inside verify steps with rejected drafts' rows in the cache past
+// their last accepted token; only the accepted history may be cached. The next turn equals the
+// engine without the cache (and speculation is lossless, so both equal plain decoding).
+TEST(PrefixScheduler, SpeculativeSequencesCacheOnlyAcceptedRows) {
+  Loaded a = load("testdata/models/stories260K.gguf"), b = load("testdata/models/stories260K.gguf");
+  const int V = a.model->config().n_vocab;
+  SchedulerOptions so = options(2, 16), sb = options(2, 0);
+  so.spec.type = sb.spec.type = spec::SpecType::kNgram;
+  so.spec.n_max = sb.spec.n_max = 6;
+  // Small blocks: a sequence's last (bonus) token often ends a full block, the case to get right.
+  so.kv_block_size = sb.kv_block_size = 4;
+  Scheduler on(*a.model, *a.tok, so), off(*b.model, *b.tok, sb);
+  // Repetitive prompts, so the n-gram drafter drafts (and is sometimes wrong).
+  std::vector<int32_t> p;
+  for (int r = 0; r < 12; ++r) {
+    const auto piece = tokens(11 + r % 3, V, static_cast<uint32_t>(r % 4));
+    p.insert(p.end(), piece.begin(), piece.end());
+  }
+  for (int turn = 0; turn < 4; ++turn) {
+    SCOPED_TRACE(turn);
+    // A few max_tokens values so some sequences end mid-verify.
+    RequestSpec rq = greedy(p, 9 + 7 * turn);
+    rq.logprobs = 0;
+    const Out x = drain(*on.submit(rq));
+    const Out y = drain(*off.submit(rq));
+    EXPECT_EQ(x.ids, y.ids);
+    ASSERT_EQ(x.logprobs.size(), y.logprobs.size());
+    for (size_t i = 0; i < x.logprobs.size(); ++i) EXPECT_NEAR(x.logprobs[i], y.logprobs[i], 1e-4) << i;
+    if (turn > 0) {
+      EXPECT_GT(x.stats.n_cached, 0);
+    }
+    p = cat(cat(p, x.ids), tokens(13, V, 40 + static_cast<uint32_t>(turn)));
+  }
+  EXPECT_GT(on.metrics().spec_rounds, 0u);
 }
 
 // The disk tier through the engine: a new scheduler (a restarted server) on the same directory serves

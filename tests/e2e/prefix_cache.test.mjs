@@ -1,0 +1,68 @@
+// The prefix cache as clients see it: a repeated long prompt is served from cached blocks (same
+// output), and every API reports it — OpenAI cached_tokens (chat, completions, Responses), Anthropic
+// cache_read_input_tokens, llama-server timings.cache_n — with /metrics and /props agreeing.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { sharedServer, stopSharedServers, postJson, getText, metric } from './helpers.mjs';
+
+let base;
+before(async () => {
+  base = await sharedServer('stories');
+});
+after(stopSharedServers);
+
+const story = Array.from({ length: 5 }, (_, i) =>
+  `Once upon a time, in a small town number ${i}, there lived a girl named Lily who loved to play with her red ball in the park.`).join(' ');
+
+test('completions: a repeated long prompt hits the cache and answers the same', async () => {
+  const body = { prompt: story, max_tokens: 8, temperature: 0 };
+  const m0 = (await getText(base + '/metrics')).text;
+  const a = await postJson(base + '/v1/completions', body);
+  const b = await postJson(base + '/v1/completions', body);
+  assert.equal(a.status, 200);
+  assert.equal(b.status, 200);
+  assert.equal(b.json.choices[0].text, a.json.choices[0].text);
+  const n = b.json.usage.prompt_tokens;
+  const cached = b.json.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(n > 128, `prompt of ${n} tokens`);
+  assert.ok(cached >= 64 && cached < n && cached % 64 === 0, `cached ${cached} of ${n}`);
+  assert.ok(n - cached < 64 + 8, 'everything but the last partial block is reused');
+  assert.equal(b.json.timings.cache_n, cached);
+  assert.equal(b.json.timings.prompt_n, n - cached);
+  const m1 = (await getText(base + '/metrics')).text;
+  assert.ok(metric(m1, 'peregrine_prefix_cache_ram_hit_tokens_total') - metric(m0, 'peregrine_prefix_cache_ram_hit_tokens_total') >= cached);
+  assert.ok(metric(m1, 'peregrine_prefix_cache_lookups_total') - metric(m0, 'peregrine_prefix_cache_lookups_total') >= 2);
+  assert.equal(metric(m1, 'peregrine_prefix_cache_disk_hit_tokens_total'), 0);
+});
+
+test('chat, Responses and Anthropic report cached prompt tokens', async () => {
+  const messages = [{ role: 'system', content: story }, { role: 'user', content: 'Tell me more.' }];
+  await postJson(base + '/v1/chat/completions', { messages, max_tokens: 4, temperature: 0 });
+  const c = await postJson(base + '/v1/chat/completions', { messages, max_tokens: 4, temperature: 0 });
+  assert.equal(c.status, 200);
+  assert.ok(c.json.usage.prompt_tokens_details.cached_tokens >= 64);
+
+  const input = [{ role: 'system', content: story }, { role: 'user', content: 'And then?' }];
+  await postJson(base + '/v1/responses', { input, max_output_tokens: 4, temperature: 0 });
+  const r = await postJson(base + '/v1/responses', { input, max_output_tokens: 4, temperature: 0 });
+  assert.equal(r.status, 200, r.text);
+  assert.ok(r.json.usage.input_tokens_details.cached_tokens >= 64);
+
+  const msg = { model: 'x', system: story, messages: [{ role: 'user', content: 'What happened next?' }], max_tokens: 4, temperature: 0 };
+  await postJson(base + '/v1/messages', msg);
+  const an = await postJson(base + '/v1/messages', msg);
+  assert.equal(an.status, 200, an.text);
+  const u = an.json.usage;
+  assert.ok(u.cache_read_input_tokens >= 64);
+  assert.equal(u.cache_creation_input_tokens, 0);
+  assert.ok(u.input_tokens > 0 && u.input_tokens < 64 + 16, 'input_tokens is the uncached part');
+});
+
+test('props describe the prefix cache', async () => {
+  const p = JSON.parse((await getText(base + '/props')).text);
+  assert.equal(p.prefix_cache.enabled, true);
+  assert.ok(p.prefix_cache.ram_budget_blocks > 0);
+  assert.equal(p.prefix_cache.block_size, 64);
+  assert.equal(p.prefix_cache.disk_dir, null);
+  assert.equal(p.prefix_cache.disk_enabled, false);
+});
