@@ -94,6 +94,24 @@ uint64_t fnv1a64(const uint8_t* p, size_t n, uint64_t h) {
   return h;
 }
 
+uint64_t payload_checksum(const uint8_t* p, size_t n) {
+  // Four independent lanes of 8-byte words (multiply-xorshift), so a MiB checksums in well under a
+  // millisecond; then the tail bytes and the length.
+  uint64_t h[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull, 0x27d4eb2f165667c5ull};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int l = 0; l < 4; ++l) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * l, 8);
+      h[l] = (h[l] ^ w) * 0x100000001b3ull;
+      h[l] ^= h[l] >> 29;
+    }
+  uint64_t r = fnv1a64(p + i, n - i, h[0] ^ (h[1] << 1) ^ (h[2] << 2) ^ (h[3] << 3));
+  r ^= static_cast<uint64_t>(n);
+  r *= 0xff51afd7ed558ccdull;
+  return r ^ (r >> 33);
+}
+
 uint64_t parse_byte_size(const std::string& s) {
   const std::string bad = "cannot parse the size '" + s + "' (expected a number with an optional K, M, G or T suffix, e.g. 20G or 512M)";
   PG_CHECK(!s.empty(), bad);
@@ -347,7 +365,7 @@ bool DiskCache::load(const Found& f, const std::vector<uint64_t>& keys, const st
   if (ok && (h.model_id != opt_.model_id || h.k_type != static_cast<uint32_t>(opt_.k_type) || h.v_type != static_cast<uint32_t>(opt_.v_type) ||
              h.block_size != static_cast<uint32_t>(opt_.block_size) || h.block_bytes != opt_.block_bytes || h.snapshot_bytes != opt_.snapshot_bytes))
     ok = false, why = "written for another model or cache layout";
-  if (ok && fnv1a64(all.data() + h.header_bytes, all.size() - h.header_bytes) != h.payload_checksum)
+  if (ok && payload_checksum(all.data() + h.header_bytes, all.size() - h.header_bytes) != h.payload_checksum)
     ok = false, why = "payload checksum mismatch (corrupt)";
   if (ok && static_cast<int>(h.n_blocks) < f.n_blocks) ok = false, why = "shorter than indexed";
   if (ok) {
@@ -428,7 +446,7 @@ bool DiskCache::write_file(const Job& j) {
   h.snapshot_bytes = j.snapshot_bytes;
   h.keys = j.keys;
   h.tokens = j.tokens;
-  h.payload_checksum = fnv1a64(j.payload.data(), j.payload.size());
+  h.payload_checksum = payload_checksum(j.payload.data(), j.payload.size());
   const std::vector<uint8_t> head = make_block_file_header(h);
   const std::string name = hex(j.keys.back()) + ".pgkv";
   uint64_t n;

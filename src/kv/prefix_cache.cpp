@@ -1,6 +1,7 @@
 #include "kv/prefix_cache.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "core/error.h"
@@ -183,6 +184,7 @@ int PrefixCache::attach_disk(int seq, const std::vector<int32_t>& prompt, const 
                              int max_blocks) {
   const DiskCache::Found f = disk_->find(keys, rs_ != nullptr);
   if (f.n_blocks <= n_ram || f.n_blocks > max_blocks) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
   BlockFileHeader h;
   std::vector<uint8_t> payload;
   if (!disk_->load(f, keys, prompt, h, payload)) return 0;
@@ -245,6 +247,9 @@ int PrefixCache::attach_disk(int seq, const std::vector<int32_t>& prompt, const 
     }
   }
   enforce_budget();
+  PG_INFO("prefix cache: %d blocks from disk (%s, %.1f MiB) in %.2f ms", f.n_blocks - n_ram, f.name.c_str(),
+           static_cast<double>(payload.size()) / (1024.0 * 1024.0),
+           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   return f.n_blocks;
 }
 
