@@ -4,7 +4,7 @@
 // disk tier after a restart.
 //
 //   node bench/prefix_bench.mjs [--bin build/src/cli/peregrine] [-m MODEL] [-t THREADS] [-c CTX]
-//        [--gen 16] [--turns 6] [--rounds 3] [--json out.json]
+//        [--gen 16] [--turns 6] [--rounds 3] [--user-chars 80] [--server-args "--kv-block-size 16"] [--json out.json]
 //
 // The conversation is tau-bench's airline task 0 (../shared/testdata/bench/tau_bench): its system
 // prompt (the airline policy, cut to fit the context), four of its tools, and its user messages (cut to
@@ -26,7 +26,7 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const repo = path.resolve(here, '..');
 
 function parseArgs(argv) {
-  const a = { bin: path.join(repo, 'build/src/cli/peregrine'), model: '', threads: 0, ctx: 1024, gen: 16, turns: 6, rounds: 3, json: '', userChars: 80,
+  const a = { bin: path.join(repo, 'build/src/cli/peregrine'), model: '', threads: 0, ctx: 1024, gen: 16, turns: 6, rounds: 3, json: '', userChars: 80, serverArgs: [],
     data: path.resolve(repo, '../shared/testdata/bench/tau_bench/gpt-4o-airline.json') };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i], v = argv[i + 1];
@@ -41,6 +41,7 @@ function parseArgs(argv) {
     else if (k === '--json') a.json = take();
     else if (k === '--data') a.data = take();
     else if (k === '--user-chars') a.userChars = Number(take());
+    else if (k === '--server-args') a.serverArgs = take().split(' ').filter(Boolean);
     else throw new Error(`unknown argument ${k}`);
   }
   if (!fs.existsSync(a.bin)) throw new Error(`no peregrine binary at ${a.bin} (use --bin)`);
@@ -48,7 +49,7 @@ function parseArgs(argv) {
 }
 
 async function startServer(a, extra) {
-  const args = ['serve', ...(a.model ? ['-m', a.model] : []), '-t', String(a.threads), '--port', '0', '-np', '1', '-c', String(a.ctx), ...extra];
+  const args = ['serve', ...(a.model ? ['-m', a.model] : []), '-t', String(a.threads), '--port', '0', '-np', '1', '-c', String(a.ctx), ...a.serverArgs, ...extra];
   const proc = spawn(a.bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const url = await new Promise((resolve, reject) => {
@@ -160,6 +161,7 @@ async function main() {
     }
   }
   const col = (rows, k, f = 'ttft') => median(rows.map((row) => row[k][f]));
+  console.log(`server args: ${a.serverArgs.join(' ') || '(defaults)'}`);
   console.log(`agent conversation: system ${conv.system.length} chars + ${conv.tools.length} tools, ${a.turns} turns, user turns of ${a.userChars} chars, ${a.gen} tokens per answer, ` +
     `context ${a.ctx}, ${a.rounds} rounds (median TTFT, engine ms)\n`);
   console.log('| turn | prompt tokens | off: TTFT | RAM: TTFT (cached) | restarted, disk: TTFT (cached) |');

@@ -31,6 +31,7 @@ void ModelFlags::add_prefix_to(Args& a) {
   a.opt("--cache-ram", &cache_ram, "prefix cache RAM budget in MiB (-1 = the slots' KV size, at most 4096; 0 = off)");
   a.opt("--prefix-cache-slots", &prefix_cache_slots, "prefix cache sized for N whole contexts (used when --cache-ram is not given)");
   a.opt("--kv-cache-dir", &kv_cache_dir, "prefix cache on disk: block files in DIR survive restarts", "DIR");
+  a.opt("--kv-block-size", &kv_block_size, "KV cache block size in tokens: the prefix cache reuses whole blocks (default 64)");
   a.opt("--kv-cache-budget", &kv_cache_budget, "disk budget of --kv-cache-dir (e.g. 20G, 512M; a bare number is MiB)", "SIZE");
 }
 
@@ -48,6 +49,7 @@ KvCacheOptions LoadedModel::kv_options(int n_seq, int n_ctx_) const {
 engine::SchedulerOptions LoadedModel::scheduler_options(int n_slots, int n_batch, const engine::SpecOptions& spec) const {
   engine::SchedulerOptions so;
   so.prefix = prefix;
+  so.kv_block_size = kv_block_size;
   so.n_slots = n_slots;
   so.n_ctx = n_ctx;
   so.n_batch = n_batch;
@@ -91,6 +93,7 @@ LoadedModel load_model(const ModelFlags& f_in, bool need_tokenizer) {
   PG_CHECK(f.ctx >= 0 && f.ctx <= (1 << 24), "invalid context size " + std::to_string(f.ctx));
   PG_CHECK(f.cache_ram >= -1, "--cache-ram must be a size in MiB ≥ 0 (0 = off), got " + std::to_string(f.cache_ram));
   PG_CHECK(f.prefix_cache_slots >= -1, "--prefix-cache-slots must be ≥ 0, got " + std::to_string(f.prefix_cache_slots));
+  PG_CHECK(f.kv_block_size >= 1 && f.kv_block_size <= 4096, "--kv-block-size must be in [1, 4096], got " + std::to_string(f.kv_block_size));
   engine::PrefixOptions prefix;
   prefix.ram_mib = f.cache_ram;
   prefix.slots = f.prefix_cache_slots;
@@ -102,6 +105,7 @@ LoadedModel load_model(const ModelFlags& f_in, bool need_tokenizer) {
   }
   LoadedModel lm;
   lm.prefix = prefix;
+  lm.kv_block_size = f.kv_block_size;
   BackendOptions bo;
   bo.device = f.device;
   bo.cpu.n_threads = f.threads;

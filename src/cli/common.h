@@ -26,6 +26,7 @@ struct ModelFlags {
   int prefix_cache_slots = -1;   // --prefix-cache-slots N (the reference's; N contexts' worth of RAM)
   std::string kv_cache_dir;      // --kv-cache-dir DIR
   std::string kv_cache_budget = "10G";
+  int kv_block_size = 64;        // --kv-block-size: cells per KV block (the prefix cache's reuse granularity)
 
   void add_to(Args& a, bool with_ctx = true);
   void add_prefix_to(Args& a);
@@ -40,6 +41,7 @@ struct LoadedModel {
   DType kv_type = DType::F16;    // K cache type
   DType kv_type_v = DType::F16;  // V cache type
   engine::PrefixOptions prefix;  // from the prefix-cache flags (checked at load)
+  int kv_block_size = 64;
   KvCacheOptions kv_options(int n_seq, int n_ctx) const;  // the cache the flags ask for
   // The step loop's options for this model: its context and KV types, n_slots sequences, n_batch rows per step.
   engine::SchedulerOptions scheduler_options(int n_slots, int n_batch, const engine::SpecOptions& spec) const;

@@ -352,21 +352,33 @@ bool DiskCache::load(const Found& f, const std::vector<uint64_t>& keys, const st
     remove_locked(f.name);  // evicted by another server sharing the directory: a miss
     return false;
   }
+  // The header first (its length is in its fixed part), then the payload straight into `payload`: one
+  // pass over the bytes, no second buffer.
   struct stat st {};
-  std::vector<uint8_t> all;
-  bool ok = fstat(fd, &st) == 0;
+  std::vector<uint8_t> head(kFixed);
+  bool ok = fstat(fd, &st) == 0 && read_all(fd, head.data(), head.size());
+  std::string why = "unreadable";
   if (ok) {
-    all.resize(static_cast<size_t>(st.st_size));
-    ok = read_all(fd, all.data(), all.size());
+    uint32_t hb = 0;
+    std::memcpy(&hb, head.data() + 12, 4);
+    ok = hb >= kFixed && hb <= static_cast<uint64_t>(st.st_size);
+    if (ok) {
+      head.resize(hb);
+      ok = read_all(fd, head.data() + kFixed, hb - kFixed);
+    }
+    if (ok) ok = parse_block_file_header(head, static_cast<uint64_t>(st.st_size), h, why);
+    else why = "truncated header";
+    if (ok) {
+      payload.resize(static_cast<size_t>(h.payload_bytes()));
+      ok = read_all(fd, payload.data(), payload.size());
+      if (!ok) why = "truncated payload";
+    }
   }
   ::close(fd);
-  std::string why = "unreadable";
-  if (ok) ok = parse_block_file_header(all, all.size(), h, why);
   if (ok && (h.model_id != opt_.model_id || h.k_type != static_cast<uint32_t>(opt_.k_type) || h.v_type != static_cast<uint32_t>(opt_.v_type) ||
              h.block_size != static_cast<uint32_t>(opt_.block_size) || h.block_bytes != opt_.block_bytes || h.snapshot_bytes != opt_.snapshot_bytes))
     ok = false, why = "written for another model or cache layout";
-  if (ok && payload_checksum(all.data() + h.header_bytes, all.size() - h.header_bytes) != h.payload_checksum)
-    ok = false, why = "payload checksum mismatch (corrupt)";
+  if (ok && payload_checksum(payload.data(), payload.size()) != h.payload_checksum) ok = false, why = "payload checksum mismatch (corrupt)";
   if (ok && static_cast<int>(h.n_blocks) < f.n_blocks) ok = false, why = "shorter than indexed";
   if (ok) {
     const size_t ntok = static_cast<size_t>(f.n_blocks) * h.block_size;
@@ -386,7 +398,6 @@ bool DiskCache::load(const Found& f, const std::vector<uint64_t>& keys, const st
     quarantine(f.name, why);
     return false;
   }
-  payload.assign(all.begin() + h.header_bytes, all.end());
   // Recently used, for this process's LRU and (through the mtime) for the next start's.
   ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
   std::lock_guard<std::mutex> lk(mu_);
