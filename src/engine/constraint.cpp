@@ -31,7 +31,12 @@ Constraint::Constraint(std::shared_ptr<const ConstraintSpec> spec, const tok::To
   PG_CHECK(spec_ != nullptr, "constraint: no spec");
   if (spec_->grammar) {
     matcher_.emplace(spec_->grammar->proto.clone());
-    active_ = spec_->trigger.empty();
+    trigger_ = spec_->trigger;
+    active_ = trigger_.empty();
+    if (spec_->reasoning_may_open && !spec_->think_open.empty()) {
+      auto ids = tok_.encode(spec_->think_open, false, true);
+      if (ids.size() == 1) open_id_ = ids[0];
+    }
     if (active_ && !spec_->prefix.empty()) feed(spec_->prefix);
   }
   in_reasoning_ = spec_->starts_in_reasoning && !spec_->think_close.empty();
@@ -60,7 +65,9 @@ const float* Constraint::apply(const float* logits) {
     return masked_.data();
   }
   matcher_->allowed_tokens(mask_);
-  for (int i = 0; i < n; ++i) masked_[static_cast<size_t>(i)] = grammar::mask_test(mask_, i) ? logits[i] : kNegInf;
+  for (int i = 0; i < n; ++i)
+    if (!grammar::mask_test(mask_, i)) masked_[static_cast<size_t>(i)] = kNegInf;
+  if (at_start_ && open_id_ >= 0) masked_[static_cast<size_t>(open_id_)] = logits[open_id_];
   return masked_.data();
 }
 
@@ -69,7 +76,13 @@ void Constraint::accept(int32_t t) {
   const std::string piece = tok_.token_to_piece(t, true);
   const bool was_reasoning = in_reasoning_;
   if (was_reasoning) ++n_reasoning_;
-  if (masking() && active_) {
+  const bool first = at_start_;
+  at_start_ = false;
+  if (first && t == open_id_ && active_) {
+    // The model opened its reasoning block: the grammar applies after it.
+    active_ = false;
+    trigger_ = spec_->think_close;
+  } else if (masking() && active_) {
     if (matcher_->vocab()->is_eog(t))
       (void)matcher_->accept_token(t);
     else
@@ -91,7 +104,7 @@ void Constraint::accept(int32_t t) {
     in_reasoning_ = false;
   }
   if (matcher_ && !active_) {
-    const size_t e = ends_at(spec_->trigger);
+    const size_t e = ends_at(trigger_);
     if (e != std::string::npos && !in_reasoning_) {
       active_ = true;
       feed(spec_->prefix);

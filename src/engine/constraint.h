@@ -30,6 +30,10 @@ struct ConstraintSpec {
   std::shared_ptr<const grammar::Compiled> grammar;  // null: no grammar
   std::string prefix;   // answer bytes the prompt already holds (forced tool-call opening): consumed first
   std::string trigger;  // non-empty: the grammar applies to the output after this text only
+  // The model may open a reasoning block of its own first (templates that leave it to the model):
+  // at the start the think_open token is allowed besides the grammar, and when chosen the grammar
+  // waits for think_close.
+  bool reasoning_may_open = false;
   // Reasoning. budget < 0: unlimited.
   int reasoning_budget = -1;
   bool starts_in_reasoning = false;     // the prompt left a reasoning block open
@@ -73,7 +77,9 @@ class Constraint {
   std::shared_ptr<const ConstraintSpec> spec_;
   const tok::Tokenizer& tok_;
   std::optional<grammar::Matcher> matcher_;
-  bool active_ = false, broken_ = false;
+  bool active_ = false, broken_ = false, at_start_ = true;
+  std::string trigger_;
+  int32_t open_id_ = -1;  // think_open as one token (reasoning_may_open)
   std::string tail_;  // recent output text (for trigger and tag detection)
   bool in_reasoning_ = false, closed_by_budget_ = false;
   int n_reasoning_ = 0;
