@@ -15,6 +15,7 @@
 //     of the window are walked again with the real rest of the stacks.
 // Every failure on untrusted input (grammar text, schema) is a pg::Error with a position or keyword.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -117,11 +118,19 @@ class Vocab {
   std::vector<Edge> edges_;
   std::vector<int32_t> token_at_;
   std::vector<int32_t> eog_ids_;
+  // Per node (n_nodes): every byte on an edge below it (4 x 64 bits), and the end of its subtree's
+  // tokens in token_at_ (contiguous: the trie is laid out depth first). The mask walk accepts a whole
+  // subtree at once when the grammar state loops on every byte in it (a JSON string's interior).
+  std::vector<std::array<uint64_t, 4>> sub_bytes_;
+  std::vector<uint32_t> sub_end_;
 
  private:
   std::vector<std::string> pieces_;
   std::vector<bool> eog_;
 };
+
+// The mask walk's whole-subtree acceptance (Vocab::sub_bytes_) on or off: benchmarks compare both.
+void set_subtree_skip(bool on);
 
 // Bitmask over the vocabulary: bit id of word id/32.
 using TokenMask = std::vector<uint32_t>;
