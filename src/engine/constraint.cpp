@@ -46,6 +46,32 @@ Constraint::Constraint(std::shared_ptr<const ConstraintSpec> spec, const tok::To
   }
 }
 
+spec::DraftTree Constraint::prune(spec::DraftTree tree) const {
+  if (tree.size() <= 1) return tree;
+  if (!forced_.empty()) {
+    spec::DraftTree root_only;
+    root_only.reset(tree.token[0]);
+    return root_only;
+  }
+  if (!masking() || !active_ || (at_start_ && open_id_ >= 0)) return tree;
+  const int n = tree.size();
+  std::vector<std::optional<grammar::Matcher>> at(static_cast<size_t>(n));
+  std::vector<int> remap(static_cast<size_t>(n), -1);
+  at[0].emplace(matcher_->clone());
+  spec::DraftTree out;
+  out.reset(tree.token[0]);
+  remap[0] = 0;
+  for (int i = 1; i < n; ++i) {
+    const int p = tree.parent[static_cast<size_t>(i)];
+    if (p < 0 || remap[static_cast<size_t>(p)] < 0) continue;
+    grammar::Matcher m = at[static_cast<size_t>(p)]->clone();
+    if (!m.accept_token(tree.token[static_cast<size_t>(i)])) continue;
+    at[static_cast<size_t>(i)].emplace(std::move(m));
+    remap[static_cast<size_t>(i)] = out.add(tree.token[static_cast<size_t>(i)], remap[static_cast<size_t>(p)]);
+  }
+  return out;
+}
+
 void Constraint::feed(std::string_view bytes) {
   if (!matcher_ || broken_ || bytes.empty()) return;
   // A rejection here means text the mask did not choose (a forced token, or the bytes after a

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "grammar/grammar.h"
+#include "spec/tree.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pg::engine {
@@ -67,6 +68,11 @@ class Constraint {
   // Could the grammar have the sequence end here (no grammar, or one that accepts): checked when EOG
   // is chosen without masking (never happens through apply()).
   bool has_grammar() const { return matcher_.has_value(); }
+  // A draft tree without the nodes the grammar rejects (and their subtrees), checked with matcher
+  // clones along each path: those drafts could never be accepted (the target's choice is
+  // constrained), so verifying them only costs rows. With a forced token pending the draft is
+  // dropped (the forced tokens come one per step). Unchanged when nothing constrains the next token.
+  spec::DraftTree prune(spec::DraftTree tree) const;
   int reasoning_tokens() const { return n_reasoning_; }
   bool in_reasoning() const { return in_reasoning_; }
   const grammar::Matcher* matcher() const { return matcher_ ? &*matcher_ : nullptr; }

@@ -244,6 +244,7 @@ std::shared_ptr<ConstraintSpec> budget(int n) {
 }
 
 TEST(Constraint, ReasoningBudgetClosesTheBlock) {
+  std::string plain_cut;  // the budgeted answer without speculation: speculation must give the same
   for (bool speculate : {false, true}) {
     SpecOptions so;
     if (speculate) {
@@ -272,6 +273,8 @@ TEST(Constraint, ReasoningBudgetClosesTheBlock) {
     EXPECT_GE(outs[1].last.stats.n_reasoning, 8);
     EXPECT_LE(outs[1].last.stats.n_reasoning, 8 + 3);
     EXPECT_LT(outs[1].last.stats.n_reasoning, outs[1].last.stats.n_generated);
+    if (!speculate) plain_cut = cut;
+    else EXPECT_EQ(cut, plain_cut) << "greedy with a budget: the forced close lands at the same token with drafts";
   }
 }
 
