@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -74,6 +75,19 @@ int cmd_serve(int argc, char** argv) {
         "other Hosts get 403 (DNS-rebinding protection)",
         "LIST");
   a.flag("--props-full", &props_full, "show the model's absolute path in /props (default: its file name)");
+  // Reasoning budgets (docs/structured-output.md).
+  int reasoning_budget = -1, hard_reply = -1;
+  std::string close_hint;
+  int effort[5] = {1024, 4096, 16384, 32768, -1};
+  a.opt("--reasoning-budget,--think-max-tokens", &reasoning_budget,
+        "tokens a reply may spend inside its reasoning block before it is closed (-1 = unlimited, 0 = no thinking)");
+  a.opt("--reasoning-close-hint", &close_hint, "text written before the end-of-thinking tag when the budget runs out", "TEXT");
+  a.opt("--hard-limit-reply-budget", &hard_reply, "tokens of every reply at most, reasoning included; the block is closed in time (-1 = none)");
+  a.opt("--reasoning-effort-low", &effort[0], "reasoning budget of reasoning_effort \"low\"");
+  a.opt("--reasoning-effort-medium", &effort[1], "reasoning budget of reasoning_effort \"medium\"");
+  a.opt("--reasoning-effort-high", &effort[2], "reasoning budget of reasoning_effort \"high\"");
+  a.opt("--reasoning-effort-x-high", &effort[3], "reasoning budget of reasoning_effort \"x-high\"");
+  a.opt("--reasoning-effort-max", &effort[4], "reasoning budget of reasoning_effort \"max\" (-1 = unlimited)");
   sf.add_to(a);
   spf.add_to(a);
   a.flag("-v,--verbose", &verbose, "log one line per request (route, status, tokens, TTFT, tok/s, the reason of a refusal)");
@@ -161,6 +175,31 @@ int cmd_serve(int argc, char** argv) {
   o.http_threads = http_threads;
   o.props_full = props_full;
   o.log_requests = verbose;
+  PG_CHECK(reasoning_budget >= -1, "--reasoning-budget must be ≥ -1");
+  PG_CHECK(hard_reply == -1 || hard_reply >= 1, "--hard-limit-reply-budget must be ≥ 1 (or -1)");
+  o.reasoning_budget = reasoning_budget;
+  o.reasoning_close_hint = close_hint;
+  o.hard_limit_reply_budget = hard_reply;
+  {
+    // Per-model defaults from a model card beside the GGUF ("reasoning_effort": {"low": N, ...}); flags win.
+    const char* names[5] = {"low", "medium", "high", "x-high", "max"};
+    const auto card = std::filesystem::path(mf.model).parent_path() / "card.json";
+    std::error_code ec;
+    if (std::filesystem::exists(card, ec)) {
+      try {
+        std::ifstream f(card);
+        auto j = nlohmann::json::parse(f);
+        if (j.contains("reasoning_effort") && j["reasoning_effort"].is_object())
+          for (int k = 0; k < 5; ++k)
+            if (!a.given(std::string("reasoning-effort-") + names[k]) && j["reasoning_effort"].contains(names[k]) &&
+                j["reasoning_effort"][names[k]].is_number_integer())
+              effort[k] = j["reasoning_effort"][names[k]].get<int>();
+      } catch (const std::exception& e) {
+        PG_WARN("%s: not read (%s)", card.string().c_str(), e.what());
+      }
+    }
+    for (int k = 0; k < 5; ++k) o.effort_budget[k] = effort[k];
+  }
   for (size_t p = 0; p < allowed_hosts.size();) {
     size_t e = allowed_hosts.find(',', p);
     if (e == std::string::npos) e = allowed_hosts.size();

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -15,6 +16,8 @@
 #include "engine/sampler.h"
 
 namespace pg::engine {
+
+struct ConstraintSpec;  // engine/constraint.h
 
 using Clock = std::chrono::steady_clock;
 
@@ -40,6 +43,7 @@ struct RequestSpec {
   int logprobs = -1;                 // -1: off; 0: logprob of each chosen token; n > 0: plus the n most likely (≤ 20)
   Clock::time_point deadline = Clock::time_point::max();
   bool speculative = true;           // speculate when the engine has a drafter (false: plain decoding)
+  std::shared_ptr<const ConstraintSpec> constraint;  // grammar / reasoning budget (null: none)
 };
 
 struct TokenOut {
@@ -59,6 +63,8 @@ struct RequestStats {
   int draft_n_accepted = 0;  // of which the target accepted
   int n_cached = 0;       // prompt tokens served by the prefix cache (not prefilled)
   int n_cached_disk = 0;  // of which read from the disk tier
+  int n_reasoning = 0;       // generated tokens inside the reasoning block (constraint.h)
+  bool grammar_broken = false;  // the grammar rejected a forced byte and stopped constraining (a bug guard)
 };
 
 // Output since the previous next(): text and tokens; the final one has done = true.

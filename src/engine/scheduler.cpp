@@ -257,6 +257,8 @@ void Scheduler::draft() {
     } else {
       v.tree = spec::build_chain(root, d.chain);
     }
+    // Drafts the sequence's grammar rejects are never accepted: leave them out of the verify rows.
+    if (const Constraint* c = who[i]->constraint()) v.tree = c->prune(std::move(v.tree));
     // A tree deeper than allowed would write past the slot; drafters answer within n_max, so this is a bug guard.
     int deepest = 0;
     for (int32_t dd : v.tree.depth) deepest = std::max(deepest, dd);

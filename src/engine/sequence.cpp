@@ -57,6 +57,7 @@ void Sequence::admit(int slot, Clock::time_point now, Metrics& m) {
   sampler_.reset();
   for (int32_t t : spec_.prompt) sampler_.accept(t);
   history_ = spec_.prompt;
+  if (spec_.constraint) constraint_ = std::make_unique<Constraint>(spec_.constraint, tok_);
   m.on_admit(ms_between(submitted_, now) / 1000.0);
 }
 
@@ -70,8 +71,15 @@ bool Sequence::on_logits(const float* logits, int n_ctx, Clock::time_point now, 
 }
 
 int32_t Sequence::choose(const float* logits, int32_t greedy) {
-  const int32_t t = greedy >= 0 ? greedy : sampler_.sample(logits);
+  int32_t t;
+  if (constraint_ && constraint_->forced() >= 0)
+    t = constraint_->forced();  // the reasoning block closes: no draw (speculation consumes none either)
+  else if (constraint_ && constraint_->masking())
+    t = sampler_.sample(constraint_->apply(logits));  // greedy_only() is false: logits are there
+  else
+    t = greedy >= 0 ? greedy : sampler_.sample(logits);
   sampler_.accept(t);
+  if (constraint_) constraint_->accept(t);
   return t;
 }
 
@@ -137,6 +145,10 @@ void Sequence::finish(FinishReason r, Clock::time_point now, Metrics& m, std::st
   s.draft_n_accepted = draft_accepted_;
   s.n_cached = n_cached_;
   s.n_cached_disk = n_cached_disk_;
+  if (constraint_) {
+    s.n_reasoning = constraint_->reasoning_tokens();
+    s.grammar_broken = constraint_->broken();
+  }
   const bool admitted = phase_ != Phase::kWaiting;
   s.queue_ms = ms_between(submitted_, admitted ? admitted_ : now);
   if (n_generated_ > 0) {

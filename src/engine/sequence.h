@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 
+#include "engine/constraint.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
@@ -46,7 +47,9 @@ class Sequence {
   void decoded() { ++n_past_; }
   // True when this sequence needs only the greedy token of its logits row (raw-argmax sampling and no
   // logprobs): the model then computes it on its backend and skips the logits copy.
-  bool greedy_only() const { return sampler_.raw_argmax() && spec_.logprobs < 0; }
+  bool greedy_only() const { return sampler_.raw_argmax() && spec_.logprobs < 0 && !(constraint_ && constraint_->masking()); }
+  // The grammar / reasoning-budget state (null without one).
+  const Constraint* constraint() const { return constraint_.get(); }
   // The row of this sequence that asked for logits was evaluated: samples (or takes `greedy`, the
   // backend's argmax, when ≥ 0 — then logits may be null), detokenizes, checks the end conditions and
   // publishes the output. Returns false when the sequence finished.
@@ -81,6 +84,7 @@ class Sequence {
   Sampler sampler_;
   tok::Detokenizer detok_;
   StopMatcher stop_;
+  std::unique_ptr<Constraint> constraint_;
   Phase phase_ = Phase::kWaiting;
   int slot_ = -1;
   int n_prefilled_ = 0, n_past_ = 0, n_generated_ = 0;

@@ -15,6 +15,7 @@
 //     of the window are walked again with the real rest of the stacks.
 // Every failure on untrusted input (grammar text, schema) is a pg::Error with a position or keyword.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -117,11 +118,19 @@ class Vocab {
   std::vector<Edge> edges_;
   std::vector<int32_t> token_at_;
   std::vector<int32_t> eog_ids_;
+  // Per node (n_nodes): every byte on an edge below it (4 x 64 bits), and the end of its subtree's
+  // tokens in token_at_ (contiguous: the trie is laid out depth first). The mask walk accepts a whole
+  // subtree at once when the grammar state loops on every byte in it (a JSON string's interior).
+  std::vector<std::array<uint64_t, 4>> sub_bytes_;
+  std::vector<uint32_t> sub_end_;
 
  private:
   std::vector<std::string> pieces_;
   std::vector<bool> eog_;
 };
+
+// The mask walk's whole-subtree acceptance (Vocab::sub_bytes_) on or off: benchmarks compare both.
+void set_subtree_skip(bool on);
 
 // Bitmask over the vocabulary: bit id of word id/32.
 using TokenMask = std::vector<uint32_t>;
@@ -167,5 +176,27 @@ class Matcher {
   std::shared_ptr<MaskCache> cache_;
   std::vector<Stack> stacks_;  // sorted, unique; an empty Stack = may end
 };
+
+}  // namespace pg::grammar
+
+namespace pg::grammar {
+
+// A compiled grammar together with a prototype matcher over one vocabulary: requests with the same
+// grammar text share it, so the mask cache (the expensive part: the first visit of a JSON-string
+// state walks most of a 151 936-token trie, ~5 ms) is paid once per grammar, not once per request,
+// and warm() pays it before the request reaches the engine thread.
+struct Compiled {
+  std::shared_ptr<const Grammar> grammar;
+  Matcher proto;  // clone() it per sequence; clones share the mask cache
+};
+
+// Parses (or finds in a process-wide LRU of recent grammars, keyed by text, start rule and vocab)
+// and warms the mask cache: masks of the states along a few random sentences of the grammar, byte by
+// byte, for at most warm_ms. Throws pg::Error as Grammar::parse does.
+std::shared_ptr<const Compiled> compile_cached(std::string_view gbnf, const std::shared_ptr<const Vocab>& vocab,
+                                               std::string_view start_rule = "root", double warm_ms = 150);
+
+// Computes masks along random sentences (bytes) of the matcher's grammar, filling its cache.
+void warm(const Matcher& proto, double budget_ms, uint64_t seed = 1);
 
 }  // namespace pg::grammar

@@ -55,6 +55,22 @@ std::shared_ptr<const Vocab> Vocab::build(std::vector<std::string> pieces, std::
     v->nodes_[w.node].n_edges = static_cast<uint32_t>(kids.size());
     stack.insert(stack.end(), kids.rbegin(), kids.rend());  // first child processed next
   }
+  // Children have larger ids than their parent, so one pass from the last node up folds subtrees.
+  const size_t nn = v->nodes_.size();
+  v->sub_bytes_.assign(nn, {0, 0, 0, 0});
+  v->sub_end_.assign(nn, 0);
+  for (size_t n = nn; n-- > 0;) {
+    const Node& nd = v->nodes_[n];
+    uint32_t end = nd.first_token + nd.n_tokens;
+    auto& bytes = v->sub_bytes_[n];
+    for (uint32_t e = 0; e < nd.n_edges; ++e) {
+      const Edge& ed = v->edges_[nd.first_edge + e];
+      bytes[ed.byte >> 6] |= 1ull << (ed.byte & 63);
+      for (int k = 0; k < 4; ++k) bytes[k] |= v->sub_bytes_[ed.child][k];
+      end = std::max(end, v->sub_end_[ed.child]);
+    }
+    v->sub_end_[n] = end;
+  }
   v->pieces_ = std::move(pieces);
   v->eog_ = std::move(eog);
   return v;
@@ -242,6 +258,7 @@ struct Arena {
 };
 
 thread_local Arena t_arena;
+bool g_subtree_skip = true;
 
 // Depth-first trie walk over a lazily built subset automaton: the sets of stacks met during the walk
 // are interned (set ids), and each (set, byte) transition is computed once into a dense 256-wide
@@ -260,6 +277,8 @@ struct Walker {
     uint32_t off, len;              // live stack ids in pool
     uint32_t exit_off, exit_len;    // window markers j in pool
     bool live;                      // has stacks that can take more bytes
+    uint64_t loop[4] = {0, 0, 0, 0};     // bytes b known to step this set to itself
+    uint64_t loop_no[4] = {0, 0, 0, 0};  // bytes known not to
   };
   std::vector<int32_t> pool;
   std::vector<SetInfo> sets;
@@ -315,12 +334,42 @@ struct Walker {
       mask[t >> 5] |= 1u << (t & 31);
     }
   }
+  // Whether this set steps back to itself on every byte of sb (4 x 64 bits). Per set, bytes are
+  // classified lazily (yes / no), only the bytes met in subtrees, stopping at the first "no".
+  bool loops_on(int32_t set, const std::array<uint64_t, 4>& sb) {
+    for (int k = 0; k < 4; ++k) {
+      if (sb[k] & sets[set].loop_no[k]) return false;
+      uint64_t unknown = sb[k] & ~(sets[set].loop[k] | sets[set].loop_no[k]);
+      while (unknown) {
+        const int bit = __builtin_ctzll(unknown);
+        unknown &= unknown - 1;
+        const bool yes = step(set, static_cast<uint8_t>(k * 64 + bit)) == set;
+        SetInfo& si = sets[set];  // step() may have grown sets
+        (yes ? si.loop : si.loop_no)[k] |= 1ull << bit;
+        if (!yes) return false;
+      }
+    }
+    return true;
+  }
   void walk(uint32_t node, int32_t set) {
     const auto& nd = V.nodes_[node];
     for (uint32_t e = 0; e < nd.n_edges; ++e) {
       const auto& edge = V.edges_[nd.first_edge + e];
       int32_t t = step(set, edge.byte);
       if (t < 0) continue;
+      // The state loops on every byte below the child (a JSON string's interior and plain text
+      // tokens): all of the child's subtree is accepted, its tokens are one contiguous run.
+      if (g_subtree_skip && sets[t].exit_len == 0 && V.nodes_[edge.child].n_edges > 0) {
+        {
+          if (loops_on(t, V.sub_bytes_[edge.child])) {
+            for (uint32_t k = V.nodes_[edge.child].first_token; k < V.sub_end_[edge.child]; ++k) {
+              const int32_t tok = V.token_at_[k];
+              mask[tok >> 5] |= 1u << (tok & 31);
+            }
+            continue;
+          }
+        }
+      }
       set_tokens(edge.child);
       const SetInfo& si = sets[t];
       if (exits) {
@@ -472,6 +521,7 @@ void Matcher::allowed_tokens(TokenMask& mask) const {
     }
     Walker w{A, *v_, e->mask.data(), &e->exits, {}, {}, {}, {}, {}, {}};
     w.walk_from(0, ids);
+
     entry = e;
     std::lock_guard<std::mutex> lk(cache_->mu);
     ++cache_->misses;
@@ -506,6 +556,8 @@ void Matcher::allowed_tokens_brute(TokenMask& mask) const {
     if (m.accept_token(t)) mask[t >> 5] |= 1u << (t & 31);
   }
 }
+
+void set_subtree_skip(bool on) { g_subtree_skip = on; }
 
 Matcher::CacheStats Matcher::cache_stats() const {
   std::lock_guard<std::mutex> lk(cache_->mu);

@@ -1,4 +1,5 @@
 // OpenAI chat completions, legacy completions and models.
+#include "server/structured.h"
 #include "server/context.h"
 #include "server/prepare.h"
 
@@ -23,6 +24,7 @@ json usage_json(const engine::RequestStats& s) {
   json u = json::object();
   u["prompt_tokens"] = s.n_prompt;
   u["completion_tokens"] = s.n_generated;
+  if (s.n_reasoning > 0) u["completion_tokens_details"] = json{{"reasoning_tokens", s.n_reasoning}};
   u["total_tokens"] = s.n_prompt + s.n_generated;
   u["prompt_tokens_details"] = json{{"cached_tokens", s.n_cached}};  // served by the prefix cache
   return u;
@@ -243,7 +245,9 @@ HttpOut handle_completions(Context& ctx, const HttpIn& in) {
   CompletionRequest req = parse_completion(parse_body(in.body));
   std::string prompt_text;
   std::vector<int32_t> ids = completion_prompt(ctx.tok, req, prompt_text);
-  auto run = std::make_shared<EngineRun>(ctx, make_spec(ctx, req.gen, std::move(ids)));
+  engine::RequestSpec spec = make_spec(ctx, req.gen, std::move(ids));
+  spec.constraint = completion_constraint(ctx.tok, req.gen);
+  auto run = std::make_shared<EngineRun>(ctx, std::move(spec));
   const std::string id = random_id("cmpl-");
   const int64_t created = unix_time();
   const std::string model = model_of(ctx, req.model);

@@ -47,7 +47,7 @@ json usage_json(const engine::RequestStats& s) {
   u["input_tokens"] = s.n_prompt;
   u["input_tokens_details"] = json{{"cached_tokens", s.n_cached}};
   u["output_tokens"] = s.n_generated;
-  u["output_tokens_details"] = json{{"reasoning_tokens", 0}};
+  u["output_tokens_details"] = json{{"reasoning_tokens", s.n_reasoning}};
   u["total_tokens"] = s.n_prompt + s.n_generated;
   return u;
 }

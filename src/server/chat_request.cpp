@@ -1,5 +1,7 @@
 #include "server/chat_request.h"
 
+#include "server/structured.h"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -20,19 +22,15 @@ std::string idx(const std::string& path, size_t i) { return path + "[" + std::to
 }
 
 void collect_ignored(const json& body, const std::set<std::string>& known, std::vector<std::string>& out) {
-  // Fields that constrain the output: ignoring one would answer 200 with output that breaks the
-  // client's expectation, so they are refused until constrained decoding exists.
-  for (const char* k : {"grammar", "json_schema", "grammar_lazy", "grammar_triggers", "output_format"})
-    if (auto it = body.find(k); it != body.end() && !it->is_null())
-      unsupported(std::string("'") + k + "' is not supported yet (no constrained decoding): the output would not follow it", k);
-  if (auto rf = body.find("response_format"); rf != body.end() && rf->is_object())
-    for (const char* k : {"schema", "json_schema", "grammar"})
-      if (rf->contains(k))
-        unsupported("'response_format' with a schema is not supported yet (no constrained decoding)", "response_format");
-  if (auto oc = body.find("output_config"); oc != body.end() && oc->is_object() && oc->contains("format") && !(*oc)["format"].is_null())
-    unsupported("'output_config.format' is not supported yet (no constrained decoding)", "output_config.format");
+  // Lazy grammars (llama-server's trigger words) would need the trigger machinery: refused, never ignored.
+  for (const char* k : {"grammar_lazy", "grammar_triggers"})
+    if (auto it = body.find(k); it != body.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()) && !(it->is_array() && it->empty()))
+      unsupported(std::string("'") + k + "' is not supported (lazy grammars): send 'grammar' or a schema", k);
+  // Structured-output fields every API accepts (server/structured.cpp parses them).
+  static const std::set<std::string> structured = {"grammar", "json_schema", "output_format", "reasoning_budget_tokens", "response_format",
+                                                   "grammar_lazy", "grammar_triggers"};
   for (auto it = body.begin(); it != body.end(); ++it)
-    if (!known.count(it.key())) out.push_back(it.key());
+    if (!known.count(it.key()) && !structured.count(it.key())) out.push_back(it.key());
 }
 
 // "stop": a string or an array of strings.
@@ -179,6 +177,7 @@ void parse_openai_tools(const json& body, ChatRequest& r) {
     if (d != fn->end() && !d->is_null() && !d->is_string()) throw bad_request("'" + p + ".function.description' must be a string", p);
     const json* params = opt_object(*fn, "parameters", p + ".function");
     r.tools.push_back(make_tool(name, d != fn->end() ? &*d : nullptr, params));
+    r.tool_strict.push_back(opt_bool(*fn, "strict", p + ".function").value_or(false));
   }
 }
 
@@ -243,6 +242,7 @@ void merge_leading_system(json& messages) {
 
 void parse_reasoning_effort(const std::string& effort, ChatRequest& r) {
   r.template_kwargs["reasoning_effort"] = effort;
+  r.gen.reasoning_effort = effort;
   if (effort == "none") r.enable_thinking = false;
 }
 
@@ -307,11 +307,7 @@ ChatRequest parse_openai_chat(const json& b) {
   if (const json* mods = opt_array(b, "modalities"))
     for (const auto& m : *mods)
       if (m != "text") unsupported("'modalities' may only contain \"text\"", "modalities");
-  if (const json* rf = opt_object(b, "response_format")) {
-    const std::string t = opt_string(*rf, "type", "response_format").value_or("text");
-    if (t != "text")
-      unsupported("'response_format' of type \"" + t + "\" is not supported yet (no constrained decoding)", "response_format");
-  }
+  parse_structured_fields(b, r.gen);
 
   const json* msgs = opt_array(b, "messages");
   if (!msgs) throw bad_request("'messages' is required", "messages");
@@ -417,6 +413,7 @@ ChatRequest parse_responses(const json& b) {
       "safety_identifier", "stream_options", "client_metadata"};
   ChatRequest r;
   collect_ignored(b, known, r.ignored);
+  parse_structured_fields(b, r.gen);
   r.model = opt_string(b, "model").value_or("");
   if (has(b, "previous_response_id"))
     unsupported("'previous_response_id' is not supported: this server keeps no state, send the whole conversation in 'input'",
@@ -426,8 +423,7 @@ ChatRequest parse_responses(const json& b) {
   if (has(b, "prompt")) unsupported("reusable 'prompt' templates are not supported", "prompt");
   if (const json* text = opt_object(b, "text")) {
     if (const json* fmt = opt_object(*text, "format", "text")) {
-      const std::string t = opt_string(*fmt, "type", "text.format").value_or("text");
-      if (t != "text") unsupported("'text.format' of type \"" + t + "\" is not supported yet (no constrained decoding)", "text.format");
+      parse_format_object(*fmt, r.gen, "text.format");
     }
   }
 
@@ -540,6 +536,7 @@ ChatRequest parse_responses(const json& b) {
       if (!names.insert(name).second) throw bad_request("two tools are named '" + name + "'", p);
       auto d = t.find("description");
       r.tools.push_back(make_tool(name, d != t.end() ? &*d : nullptr, opt_object(t, "parameters", p)));
+      r.tool_strict.push_back(opt_bool(t, "strict", p).value_or(false));
     }
   }
   parse_openai_tool_choice(b, r, true);
@@ -591,6 +588,7 @@ ChatRequest parse_anthropic(const json& b, bool count_only) {
       "metadata", "service_tier", "container", "context_management", "betas"};
   ChatRequest r;
   collect_ignored(b, known, r.ignored);
+  parse_structured_fields(b, r.gen);
   r.model = opt_string(b, "model").value_or("");
   if (has(b, "mcp_servers")) unsupported("'mcp_servers' are not supported", "mcp_servers");
   if (!count_only) {
@@ -751,6 +749,9 @@ ChatRequest parse_anthropic(const json& b, bool count_only) {
     else if (type == "disabled") r.enable_thinking = false;
     else throw bad_request("'thinking.type' must be \"enabled\", \"adaptive\" or \"disabled\", got \"" + type + "\"", "thinking.type");
     if (auto d = opt_string(*th, "display", "thinking"); d && *d == "omitted") r.hide_reasoning = true;
+    // Honoured as given, small values included (Anthropic's API asks for >= 1024; this server does not).
+    if (type == "enabled")
+      if (auto bt = opt_int(*th, "budget_tokens", 0, kMaxTokensLimit)) r.gen.reasoning_budget = *bt;
   }
   if (const json* oc = opt_object(b, "output_config"))
     if (auto e = opt_string(*oc, "effort", "output_config")) r.template_kwargs["reasoning_effort"] = *e;
@@ -769,6 +770,7 @@ CompletionRequest parse_completion(const json& b) {
       "user", "cache_prompt", "id_slot"};
   CompletionRequest r;
   collect_ignored(b, known, r.ignored);
+  parse_structured_fields(b, r.gen);
   r.model = opt_string(b, "model").value_or("");
   if (auto n = opt_int(b, "n", 1, 128); n && *n != 1) unsupported("'n' must be 1: send parallel requests instead", "n");
   if (auto bo = opt_int(b, "best_of", 1, 128); bo && *bo != 1) unsupported("'best_of' must be 1", "best_of");

@@ -26,6 +26,12 @@ struct GenParams {
   std::vector<std::string> stop;
   int logprobs = -1;  // -1: off; 0: chosen tokens only; n: plus the n most likely
   bool ignore_eos = false;  // llama.cpp extension: generate through end-of-generation tokens (benchmarks)
+  // Structured output (server/structured.h): GBNF of the answer, from grammar / json_schema /
+  // response_format / text.format / output_format (schemas converted while parsing).
+  std::string grammar;
+  std::string grammar_field;                // the field it came from (error messages)
+  std::optional<int64_t> reasoning_budget;  // reasoning_budget_tokens / thinking.budget_tokens (-1: unlimited)
+  std::string reasoning_effort;             // reasoning_effort / reasoning.effort (mapped by the server's table)
 
   // Server defaults overridden by what the request set. A default seed < 0 means a random seed.
   SamplingParams resolve(const SamplingParams& defaults, int64_t default_seed) const;
@@ -37,6 +43,7 @@ struct ChatRequest {
   ToolChoice tool_choice = ToolChoice::kAuto;
   std::string tool_name;          // kNamed
   bool parallel_tool_calls = true;
+  std::vector<bool> tool_strict;  // per tool: function.strict
   GenParams gen;
   bool stream = false;
   bool include_usage = false;     // OpenAI stream_options.include_usage

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "core/log.h"
+#include "server/structured.h"
 #include "server/context.h"
 #include "server/prepare.h"
 
@@ -130,6 +131,7 @@ ChatRun::ChatRun(Context& ctx, const ChatRequest& req)
       parallel_(req.parallel_tool_calls) {
   engine::RequestSpec spec = make_spec(ctx, req.gen, rp_.tokens);
   spec.special_text = ChatPrompt::special_text(rp_.format);
+  spec.constraint = chat_constraint(ctx.opt, ctx.tok, req, rp_);
   run_ = std::make_unique<EngineRun>(ctx, std::move(spec));
 }
 

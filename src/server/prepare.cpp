@@ -35,6 +35,8 @@ engine::RequestSpec make_spec(const ServerOptions& opt, int n_ctx, const GenPara
   } else {
     max_tokens = opt.default_max_tokens > 0 ? std::min<int64_t>(opt.default_max_tokens, room) : room;
   }
+  // --hard-limit-reply-budget caps every reply (the reasoning budget leaves room to close it).
+  if (opt.hard_limit_reply_budget > 0) max_tokens = std::min<int64_t>(max_tokens, opt.hard_limit_reply_budget);
   s.max_tokens = static_cast<int>(max_tokens);
   s.stop = g.stop;
   s.stop_at_eog = !g.ignore_eos;

@@ -36,6 +36,12 @@ struct ServerOptions {
   int64_t seed = -1;                // default seed (-1: random per request)
   std::string build_info;           // version string for /props
   std::string runtime_info_json;    // extra runtime settings for /props (a JSON object), may be empty
+  // Reasoning budgets (docs/structured-output.md): tokens inside the reasoning block, -1 unlimited.
+  int reasoning_budget = -1;        // --reasoning-budget / --think-max-tokens (requests may set their own)
+  std::string reasoning_close_hint; // text written before the forced end-of-thinking tag
+  int hard_limit_reply_budget = -1; // --hard-limit-reply-budget: tokens of the whole reply, -1 none
+  // reasoning_effort low / medium / high / x-high / max -> budget (-1: unlimited).
+  int effort_budget[5] = {1024, 4096, 16384, 32768, -1};
 };
 
 class Server {

@@ -1,0 +1,308 @@
+// Constrained sampling through the engine's scheduler on real models: outputs of real schemas
+// validate against them (python3-jsonschema, an independent validator), greedy constrained output
+// with speculation equals the output without, and reasoning budgets close the block and let the
+// answer follow.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/constraint.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+#include "schema_corpus.h"
+#include "testutil.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pg::engine {
+namespace {
+
+using namespace std::chrono_literals;
+using json = nlohmann::ordered_json;
+
+struct Out {
+  std::vector<int32_t> ids;
+  std::string text;
+  Event last;
+};
+
+Out drain(RequestHandle& h) {
+  Out r;
+  const auto end = Clock::now() + 300s;
+  Event e;
+  while (Clock::now() < end) {
+    if (!h.next(e, 100ms)) continue;
+    for (auto& t : e.tokens) r.ids.push_back(t.id);
+    r.text += e.text;
+    if (e.done) {
+      r.last = e;
+      return r;
+    }
+  }
+  ADD_FAILURE() << "request did not finish";
+  return r;
+}
+
+struct Engine {
+  CpuBackend be{[] {
+    CpuOptions co;
+    co.n_threads = 2;
+    return co;
+  }()};
+  std::unique_ptr<Model> target, draft;
+  std::unique_ptr<tok::Tokenizer> tok;
+  std::unique_ptr<Scheduler> sched;
+  Engine(const std::string& target_path, const std::string& draft_path = {}, SpecOptions spec = {}, int n_ctx = 768) {
+    target = Model::load(target_path, be);
+    tok = tok::Tokenizer::from_gguf(target->file());
+    if (!draft_path.empty()) {
+      draft = Model::load(draft_path, be);
+      spec.draft = draft.get();
+    }
+    SchedulerOptions so;
+    so.n_slots = 4;
+    so.n_ctx = n_ctx;
+    so.n_batch = 256;
+    so.spec = spec;
+    sched = std::make_unique<Scheduler>(*target, *tok, so);
+  }
+  std::vector<Out> run(const std::vector<RequestSpec>& reqs) {
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (const auto& r : reqs) hs.push_back(sched->submit(r));
+    std::vector<Out> o;
+    for (auto& h : hs) o.push_back(drain(*h));
+    return o;
+  }
+};
+
+std::string demo_target() { return std::string(PEREGRINE_SOURCE_DIR) + "/models/peregrine-demo-target-Q8_0.gguf"; }
+std::string demo_draft() { return std::string(PEREGRINE_SOURCE_DIR) + "/models/peregrine-demo-draft-Q8_0.gguf"; }
+std::string stories() { return test::shared_path("testdata/models/stories260K.gguf").string(); }
+
+std::shared_ptr<const ConstraintSpec> schema_constraint(const tok::Tokenizer& tok, const json& schema) {
+  auto c = std::make_shared<ConstraintSpec>();
+  c->grammar = compile_grammar(grammar::json_schema_to_gbnf(schema.dump()), tok, false);
+  return c;
+}
+
+// Every n-th schema of the corpus: ≥ 50 real tool schemas plus the hand-written ones.
+std::vector<std::pair<std::string, json>> some_schemas(size_t want) {
+  auto all = test::schema_corpus();
+  std::vector<std::pair<std::string, json>> v;
+  const size_t stride = std::max<size_t>(1, all.size() / want);
+  for (size_t i = 0; i < all.size() && v.size() < want; i += stride) v.push_back(all[i]);
+  return v;
+}
+
+// Validates texts against schemas with python3-jsonschema; returns failures as messages.
+std::vector<std::string> validate(const std::vector<std::pair<json, std::string>>& items) {
+  json jobs = json::array();
+  for (auto& [s, t] : items) jobs.push_back({{"schema", s}, {"instances", json::array({t})}});
+  const auto dir = std::filesystem::temp_directory_path() / ("pg_constraint_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto in = dir / "in.json", out = dir / "out.json";
+  std::ofstream(in) << jobs.dump();
+  auto res = test::run_command({"/usr/bin/python3", std::string(PG_GRAMMAR_TEST_DIR) + "/validate_instances.py", in.string(), out.string()}, "", 300);
+  std::vector<std::string> bad;
+  if (res.exit_code != 0) {
+    bad.push_back("jsonschema check failed (is python3-jsonschema installed?) " + res.err);
+    return bad;
+  }
+  json r = json::parse(std::ifstream(out));
+  for (size_t i = 0; i < items.size(); ++i)
+    if (!r[i][0][0].get<bool>()) bad.push_back(items[i].second + " : " + r[i][0][1].get<std::string>());
+  std::filesystem::remove_all(dir);
+  return bad;
+}
+
+// Small models never close a free string (or an open array) on their own, so the test narrows the
+// schema: strings without maxLength get 24, arrays without maxItems 3, objects no extra keys. Instances of the narrowed
+// schema are instances of the original, which is what they are validated against.
+json narrowed(json s) {
+  if (s.is_array()) {
+    for (auto& x : s) x = narrowed(x);
+    return s;
+  }
+  if (!s.is_object()) return s;
+  for (auto& [k, v] : s.items())
+    if (k != "enum" && k != "const" && k != "default" && k != "examples") v = narrowed(v);
+  auto has_type = [&](const char* t) {
+    if (!s.contains("type")) return false;
+    const json& ty = s["type"];
+    if (ty.is_string()) return ty == t;
+    if (ty.is_array())
+      for (auto& x : ty)
+        if (x == t) return true;
+    return false;
+  };
+  if (has_type("string") && !s.contains("maxLength") && !s.contains("enum") && !s.contains("const") && !s.contains("pattern") &&
+      !s.contains("format"))
+    s["maxLength"] = std::max<int64_t>(24, s.value("minLength", int64_t{0}));
+  if ((has_type("object") || s.contains("properties")) && !s.contains("additionalProperties")) s["additionalProperties"] = false;
+  if (has_type("array") && !s.contains("maxItems")) s["maxItems"] = std::max<int64_t>(3, s.value("minItems", int64_t{0}));
+  return s;
+}
+
+void corpus_on(const std::string& model, const std::string& prefix, const std::string& suffix, size_t n_schemas, int max_tokens,
+               double temperature) {
+  Engine e(model);
+  auto schemas = some_schemas(n_schemas);
+  ASSERT_GE(schemas.size(), n_schemas);
+  std::vector<RequestSpec> reqs;
+  for (size_t i = 0; i < schemas.size(); ++i) {
+    RequestSpec r;
+    r.prompt = e.tok->encode(prefix + "Call the tool " + schemas[i].first + " with JSON arguments." + suffix, true, true);
+    r.sampling.temperature = static_cast<float>(temperature);
+    r.sampling.seed = 1000 + i;
+    r.max_tokens = max_tokens;
+    r.constraint = schema_constraint(*e.tok, narrowed(schemas[i].second));
+    reqs.push_back(std::move(r));
+  }
+  const auto t0 = Clock::now();
+  auto outs = e.run(reqs);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<std::pair<json, std::string>> items;
+  int n_tokens = 0, n_eog = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    n_tokens += outs[i].last.stats.n_generated;
+    EXPECT_FALSE(outs[i].last.stats.grammar_broken) << schemas[i].first;
+    // The grammar ends the output: EOG is the only way out (max_tokens is generous).
+    EXPECT_EQ(outs[i].last.finish, FinishReason::kEog) << schemas[i].first << ": " << outs[i].text;
+    n_eog += outs[i].last.finish == FinishReason::kEog;
+    items.push_back({schemas[i].second, outs[i].text});
+  }
+  auto bad = validate(items);
+  for (auto& b : bad) ADD_FAILURE() << b;
+  std::printf("%s: %zu schemas, %d/%zu ended by the grammar, %zu invalid, %d tokens in %.1f s\n", model.c_str(), schemas.size(),
+              n_eog, outs.size(), bad.size(), n_tokens, s);
+}
+
+TEST(Constraint, CorpusSchemasValidateOnStories260K) {
+  corpus_on(stories(), "Once upon a time, ", "", 60, 600, 0.0);
+}
+
+TEST(Constraint, CorpusSchemasValidateOnDemoModel) {
+  corpus_on(demo_target(), "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", 60, 600, 0.7);
+}
+
+std::vector<RequestSpec> demo_requests(const tok::Tokenizer& tok, size_t n) {
+  auto schemas = some_schemas(n);
+  std::vector<RequestSpec> reqs;
+  for (size_t i = 0; i < schemas.size(); ++i) {
+    RequestSpec r;
+    r.prompt = tok.encode("<|im_start|>user\nGive the arguments of " + schemas[i].first +
+                              " as JSON.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+                          false, true);
+    r.sampling.temperature = 0;
+    r.max_tokens = 160;
+    r.constraint = schema_constraint(tok, schemas[i].second);
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+TEST(Constraint, GreedySpeculativeEqualsPlainChainAndDDTree) {
+  std::vector<Out> plain;
+  std::vector<RequestSpec> reqs;
+  {
+    Engine e(demo_target());
+    reqs = demo_requests(*e.tok, 12);
+    plain = e.run(reqs);
+  }
+  SpecOptions chain;
+  chain.type = spec::SpecType::kDraft;
+  chain.n_max = 8;
+  SpecOptions tree = chain;
+  tree.tree = true;
+  tree.budget = 22;
+  for (auto [name, so] : {std::pair{"chain", chain}, std::pair{"ddtree", tree}}) {
+    Engine e(demo_target(), demo_draft(), so);
+    // The same grammars (compile_cached keys on the vocab object; rebuild for this tokenizer).
+    auto rq = demo_requests(*e.tok, 12);
+    auto outs = e.run(rq);
+    int drafted = 0, accepted = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      EXPECT_EQ(outs[i].ids, plain[i].ids) << name << " request " << i;
+      EXPECT_EQ(outs[i].text, plain[i].text) << name << " request " << i;
+      drafted += outs[i].last.stats.draft_n;
+      accepted += outs[i].last.stats.draft_n_accepted;
+    }
+    EXPECT_GT(accepted, 0) << name;
+    std::printf("%s: drafted %d accepted %d\n", name, drafted, accepted);
+  }
+}
+
+std::shared_ptr<ConstraintSpec> budget(int n) {
+  auto c = std::make_shared<ConstraintSpec>();
+  c->reasoning_budget = n;
+  c->think_open = "<think>";
+  c->think_close = "</think>";
+  c->close_text = "\n</think>\n\n";
+  return c;
+}
+
+TEST(Constraint, ReasoningBudgetClosesTheBlock) {
+  std::string plain_cut;  // the budgeted answer without speculation: speculation must give the same
+  for (bool speculate : {false, true}) {
+    SpecOptions so;
+    if (speculate) {
+      so.type = spec::SpecType::kDraft;
+      so.n_max = 8;
+    }
+    Engine e(demo_target(), speculate ? demo_draft() : "", so);
+    RequestSpec r;
+    r.prompt = e.tok->encode("<|im_start|>user\nWhat is 4821 + 3907?<|im_end|>\n<|im_start|>assistant\n", false, true);
+    r.sampling.temperature = 0;
+    r.max_tokens = 200;
+    r.special_text = false;
+    RequestSpec unlimited = r;
+    r.constraint = budget(8);
+    auto outs = e.run({unlimited, r});
+    const std::string& full = outs[0].text;
+    const std::string& cut = outs[1].text;
+    std::printf("unlimited (%d reasoning-free tokens): %s\nbudget 8: %s\n", outs[0].last.stats.n_generated, full.c_str(), cut.c_str());
+    ASSERT_NE(full.find("</think>"), std::string::npos) << "the demo model reasons in <think>";
+    const size_t close = cut.find("</think>");
+    ASSERT_NE(close, std::string::npos) << cut;
+    EXPECT_LT(close, full.find("</think>")) << "the budget ended the reasoning earlier than the model would";
+    EXPECT_EQ(outs[1].last.finish, FinishReason::kEog);
+    EXPECT_GT(cut.size(), close + 12) << "an answer follows the closed block";
+    // 8 thought tokens plus the closing text's tokens.
+    EXPECT_GE(outs[1].last.stats.n_reasoning, 8);
+    EXPECT_LE(outs[1].last.stats.n_reasoning, 8 + 3);
+    EXPECT_LT(outs[1].last.stats.n_reasoning, outs[1].last.stats.n_generated);
+    if (!speculate) plain_cut = cut;
+    else EXPECT_EQ(cut, plain_cut) << "greedy with a budget: the forced close lands at the same token with drafts";
+  }
+}
+
+TEST(Constraint, GrammarAfterReasoningAndStopStrings) {
+  Engine e(demo_target());
+  RequestSpec r;
+  r.prompt = e.tok->encode("<|im_start|>user\nWhat is 12 + 30? Answer in JSON.<|im_end|>\n<|im_start|>assistant\n", false, true);
+  r.sampling.temperature = 0;
+  r.max_tokens = 300;
+  auto c = budget(16);
+  c->grammar = compile_grammar(
+      grammar::json_schema_to_gbnf(R"({"type":"object","properties":{"answer":{"type":"integer"}},"required":["answer"],"additionalProperties":false})"),
+      *e.tok, true);
+  c->trigger = "</think>";
+  // The template's text between the tags and the answer: allow the newlines the close text writes.
+  r.constraint = c;
+  auto outs = e.run({r});
+  const std::string& t = outs[0].text;
+  std::printf("grammar after reasoning: %s\n", t.c_str());
+  const size_t close = t.find("</think>");
+  ASSERT_NE(close, std::string::npos);
+  EXPECT_EQ(outs[0].last.finish, FinishReason::kEog);
+  EXPECT_FALSE(outs[0].last.stats.grammar_broken);
+  std::string answer = t.substr(close + 8);
+  while (!answer.empty() && (answer[0] == '\n' || answer[0] == ' ')) answer.erase(0, 1);
+  auto j = json::parse(answer);
+  EXPECT_TRUE(j.contains("answer") && j["answer"].is_number_integer()) << answer;
+}
+
+}  // namespace
+}  // namespace pg::engine
