@@ -1,5 +1,6 @@
 #include "engine/sequence.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/metrics.h"
@@ -164,12 +165,27 @@ void Event::merge(Event&& later) {
 bool RequestHandle::next(Event& out, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lk(mu_);
   if (delivered_done_) return false;
-  if (!has_pending_) cv_.wait_for(lk, timeout, [&] { return has_pending_; });
+  const auto until = Clock::now() + timeout;
+  while (!has_pending_) {
+    const auto now = Clock::now();
+    if (now >= until) break;
+    if (reader_polls_) {
+      // The engine does not wake a polling reader (push): look again after kPoll; when nothing came
+      // (a long prefill, a queue), sleep until the engine wakes us.
+      cv_.wait_until(lk, std::min(until, now + kPoll));
+      if (!has_pending_) reader_polls_ = false;
+    } else {
+      cv_.wait_until(lk, until);
+    }
+  }
   if (!has_pending_) return false;
   out = std::move(pending_);
   pending_ = Event{};
   has_pending_ = false;
-  if (out.done) delivered_done_ = true;
+  if (out.done)
+    delivered_done_ = true;
+  else
+    reader_polls_ = true;
   return true;
 }
 
@@ -179,17 +195,19 @@ bool RequestHandle::finished() const {
 }
 
 void RequestHandle::push(Event&& e) {
+  bool wake;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (produced_done_) return;
     if (e.done) produced_done_ = true;
+    wake = e.done || !reader_polls_;
     if (has_pending_)
       pending_.merge(std::move(e));
     else
       pending_ = std::move(e);
     has_pending_ = true;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 }  // namespace pg::engine
