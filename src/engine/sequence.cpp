@@ -37,6 +37,23 @@ const char* finish_reason_name(FinishReason r) {
   return "none";
 }
 
+SamplingParams DraftSampler::strip(SamplingParams p) {
+  p.repeat_penalty = 1.0f;
+  p.presence_penalty = p.frequency_penalty = 0.0f;
+  p.logit_bias.clear();
+  p.seed ^= 0x9E3779B97F4A7C15ull;  // its own stream: the target's draws stay those of the request's seed
+  return p;
+}
+
+DraftSampler::DraftSampler(const SamplingParams& p, int n_vocab) : s_(strip(p), n_vocab) {}
+
+int32_t DraftSampler::sample(const float* logits, std::vector<float>& q) {
+  s_.distribution(logits, q);
+  return s_.draw(q);
+}
+
+void DraftSampler::reset() { s_.reset(); }
+
 Sequence::Sequence(RequestSpec spec, std::shared_ptr<RequestHandle> handle, const tok::Tokenizer& tok, int n_vocab,
                    Clock::time_point submitted)
     : spec_(std::move(spec)),
@@ -48,6 +65,7 @@ Sequence::Sequence(RequestSpec spec, std::shared_ptr<RequestHandle> handle, cons
       stop_(spec_.stop),
       submitted_(submitted) {
   mark_continuation(detok_);
+  if (!spec_.sampling.greedy()) draft_sampler_ = std::make_unique<DraftSampler>(spec_.sampling, n_vocab);
 }
 
 void Sequence::admit(int slot, Clock::time_point now, Metrics& m) {
@@ -56,6 +74,9 @@ void Sequence::admit(int slot, Clock::time_point now, Metrics& m) {
   admitted_ = now;
   n_prefilled_ = n_past_ = 0;
   sampler_.reset();
+  if (draft_sampler_) draft_sampler_->reset();
+  accept_ = {};
+  no_draft_steps_ = 0;
   for (int32_t t : spec_.prompt) sampler_.accept(t);
   history_ = spec_.prompt;
   m.on_admit(ms_between(submitted_, now) / 1000.0);
