@@ -87,7 +87,11 @@ class ModelDrafter final : public Drafter {
     // Candidates per depth come from the backend (top-k ids + log-probs): a few bytes per row back
     // instead of the vocabulary's logits, except for sampled drafts, which need the distribution.
     int k = 1;
-    for (const auto& q : in) k = std::max(k, q.k);
+    bool need_lp = false;  // some query needs log-probs (trees, p-min); else the argmax suffices
+    for (const auto& q : in) {
+      k = std::max(k, q.k);
+      need_lp |= q.k > 1 || q.p_min > 0;
+    }
     k = std::min({k, kMaxBackendTopK, n_vocab_});
     for (int depth = 0; !active_.empty(); ++depth) {
       const size_t n_out = active_.size();
@@ -96,11 +100,18 @@ class ModelDrafter final : public Drafter {
         skip_.resize(n_out);
         for (size_t r = 0; r < n_out; ++r) skip_[r] = in[static_cast<size_t>(active_[r])].sampler ? 0 : 1;
         ids_.resize(n_out * static_cast<size_t>(k));
-        lps_.resize(n_out * static_cast<size_t>(k));
-        f.top_k = k;
-        f.topk_ids = ids_.data();
-        f.topk_logprobs = lps_.data();
-        f.logits_skip = skip_.data();
+        lps_.assign(n_out * static_cast<size_t>(k), 0.0f);
+        if (need_lp) {
+          f.top_k = k;
+          f.topk_ids = ids_.data();
+          f.topk_logprobs = lps_.data();
+          f.logits_skip = skip_.data();
+        } else {
+          // Greedy chains without p-min: the argmax alone (the top-k's log-softmax over the vocabulary
+          // costs a fifth of this small model's step).
+          f.argmax = ids_.data();
+          f.argmax_only = skip_.data();
+        }
         // Hybrid drafts: the drafting rows (one per query) capture their state, kept per depth below.
         f.capture = rs != nullptr && depth > 0;
         const auto t0 = std::chrono::steady_clock::now();
