@@ -15,6 +15,12 @@ void CostModel::observe_forward(int rows, double s) {
   const double k = rows;
   // A step the OS preempted (shared machine) says nothing about the model's cost: clip outliers.
   if (w_ > 8) s = std::min(s, 3 * forward(rows));
+  if (rows >= 1 && static_cast<size_t>(rows) < at_.size()) {
+    uint32_t& n = n_at_[static_cast<size_t>(rows)];
+    ++n;
+    const double a = std::max(1.0 / n, 0.05);  // the last ~20 forwards of that size
+    at_[static_cast<size_t>(rows)] += a * (s - at_[static_cast<size_t>(rows)]);
+  }
   w_ = w_ * kDecay + 1;
   sk_ = sk_ * kDecay + k;
   st_ = st_ * kDecay + s;
@@ -31,6 +37,12 @@ void CostModel::observe_draft_step(double s) {
 }
 
 double CostModel::forward(int rows) const {
+  if (rows >= 1 && static_cast<size_t>(rows) < at_.size() && n_at_[static_cast<size_t>(rows)] >= 4)
+    return at_[static_cast<size_t>(rows)];
+  return fit(rows);
+}
+
+double CostModel::fit(int rows) const {
   if (w_ <= 0) return 1e-3 * (1 + kSlopeGuess * (rows - 1));  // nothing measured: any positive scale
   const double mean_k = sk_ / w_, mean_t = st_ / w_;
   const double var_k = skk_ / w_ - mean_k * mean_k;

@@ -11,6 +11,7 @@
 // cost; the chooser never verifies more rows than pay for themselves, so speculation costs little
 // more than AR when drafts are poor and grows the tree when they are good.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -18,8 +19,10 @@
 
 namespace pg::spec {
 
-// t_forward(k) = a + b·k, an exponentially weighted least-squares fit over recent forwards (k rows,
-// seconds), and the mean cost of one draft step. Before any measurement of multi-row forwards the
+// t_forward(k): the running mean of the forwards of exactly k rows once a few were seen (the cost is
+// not linear in k on the CPU: matmuls below a size stay on the calling thread, larger ones pay the
+// thread pool's hand-off), else a + b·k, an exponentially weighted least-squares fit over recent
+// forwards; and the mean cost of one draft step. Before any measurement of multi-row forwards the
 // slope is a guess (a quarter of an AR step per row), so speculation gets tried and then measured.
 class CostModel {
  public:
@@ -30,8 +33,11 @@ class CostModel {
   bool measured() const { return w_ > 0; }
 
  private:
+  double fit(int rows) const;
   // Weighted sums for the fit (weights decay by kDecay per observation).
   double w_ = 0, sk_ = 0, st_ = 0, skk_ = 0, skt_ = 0;
+  std::array<double, kMaxTreeNodes * 2 + 1> at_{};   // (rows) running mean of forwards of that many rows
+  std::array<uint32_t, kMaxTreeNodes * 2 + 1> n_at_{};
   double draft_ = 0;
   uint64_t n_draft_ = 0;
 };
