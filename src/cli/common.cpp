@@ -150,6 +150,8 @@ void SpecFlags::add_to(Args& a) {
   a.opt("--spec-draft-device,--draft-device", &device, "device of the draft model (default: the target's)", "DEV");
   a.flag("--ddtree", &ddtree, "verify a DDTree token tree built from the draft's top-k instead of a chain");
   a.opt("--ddtree-budget", &budget, "DDTree draft nodes per step (1..127)");
+  a.opt("--spec-draft-p-min", &p_min, "stop drafting where the draft's top token is less likely than this (0 = off)");
+  a.flag("--spec-fixed", &fixed, "verify whole drafts (default: the draft length / tree budget that pays, chosen per step)");
   a.opt("--spec-tree", &tree, "draft shape: ddtree or chain (default chain; --ddtree = ddtree)", "SHAPE");
 }
 
@@ -160,6 +162,7 @@ void SpecFlags::validate() const {
            "--ddtree-budget must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "], got " + std::to_string(budget));
   PG_CHECK(n_max >= 0 && n_max <= spec::kMaxTreeNodes - 1,
            "--spec-draft-n-max must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "] (0 = auto), got " + std::to_string(n_max));
+  PG_CHECK(p_min >= 0.0f && p_min <= 1.0f, "--spec-draft-p-min must be in [0, 1], got " + std::to_string(p_min));
   PG_CHECK(n_min >= 0 && (n_max == 0 || n_min <= n_max), "--spec-draft-n-min must be in [0, --spec-draft-n-max], got " + std::to_string(n_min));
 }
 
@@ -183,6 +186,8 @@ LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedMode
   d.opt.n_max = f.n_max > 0 ? f.n_max : (d.opt.tree ? 8 : 3);
   d.opt.n_min = std::min(f.n_min, d.opt.n_max);
   d.opt.budget = f.budget;
+  d.opt.p_min = f.p_min;
+  d.opt.adaptive = !f.fixed;
   if (t != spec::SpecType::kDraft) return d;
   d.path = draft;
   // On the target's device the draft shares its backend: two CPU thread pools on the same cores

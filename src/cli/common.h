@@ -71,6 +71,8 @@ struct SpecFlags {
   bool ddtree = false;           // --ddtree
   std::string tree;              // --spec-tree ddtree|chain
   int budget = 22;               // --ddtree-budget
+  float p_min = 0.75f;           // --spec-draft-p-min
+  bool fixed = false;            // --spec-fixed: verify whole drafts (no adaptive length/budget)
 
   void add_to(Args& a);
   // Checks the values that need no model (one clear error before anything loads).

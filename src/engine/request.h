@@ -86,6 +86,9 @@ class RequestHandle {
   explicit RequestHandle(uint64_t id) : id_(id) {}
   uint64_t id() const { return id_; }
 
+  // Longest a token waits before the reader sees it while output is flowing (the first output and
+  // the final event wake the reader at once).
+  static constexpr std::chrono::milliseconds kPoll{2};
   // Waits up to `timeout` for output. Returns true with the output merged since the last call;
   // false on timeout, or when the final event has already been delivered.
   bool next(Event& out, std::chrono::milliseconds timeout);
@@ -103,6 +106,10 @@ class RequestHandle {
   std::condition_variable cv_;
   Event pending_;
   bool has_pending_ = false;
+  // Output is flowing and the reader collects it every kPoll instead of being woken per push: a
+  // wake-up per token (a context switch onto a core the model's threads are using) cost as much as
+  // the forward of a small model. Cleared when a poll finds nothing, so an idle reader sleeps.
+  bool reader_polls_ = false;
   bool produced_done_ = false;
   bool delivered_done_ = false;
   std::atomic<bool> cancel_{false};

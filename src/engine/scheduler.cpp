@@ -16,6 +16,7 @@ void SpecOptions::validate() const {
   PG_CHECK(n_min >= 0 && n_min <= n_max, "--spec-draft-n-min must be in [0, n-max], got " + std::to_string(n_min));
   PG_CHECK(budget >= 1 && budget <= spec::kMaxTreeNodes - 1,
            "--ddtree-budget must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "], got " + std::to_string(budget));
+  PG_CHECK(p_min >= 0.0f && p_min <= 1.0f, "--spec-draft-p-min must be in [0, 1], got " + std::to_string(p_min));
   PG_CHECK(type != spec::SpecType::kDraft || draft != nullptr, "speculative type 'draft' needs a draft model (-md FILE)");
 }
 
@@ -37,7 +38,7 @@ Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOpt
     opt_.spec.validate();
     if (opt_.spec.type == spec::SpecType::kDraft) {
       spec::check_same_vocab(model_, *opt_.spec.draft, opt_.spec.draft->config().name);
-      drafter_ = spec::make_model_drafter(*opt_.spec.draft, opt_.n_slots, opt_.n_ctx);
+      drafter_ = spec::make_model_drafter(*opt_.spec.draft, opt_.n_slots, opt_.n_ctx, opt_.spec.n_max);
     } else {
       drafter_ = spec::make_ngram_drafter();
     }
@@ -64,6 +65,9 @@ Scheduler::~Scheduler() {
     std::fprintf(stderr, "scheduler profile: %llu steps, %.1f rows/step, draft %.3f ms/step, forward %.3f ms/step\n",
                  static_cast<unsigned long long>(prof_steps_), static_cast<double>(prof_rows_) / static_cast<double>(prof_steps_),
                  1000 * prof_[0] / static_cast<double>(prof_steps_), 1000 * prof_[1] / static_cast<double>(prof_steps_));
+  if (profile_ && drafter_)
+    std::fprintf(stderr, "scheduler cost model: forward(1) %.3f ms, forward(4) %.3f ms, forward(9) %.3f ms, forward(23) %.3f ms, draft step %.3f ms\n",
+                 1000 * cost_.forward(1), 1000 * cost_.forward(4), 1000 * cost_.forward(9), 1000 * cost_.forward(23), 1000 * cost_.draft_step());
 }
 
 MetricsSnapshot Scheduler::metrics() const {
@@ -212,8 +216,10 @@ void Scheduler::loop() {
 void Scheduler::draft() {
   verify_.clear();
   if (!drafter_) return;
+  const auto t0 = Clock::now();
   draft_in_.clear();
-  std::vector<Sequence*> who;
+  who_.clear();
+  std::vector<Sequence*>& who = who_;
   for (auto& sp : active_) {
     Sequence& s = *sp;
     if (s.phase() != Sequence::Phase::kDecode || !s.spec().speculative) continue;
@@ -225,16 +231,34 @@ void Scheduler::draft() {
     const int window = model_.config().sliding_window;
     if (opt_.spec.tree && window > 0) depth = std::min(depth, window - 1);
     if (depth < std::max(1, opt_.spec.n_min)) continue;
+    if (opt_.spec.adaptive && cost_.measured() && cost_.draft_step() > 0) {
+      // Draft only as deep as this sequence's acceptance pays for; when not even one token does,
+      // decode plainly, with a short probe now and then so the statistics follow the text.
+      int& idle = s.steps_without_draft();
+      const int d = spec::choose_depth(s.accept_stats().alpha(), depth, cost_);
+      if (d == 0 && idle < kProbeEvery) {
+        ++idle;
+        continue;
+      }
+      if (!opt_.spec.tree) depth = std::min(depth, std::max(d, 2));
+      idle = 0;
+    }
     spec::DraftInput in;
     in.slot = s.slot();
     in.history = s.history();
     in.n_max = depth;
     in.k = opt_.spec.tree && tree_forward_ ? std::min(opt_.spec.budget, model_.config().n_vocab) : 1;
+    in.p_min = opt_.spec.p_min;
+    // Sampled chains draw their drafts from the drafter's q (exact min(1, p/q) acceptance); trees
+    // are drafted greedily and verified by sample-and-match.
+    in.sampler = !opt_.spec.tree && s.sampled() ? s.draft_sampler() : nullptr;
     draft_in_.push_back(in);
     who.push_back(&s);
   }
   if (draft_in_.empty()) return;
   draft_out_.resize(draft_in_.size());
+  const uint64_t forwards0 = drafter_->forwards();
+  const double seconds0 = drafter_->forward_seconds();
   try {
     drafter_->propose(draft_in_, draft_out_);
   } catch (const std::exception& e) {
@@ -244,10 +268,14 @@ void Scheduler::draft() {
     drafter_.reset();
     return;
   }
+  // The drafter's cost per depth step (its forwards for all sequences), for the adaptive choices.
+  const double t_draft = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (const uint64_t steps = drafter_->forwards() - forwards0; steps > 0)
+    cost_.observe_draft_step((drafter_->forward_seconds() - seconds0) / static_cast<double>(steps));
   for (size_t i = 0; i < who.size(); ++i) {
     spec::Draft& d = draft_out_[i];
     const int32_t root = who[i]->last_token();
-    Verify v{who[i], {}, 0};
+    Verify v{who[i], {}, 0, {}, 0.0};
     if (d.has_tree && (d.tree.is_chain() || tree_forward_)) {
       v.tree = std::move(d.tree);
     } else if (opt_.spec.tree && tree_forward_ && !d.topk.empty()) {
@@ -263,7 +291,28 @@ void Scheduler::draft() {
     int deepest = 0;
     for (int32_t dd : v.tree.depth) deepest = std::max(deepest, dd);
     PG_CHECK(deepest <= draft_in_[i].n_max, "drafter proposed deeper than asked");
+    const bool sampled = !d.q.empty() && v.tree.is_chain() && d.q.size() >= static_cast<size_t>(v.tree.n_draft());
+    if (opt_.spec.adaptive) {
+      // Verify the prefix of the draft (prefix-closed node order) with the best expected tokens per second.
+      std::vector<double> p;
+      if (sampled) {
+        p.assign(static_cast<size_t>(v.tree.size()), 1.0);
+        for (int n = 1; n < v.tree.size(); ++n)
+          p[static_cast<size_t>(n)] = p[static_cast<size_t>(n - 1)] * d.q[static_cast<size_t>(n - 1)][static_cast<size_t>(v.tree.token[static_cast<size_t>(n)])];
+      } else if (!d.topk.empty()) {
+        p = spec::path_probs(v.tree, d.topk);
+      }
+      if (!p.empty()) {
+        const int n = spec::choose_prefix(p, who[i]->accept_stats().gamma(), t_draft, cost_);
+        spec::truncate_tree(v.tree, n);
+        for (int j = 1; j <= n; ++j) v.predicted += std::min(1.0, p[static_cast<size_t>(j)]);
+      }
+    }
     if (v.tree.n_draft() < std::max(1, opt_.spec.n_min)) continue;
+    if (sampled) {
+      v.q = std::move(d.q);
+      v.q.resize(static_cast<size_t>(v.tree.n_draft()));
+    }
     verify_.push_back(std::move(v));
   }
 }
@@ -303,6 +352,28 @@ void Scheduler::forward_step(std::vector<float>& logits, const ForwardOptions& f
   model_.forward(sub_, *cache_, sub_logits_, f2);
   logits.resize(logits.size() + sub_logits_.size());
   std::copy(sub_logits_.begin(), sub_logits_.end(), logits.end() - static_cast<std::ptrdiff_t>(sub_logits_.size()));
+}
+
+spec::WalkResult Scheduler::sample_chain(Verify& v, const std::function<const float*(int node)>& logits) {
+  Sequence& s = *v.seq;
+  const int n = v.tree.n_draft();
+  std::vector<int32_t> drafts(v.tree.token.begin() + 1, v.tree.token.end());
+  // p(i) is asked for in order, and only once draft i (1-based) was accepted: record it in the
+  // sampler's history first, so penalties see the accepted prefix exactly as in plain decoding.
+  auto p = [&](int node) -> const std::vector<float>& {
+    if (node >= 1) s.record(drafts[static_cast<size_t>(node - 1)]);
+    s.target_distribution(logits(node), p_buf_);
+    return p_buf_;
+  };
+  auto q = [&](int node) -> const std::vector<float>& { return v.q[static_cast<size_t>(node)]; };
+  auto uniform = [&]() { return opt_.spec.test_biased_accept ? 0.0 : s.uniform(); };
+  auto draw = [&](const std::vector<float>& w) { return s.draw(w); };
+  const spec::ChainSampleResult r = spec::speculative_sample_chain(drafts, p, q, uniform, draw);
+  s.record(r.next);
+  spec::WalkResult w;
+  for (int i = 0; i <= r.n_accepted && i <= n; ++i) w.path.push_back(i);
+  w.bonus = r.next;
+  return w;
 }
 
 void Scheduler::step() {
@@ -373,6 +444,9 @@ void Scheduler::step() {
   try {
     const auto tf = Clock::now();
     forward_step(logits_, fopt, n_first);
+    // Decode/verify-only steps measure the target's cost of k rows (prompt chunks would blur it).
+    if (opt_.spec.adaptive && drafter_ && n_prompt_rows == 0)
+      cost_.observe_forward(batch_.size(), std::chrono::duration<double>(Clock::now() - tf).count());
     if (profile_) {
       prof_[0] += std::chrono::duration<double>(t_drafted - t0).count();
       prof_[1] += std::chrono::duration<double>(Clock::now() - tf).count();
@@ -407,9 +481,15 @@ void Scheduler::step() {
       const int max_emit = std::min(s.spec().max_tokens - s.n_generated(), opt_.n_ctx - n_past0);
       const bool g = greedy_only_[static_cast<size_t>(v.out0)] != 0;
       auto at = [&](int node) { return static_cast<size_t>(v.out0 + node); };
-      const spec::WalkResult w = spec::walk(
-          v.tree, [&](int node) { return s.choose(g ? nullptr : row_logits(at(node)), g ? greedy_[at(node)] : -1); }, max_emit);
+      const spec::WalkResult w =
+          !v.q.empty() ? sample_chain(v, [&](int node) { return row_logits(at(node)); })
+                       : spec::walk(
+                             v.tree, [&](int node) { return s.choose(g ? nullptr : row_logits(at(node)), g ? greedy_[at(node)] : -1); },
+                             max_emit);
       const int accepted = static_cast<int>(w.path.size()) - 1;
+      int deepest = 0;
+      for (int32_t dd : v.tree.depth) deepest = std::max(deepest, dd);
+      s.accept_stats().observe(v.predicted, accepted, deepest);
       s.on_draft(v.tree.n_draft(), accepted);
       metrics_.on_spec(v.tree.n_draft(), accepted);
       // Emit the accepted drafts, then the bonus, each with the logits of the node it was chosen at;

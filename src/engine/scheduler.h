@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -31,7 +32,9 @@
 #include "engine/request.h"
 #include "engine/sequence.h"
 #include "model/model.h"
+#include "spec/adaptive.h"
 #include "spec/drafter.h"
+#include "spec/verify.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pg::engine {
@@ -44,6 +47,12 @@ struct SpecOptions {
   int n_min = 0;           // a draft shorter than this is not verified (plain decode row instead)
   bool tree = false;       // verify a DDTree built from the drafter's per-depth top-k instead of a chain
   int budget = 22;         // DDTree draft nodes (root excluded), 1..127
+  float p_min = 0.75f;     // stop drafting below this top-1 draft probability (--spec-draft-p-min; 0 = off)
+  // Per step and sequence, verify only the prefix of the draft (chain length, tree nodes) that pays:
+  // expected tokens per second from the sequence's acceptance and the measured costs (spec/adaptive.h).
+  bool adaptive = true;
+  // Tests only: accept every sampled draft (a wrong rule the distribution tests must catch).
+  bool test_biased_accept = false;
   // Throws pg::Error for absurd values.
   void validate() const;
   bool on() const { return type != spec::SpecType::kNone; }
@@ -93,6 +102,12 @@ class Scheduler {
   // The prefix cache (null when off); its stats() may be read from any thread.
   const PrefixCache* prefix_cache() const { return prefix_.get(); }
   void shutdown();
+  // The drafter's counters (tests; read when the engine is idle): catch-up tokens fed to a draft
+  // model and how often a slot started over.
+  struct DrafterStats {
+    uint64_t rows_fed = 0, replays = 0;
+  };
+  DrafterStats drafter_stats() const { return drafter_ ? DrafterStats{drafter_->rows_fed(), drafter_->replays()} : DrafterStats{}; }
 
  private:
   void loop();
@@ -140,10 +155,18 @@ class Scheduler {
     Sequence* seq;
     spec::DraftTree tree;
     int out0 = 0;  // logits row of the tree's root; node i is row out0 + i
+    std::vector<std::vector<float>> q;  // sampled chain drafts: (n_draft, n_vocab) the drafter's q per draft
+    double predicted = 0;               // adaptive: accepted tokens the drafter's probabilities predicted
   };
+  // Sampled chain drafts: min(1, p/q) acceptance and the residual; emits like the greedy walk.
+  spec::WalkResult sample_chain(Verify& v, const std::function<const float*(int node)>& logits);
+  spec::CostModel cost_;  // measured target-forward and draft-step costs (adaptive speculation)
+  std::vector<float> p_buf_;  // (n_vocab) the target's distribution at a node
   std::vector<Verify> verify_;
   std::vector<spec::DraftInput> draft_in_;
   std::vector<spec::Draft> draft_out_;
+  std::vector<Sequence*> who_;  // (speculating sequences) the sequence of each draft_in_ entry
+  static constexpr int kProbeEvery = 16;  // adaptive: plain steps before a sequence drafts again anyway
   Batch sub_;  // a part of batch_ run as its own forward (hybrid targets: capture only the verify rows)
   std::vector<float> sub_logits_;
   bool profile_ = false;

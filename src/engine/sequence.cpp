@@ -1,5 +1,6 @@
 #include "engine/sequence.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/metrics.h"
@@ -36,6 +37,23 @@ const char* finish_reason_name(FinishReason r) {
   return "none";
 }
 
+SamplingParams DraftSampler::strip(SamplingParams p) {
+  p.repeat_penalty = 1.0f;
+  p.presence_penalty = p.frequency_penalty = 0.0f;
+  p.logit_bias.clear();
+  p.seed ^= 0x9E3779B97F4A7C15ull;  // its own stream: the target's draws stay those of the request's seed
+  return p;
+}
+
+DraftSampler::DraftSampler(const SamplingParams& p, int n_vocab) : s_(strip(p), n_vocab) {}
+
+int32_t DraftSampler::sample(const float* logits, std::vector<float>& q) {
+  s_.distribution(logits, q);
+  return s_.draw(q);
+}
+
+void DraftSampler::reset() { s_.reset(); }
+
 Sequence::Sequence(RequestSpec spec, std::shared_ptr<RequestHandle> handle, const tok::Tokenizer& tok, int n_vocab,
                    Clock::time_point submitted)
     : spec_(std::move(spec)),
@@ -47,6 +65,7 @@ Sequence::Sequence(RequestSpec spec, std::shared_ptr<RequestHandle> handle, cons
       stop_(spec_.stop),
       submitted_(submitted) {
   mark_continuation(detok_);
+  if (!spec_.sampling.greedy()) draft_sampler_ = std::make_unique<DraftSampler>(spec_.sampling, n_vocab);
 }
 
 void Sequence::admit(int slot, Clock::time_point now, Metrics& m) {
@@ -55,6 +74,9 @@ void Sequence::admit(int slot, Clock::time_point now, Metrics& m) {
   admitted_ = now;
   n_prefilled_ = n_past_ = 0;
   sampler_.reset();
+  if (draft_sampler_) draft_sampler_->reset();
+  accept_ = {};
+  no_draft_steps_ = 0;
   for (int32_t t : spec_.prompt) sampler_.accept(t);
   history_ = spec_.prompt;
   if (spec_.constraint) constraint_ = std::make_unique<Constraint>(spec_.constraint, tok_);
@@ -178,12 +200,27 @@ void Event::merge(Event&& later) {
 bool RequestHandle::next(Event& out, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lk(mu_);
   if (delivered_done_) return false;
-  if (!has_pending_) cv_.wait_for(lk, timeout, [&] { return has_pending_; });
+  const auto until = Clock::now() + timeout;
+  while (!has_pending_) {
+    const auto now = Clock::now();
+    if (now >= until) break;
+    if (reader_polls_) {
+      // The engine does not wake a polling reader (push): look again after kPoll; when nothing came
+      // (a long prefill, a queue), sleep until the engine wakes us.
+      cv_.wait_until(lk, std::min(until, now + kPoll));
+      if (!has_pending_) reader_polls_ = false;
+    } else {
+      cv_.wait_until(lk, until);
+    }
+  }
   if (!has_pending_) return false;
   out = std::move(pending_);
   pending_ = Event{};
   has_pending_ = false;
-  if (out.done) delivered_done_ = true;
+  if (out.done)
+    delivered_done_ = true;
+  else
+    reader_polls_ = true;
   return true;
 }
 
@@ -193,17 +230,19 @@ bool RequestHandle::finished() const {
 }
 
 void RequestHandle::push(Event&& e) {
+  bool wake;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (produced_done_) return;
     if (e.done) produced_done_ = true;
+    wake = e.done || !reader_polls_;
     if (has_pending_)
       pending_.merge(std::move(e));
     else
       pending_ = std::move(e);
     has_pending_ = true;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 }  // namespace pg::engine

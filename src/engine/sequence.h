@@ -9,11 +9,28 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
+#include "spec/adaptive.h"
+#include "spec/drafter.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pg::engine {
 
 class Metrics;
+
+// The drafter's sampling distribution for a sampled request: the request's truncation (top-k, typical,
+// top-p, min-p) and temperature without penalties or logit bias, with an RNG of its own seeded from the
+// request's seed, so a seed still decides the whole output. Any q keeps speculative sampling exact; a
+// q close to the target's raises acceptance.
+class DraftSampler final : public spec::DraftSampler {
+ public:
+  DraftSampler(const SamplingParams& p, int n_vocab);
+  int32_t sample(const float* logits, std::vector<float>& q) override;
+  void reset();
+
+ private:
+  static SamplingParams strip(SamplingParams p);
+  Sampler s_;
+};
 
 class Sequence {
  public:
@@ -73,6 +90,19 @@ class Sequence {
     draft_accepted_ += accepted;
   }
   bool wants_logprobs() const { return spec_.logprobs >= 0; }
+  // Sampled speculation (chains with a draft model): the target's sampling distribution at a node
+  // (penalties over the history recorded so far), draws from the sequence's RNG, and recording a
+  // token accepted by the min(1, p/q) rule — which then is emitted with emit().
+  void target_distribution(const float* logits, std::vector<float>& p) { sampler_.distribution(logits, p); }
+  double uniform() { return sampler_.uniform(); }
+  int32_t draw(const std::vector<float>& w) { return sampler_.draw(w); }
+  void record(int32_t t) { sampler_.accept(t); }
+  bool sampled() const { return !spec_.sampling.greedy(); }
+  // The drafter's distribution for this request (null when greedy).
+  DraftSampler* draft_sampler() { return draft_sampler_.get(); }
+  // Adaptive speculation: this sequence's acceptance so far, and plain steps since it last drafted.
+  spec::AcceptStats& accept_stats() { return accept_; }
+  int& steps_without_draft() { return no_draft_steps_; }
   // Ends the sequence (any phase) and publishes the final event.
   void finish(FinishReason r, Clock::time_point now, Metrics& m, std::string error = {});
 
@@ -92,6 +122,9 @@ class Sequence {
   std::vector<int32_t> history_;
   int draft_rounds_ = 0, draft_n_ = 0, draft_accepted_ = 0;
   int n_cached_ = 0, n_cached_disk_ = 0;
+  std::unique_ptr<DraftSampler> draft_sampler_;
+  spec::AcceptStats accept_;
+  int no_draft_steps_ = 0;
   Clock::time_point submitted_, admitted_, first_token_, last_token_time_;
 };
 

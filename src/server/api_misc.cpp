@@ -93,6 +93,8 @@ HttpOut handle_props(Context& ctx, const HttpIn&) {
   spec["n_min"] = so.spec.n_min;
   spec["tree"] = so.spec.tree ? "ddtree" : "chain";
   spec["ddtree_budget"] = so.spec.budget;
+  spec["p_min"] = so.spec.p_min;
+  spec["adaptive"] = so.spec.adaptive;
   json r = json::object();
   r["model"] = ctx.opt.model_name;
   // The absolute path tells any page or client that can read /props about the host's file

@@ -27,16 +27,35 @@ enum class SpecType : uint8_t { kNone, kDraft, kNgram };
 SpecType parse_spec_type(const std::string& s);
 const char* spec_type_name(SpecType t);
 
+class DraftSampler;
+
 struct DraftInput {
   int slot = 0;                                // the target's sequence slot (drafters keep state per slot)
   std::span<const int32_t> history;            // prompt + generated tokens; the last one is the root
   int n_max = 16;                              // draft depth wanted
   int k = 1;                                   // candidates per depth wanted (1 = chain only)
+  // Stop drafting once the drafter's most likely token at a depth has a probability below p_min
+  // (llama-server's --spec-draft-p-min): a chain drops that token, a tree keeps that depth's
+  // candidates as siblings and goes no deeper. 0 = draft n_max.
+  float p_min = 0;
+  // Sampled drafting (temperature > 0, chains): each draft is drawn from q = sampler->sample(the
+  // drafter's logits), and q is returned so the target can accept with min(1, p/q). Null: the drafter's
+  // greedy continuation.
+  DraftSampler* sampler = nullptr;
+};
+
+// Turns a drafter's logits at one depth into the distribution q (n_vocab, sums to 1) and one draw from
+// it. The engine implements it per sequence (the request's truncation and temperature, its own RNG).
+class DraftSampler {
+ public:
+  virtual ~DraftSampler() = default;
+  virtual int32_t sample(const float* logits, std::vector<float>& q) = 0;
 };
 
 struct Draft {
-  std::vector<int32_t> chain;  // (depth) the drafter's greedy continuation
-  std::vector<TopK> topk;      // (depth) per-position candidates, or empty
+  std::vector<int32_t> chain;  // (depth) the drafter's continuation (greedy, or drawn from q)
+  std::vector<TopK> topk;      // (depth) per-position candidates (k ≥ 1: at least the top-1 and its log-prob), or empty
+  std::vector<std::vector<float>> q;  // sampled drafts: (depth, n_vocab) the distribution chain[d] was drawn from
   bool has_tree = false;       // `tree` is the proposal as is
   DraftTree tree;
 };
@@ -49,16 +68,26 @@ class Drafter {
   virtual void propose(std::span<const DraftInput> in, std::span<Draft> out) = 0;
   // The slot's sequence ended (or a new one takes the slot): drop its state.
   virtual void release(int /*slot*/) {}
+  // Tokens fed to a draft model to catch up with histories (tests: a rollback must not replay history),
+  // and how many times a slot had to start over.
+  virtual uint64_t rows_fed() const { return 0; }
+  virtual uint64_t replays() const { return 0; }
+  // Drafting forwards (one token per sequence, after the catch-up) run so far and their seconds:
+  // the per-depth cost the adaptive choices weigh.
+  virtual uint64_t forwards() const { return 0; }
+  virtual double forward_seconds() const { return 0; }
 };
 
 // Prompt lookup: the longest suffix of the history (n_max_ngram … n_min_ngram tokens) that occurred
 // before, and the tokens that followed its most recent earlier occurrence.
 std::unique_ptr<Drafter> make_ngram_drafter(int n_min_ngram = 1, int n_max_ngram = 4);
 
-// A draft model with its own KV cache (n_slots × n_ctx) on its own backend: greedy autoregressive
-// steps, one forward per depth for every sequence, keeping its cache at the longest common prefix of
-// what it saw and the history it is given (rejected drafts are rolled back, not recomputed).
-std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx);
+// A draft model with its own KV cache (n_slots × n_ctx) on its own backend: autoregressive steps, one
+// forward per depth for every sequence, keeping its cache at the longest common prefix of what it saw
+// and the history it is given (rejected drafts are rolled back, not recomputed). A hybrid (Gated
+// DeltaNet) draft keeps the recurrent state after each drafted token of the last step (capture slots,
+// `max_depth` + 1 per sequence slot), so it rolls back to the accepted prefix without replaying history.
+std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx, int max_depth = kMaxTreeNodes - 1);
 
 // Throws pg::Error unless the draft's vocabulary is the target's (same size and same token texts).
 void check_same_vocab(const Model& target, const Model& draft, const std::string& draft_path);

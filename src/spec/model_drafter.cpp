@@ -1,8 +1,11 @@
-// Draft-model drafting: greedy autoregressive steps of a small model that shares the target's
-// vocabulary, one forward per depth for all sequences asking in this step.
+// Draft-model drafting: autoregressive steps of a small model that shares the target's vocabulary,
+// one forward per depth for all sequences asking in this step.
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 
 #include "core/error.h"
+#include "kv/recurrent_state.h"
 #include "model/model.h"
 #include "spec/drafter.h"
 
@@ -26,11 +29,18 @@ namespace {
 
 class ModelDrafter final : public Drafter {
  public:
-  ModelDrafter(Model& m, int n_slots, int n_ctx) : m_(m), n_vocab_(m.config().n_vocab), seen_(static_cast<size_t>(n_slots)) {
+  ModelDrafter(Model& m, int n_slots, int n_ctx, int max_depth)
+      : m_(m), n_vocab_(m.config().n_vocab), n_slots_(n_slots), seen_(static_cast<size_t>(n_slots)) {
     KvCacheOptions ko;
     ko.n_seq = n_slots;
     // Drafts run up to a tree's depth past the target's context.
     ko.n_ctx = n_ctx + kMaxTreeNodes;
+    if (m_.config().has_recurrent()) {
+      // Capture slots: one per drafting row of a forward (one per slot), then the kept states, slot s
+      // depth d at n_slots + s·stash + d (d = 0: after the root).
+      stash_ = std::clamp(max_depth, 1, kMaxTreeNodes - 1) + 1;
+      ko.n_capture = n_slots + n_slots * stash_;
+    }
     cache_ = m_.make_cache(ko);
   }
   const char* name() const override { return "draft"; }
@@ -41,15 +51,20 @@ class ModelDrafter final : public Drafter {
 
   void propose(std::span<const DraftInput> in, std::span<Draft> out) override {
     const size_t nq = in.size();
-    std::vector<int> want(nq);
+    want_.assign(nq, 0);
+    RecurrentState* rs = stash_ > 0 ? cache_->recurrent() : nullptr;
     // 1. Catch each slot's cache up with its history: keep the longest common prefix of what the cache
     //    holds and the history (the accepted drafts), drop the rest, feed the remainder up to the root.
+    //    A hybrid draft rolls its recurrent state back to a state kept from the last step's drafting.
     batch_.clear();
     for (size_t i = 0; i < nq; ++i) {
       const DraftInput& q = in[i];
-      out[i] = Draft{};
+      out[i].chain.clear();
+      out[i].topk.clear();
+      out[i].q.clear();
+      out[i].has_tree = false;
       const int h = static_cast<int>(q.history.size());
-      want[i] = std::max(0, std::min(q.n_max, cache_->n_ctx() - h));
+      want_[i] = std::max(0, std::min(q.n_max, cache_->n_ctx() - h));
       PG_CHECK(h >= 1, "draft request without history");
       auto& seen = seen_[static_cast<size_t>(q.slot)];
       int c = 0;
@@ -58,74 +73,122 @@ class ModelDrafter final : public Drafter {
       try {
         cache_->truncate(q.slot, c);
       } catch (const Error&) {
-        // A hybrid draft cannot cut its recurrent state back without a snapshot: start over.
+        // No state kept at that position (a hybrid draft's first step after a jump): start over.
         cache_->clear(q.slot);
         c = 0;
+        ++replays_;
       }
       seen.assign(q.history.begin(), q.history.end());
       for (int p = c; p < h; ++p) batch_.add(q.history[static_cast<size_t>(p)], p, q.slot, p + 1 == h);
+      rows_fed_ += static_cast<uint64_t>(h - c);
     }
-    std::vector<int> active;  // queries still drafting
-    for (size_t i = 0; i < nq; ++i) active.push_back(static_cast<int>(i));
-    // Candidates per depth come from the backend (top-k ids + log-probs, or the argmax for chains):
-    // a few bytes per row back instead of the vocabulary's logits.
+    active_.clear();  // queries still drafting
+    for (size_t i = 0; i < nq; ++i) active_.push_back(static_cast<int>(i));
+    // Candidates per depth come from the backend (top-k ids + log-probs): a few bytes per row back
+    // instead of the vocabulary's logits, except for sampled drafts, which need the distribution.
     int k = 1;
-    for (const auto& q : in) k = std::max(k, q.k);
+    bool need_lp = false;  // some query needs log-probs (trees, p-min); else the argmax suffices
+    for (const auto& q : in) {
+      k = std::max(k, q.k);
+      need_lp |= q.k > 1 || q.p_min > 0;
+    }
     k = std::min({k, kMaxBackendTopK, n_vocab_});
-    for (int depth = 0; !active.empty(); ++depth) {
-      const size_t n_out = active.size();
+    for (int depth = 0; !active_.empty(); ++depth) {
+      const size_t n_out = active_.size();
       if (batch_.size() > 0) {
         ForwardOptions f;
-        skip_.assign(n_out, 1);
-        if (k > 1) {
-          ids_.resize(n_out * static_cast<size_t>(k));
-          lps_.resize(n_out * static_cast<size_t>(k));
+        skip_.resize(n_out);
+        for (size_t r = 0; r < n_out; ++r) skip_[r] = in[static_cast<size_t>(active_[r])].sampler ? 0 : 1;
+        ids_.resize(n_out * static_cast<size_t>(k));
+        lps_.assign(n_out * static_cast<size_t>(k), 0.0f);
+        if (need_lp) {
           f.top_k = k;
           f.topk_ids = ids_.data();
           f.topk_logprobs = lps_.data();
           f.logits_skip = skip_.data();
         } else {
-          ids_.resize(n_out);
+          // Greedy chains without p-min: the argmax alone (the top-k's log-softmax over the vocabulary
+          // costs a fifth of this small model's step).
           f.argmax = ids_.data();
           f.argmax_only = skip_.data();
         }
+        // Hybrid drafts: the drafting rows (one per query) capture their state, kept per depth below.
+        f.capture = rs != nullptr && depth > 0;
+        const auto t0 = std::chrono::steady_clock::now();
         m_.forward(batch_, *cache_, logits_, f);
+        if (depth > 0) {
+          ++forwards_;
+          seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        if (f.capture) {
+          for (size_t r = 0; r < n_out; ++r) {
+            const int slot = in[static_cast<size_t>(active_[r])].slot;
+            if (depth == 1) keep(*rs, rs->backup_slot(slot) - rs->capture_slot(0), slot, 0);  // the root's state
+            if (depth < stash_) keep(*rs, static_cast<int>(r), slot, depth);
+          }
+        }
       }
-      std::vector<int> next;
+      next_.clear();
       batch_.clear();
       for (size_t r = 0; r < n_out; ++r) {
-        const int i = active[r];
+        const int i = active_[r];
         const DraftInput& q = in[static_cast<size_t>(i)];
         Draft& d = out[static_cast<size_t>(i)];
-        if (depth >= want[static_cast<size_t>(i)]) continue;
-        const int32_t tok = ids_[r * static_cast<size_t>(k)];
-        d.chain.push_back(tok);
-        if (q.k > 1) {
-          TopK t;
-          const int kq = std::min(q.k, k);
-          t.ids.assign(ids_.begin() + static_cast<std::ptrdiff_t>(r * k), ids_.begin() + static_cast<std::ptrdiff_t>(r * k + kq));
-          t.logprobs.assign(lps_.begin() + static_cast<std::ptrdiff_t>(r * k), lps_.begin() + static_cast<std::ptrdiff_t>(r * k + kq));
-          d.topk.push_back(std::move(t));
+        if (depth >= want_[static_cast<size_t>(i)]) continue;
+        const float* lp = lps_.data() + r * static_cast<size_t>(k);
+        const int32_t* id = ids_.data() + r * static_cast<size_t>(k);
+        const bool confident = std::exp(lp[0]) >= q.p_min;
+        int32_t tok = id[0];
+        if (q.sampler) {
+          if (!confident) continue;
+          d.q.emplace_back();
+          tok = q.sampler->sample(logits_.data() + r * static_cast<size_t>(n_vocab_), d.q.back());
+        } else if (q.k <= 1 && !confident) {
+          continue;  // a chain drops the doubtful token
         }
-        if (depth + 1 < want[static_cast<size_t>(i)]) {
+        d.chain.push_back(tok);
+        const int kq = std::max(1, std::min(q.k, k));
+        TopK t;
+        t.ids.assign(id, id + kq);
+        t.logprobs.assign(lp, lp + kq);
+        d.topk.push_back(std::move(t));
+        if (confident && depth + 1 < want_[static_cast<size_t>(i)]) {
           auto& seen = seen_[static_cast<size_t>(q.slot)];
           batch_.add(tok, static_cast<int32_t>(seen.size()), q.slot, true);
           seen.push_back(tok);
-          next.push_back(i);
+          next_.push_back(i);
         }
       }
-      active = std::move(next);
+      std::swap(active_, next_);
     }
   }
 
+  uint64_t rows_fed() const override { return rows_fed_; }
+  uint64_t replays() const override { return replays_; }
+  uint64_t forwards() const override { return forwards_; }
+  double forward_seconds() const override { return seconds_; }
+
  private:
+  // Keeps capture `i`'s state (the state of `slot` after its newest row) as that slot's state at `depth`.
+  void keep(RecurrentState& rs, int i, int slot, int depth) {
+    const int dst = n_slots_ + slot * stash_ + depth;
+    // i < 0 names a backup slot (tags and slots of backups sit just before the captures).
+    const RecurrentState::CaptureTag tag = rs.tag(i);
+    if (tag.seq != slot || tag.pos < 0 || !tag.chain) return;
+    rs.copy_slot(rs.capture_slot(0) + i, rs.capture_slot(dst));
+    rs.set_tag(dst, tag);
+  }
   Model& m_;
-  int n_vocab_;
+  int n_vocab_, n_slots_;
+  int stash_ = 0;  // hybrid drafts: kept states per slot (max depth + 1), else 0
+  uint64_t rows_fed_ = 0, replays_ = 0, forwards_ = 0;
+  double seconds_ = 0;
+  std::vector<int> want_, active_, next_;  // (queries) depth wanted; queries still drafting
   std::unique_ptr<KvCache> cache_;
   std::vector<std::vector<int32_t>> seen_;  // (n_slots) tokens whose K/V the cache holds, per slot
   static constexpr int kMaxBackendTopK = 64;  // Backend::topk_rows' limit
   Batch batch_;
-  std::vector<float> logits_;   // (queries, n_vocab), left unfilled: every row is skipped
+  std::vector<float> logits_;   // (queries, n_vocab), filled only for sampled drafts' rows
   std::vector<int32_t> ids_;    // (queries, k) top-k ids (k = 1: the argmax)
   std::vector<float> lps_;      // (queries, k) their log-probs
   std::vector<uint8_t> skip_;   // (queries) 1: no logits copy
@@ -133,8 +196,8 @@ class ModelDrafter final : public Drafter {
 
 }  // namespace
 
-std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx) {
-  return std::make_unique<ModelDrafter>(draft, n_slots, n_ctx);
+std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx, int max_depth) {
+  return std::make_unique<ModelDrafter>(draft, n_slots, n_ctx, max_depth);
 }
 
 }  // namespace pg::spec

@@ -9,7 +9,9 @@
 //   - the bundled target/draft pair on 50 chat prompts.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -74,10 +76,13 @@ Outcome run(const std::string& target_path, const std::string& draft_path, SpecO
   so.n_batch = 64;  // prompt chunks of several sequences share steps with verify rows
   so.spec = spec;
   Scheduler sched(*target, *tok, so);
-  std::vector<std::shared_ptr<RequestHandle>> hs;
-  for (const auto& r : reqs) hs.push_back(sched.submit(r));
   Outcome out;
-  for (auto& h : hs) out.outs.push_back(drain(*h));
+  // In waves, so that thousands of requests stay within the queue limit.
+  for (size_t b = 0; b < reqs.size(); b += 512) {
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (size_t i = b; i < std::min(reqs.size(), b + 512); ++i) hs.push_back(sched.submit(reqs[i]));
+    for (auto& h : hs) out.outs.push_back(drain(*h));
+  }
   out.m = sched.metrics();
   return out;
 }
@@ -101,12 +106,23 @@ std::vector<RequestSpec> random_requests(int n, int n_vocab, int max_tokens, uin
 
 std::string golden(const std::string& name) { return test::shared_path("golden/models/" + name + ".gguf").string(); }
 
+// Fixed shapes (whole drafts verified, no p-min): the budgets and depths the test names are the ones
+// that run. adaptive_of() turns the per-step choices on.
 SpecOptions spec_of(spec::SpecType t, int n_max, int ddtree_budget = 0) {
   SpecOptions s;
   s.type = t;
   s.n_max = n_max;
+  s.p_min = 0;
+  s.adaptive = false;
   s.tree = ddtree_budget > 0;
   if (s.tree) s.budget = ddtree_budget;
+  return s;
+}
+
+SpecOptions adaptive_of(spec::SpecType t, int n_max, int ddtree_budget = 0, float p_min = 0) {
+  SpecOptions s = spec_of(t, n_max, ddtree_budget);
+  s.adaptive = true;
+  s.p_min = p_min;
   return s;
 }
 
@@ -135,6 +151,8 @@ TEST_P(GreedyLossless, SpeculativeEqualsPlain) {
       {"self-draft ddtree budget 1", target, spec_of(spec::SpecType::kDraft, 4, 1), true},
       {"self-draft ddtree budget 22", target, spec_of(spec::SpecType::kDraft, 8, 22), false},
       {"self-draft ddtree budget 64", target, spec_of(spec::SpecType::kDraft, 16, 64), false},
+      {"self-draft adaptive chain n_max 8", target, adaptive_of(spec::SpecType::kDraft, 8), true},
+      {"self-draft adaptive ddtree budget 22", target, adaptive_of(spec::SpecType::kDraft, 8, 22), false},
   };
   for (const char* sib : {"Q4_0", "Q2_K"}) {
     const std::string p = std::string(PEREGRINE_SHARED_DIR) + "/golden/models/tiny-" + arch + "-" + sib + ".gguf";
@@ -176,10 +194,177 @@ TEST(SampledLossless, FixedSeedReproducesThePlainSampleStream) {
     s.repeat_penalty = 1.1f;
     s.seed = 100 + i;
   }
+  // Trees verify sampled requests by sample-and-match: one draw of the target's sampler per emitted
+  // token, so a seed gives the plain stream exactly.
   const Outcome plain = run(target, "", {}, reqs);
-  const Outcome sp = run(target, target, spec_of(spec::SpecType::kDraft, 6), reqs);
+  const Outcome sp = run(target, target, spec_of(spec::SpecType::kDraft, 6, 12), reqs);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(sp.outs[i].ids, plain.outs[i].ids) << "request " << i;
   EXPECT_GT(sp.m.spec_accepted, 0u);
+  // Chains draw their drafts from the drafter's q and accept with min(1, p/q): another use of the
+  // RNG, so not the plain stream, but a seed still decides the output.
+  const Outcome c1 = run(target, target, spec_of(spec::SpecType::kDraft, 6), reqs);
+  const Outcome c2 = run(target, target, spec_of(spec::SpecType::kDraft, 6), reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(c1.outs[i].ids, c2.outs[i].ids) << "request " << i;
+  // A model drafting for itself: q differs from p only by the penalties q leaves out, so most drafts
+  // are accepted.
+  EXPECT_GT(c1.m.spec_drafted, 0u);
+  EXPECT_GT(c1.m.spec_accepted * 2, c1.m.spec_drafted);
+}
+
+// The emitted distribution of the loop's sampled chain path (engine::Scheduler with a sampled draft,
+// min(1, p/q) acceptance, residual resampling) is the target's own sampler's: chi-square over the
+// joint law of the first two generated tokens (the second is decided by the acceptance rule at the
+// first verify step), 20 000 requests, against the exact law computed from the target's logits and
+// engine::Sampler. The draft is another model (tiny qwen2 for the qwen3 target, the same vocabulary),
+// so q differs from p and rejections are common; a rule that accepts every draft fails the test.
+TEST(SampledLossless, LoopChainSamplingHasTheTargetDistribution) {
+  const std::string target = golden("tiny-qwen3-f16"), draft = golden("tiny-qwen2-f16");
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 12;
+  sp.top_p = 0.97f;
+  sp.min_p = 0.01f;
+  sp.repeat_penalty = 1.3f;
+  sp.presence_penalty = 0.2f;
+  const std::vector<int32_t> prompt = {17, 93, 250, 17, 5};
+  // Exact law of (t1, t2): t1 from the logits after the prompt, t2 after prompt + t1, each through
+  // the request's sampler chain with the history it has there.
+  std::map<std::pair<int32_t, int32_t>, double> exact;
+  {
+    CpuBackend be(CpuOptions{});
+    auto m = Model::load(target, be);
+    const int V = m->config().n_vocab;
+    auto logits_after = [&](const std::vector<int32_t>& toks) {
+      auto cache = m->make_cache(KvCacheOptions{});
+      Batch b;
+      for (size_t i = 0; i < toks.size(); ++i) b.add(toks[i], static_cast<int32_t>(i), 0, i + 1 == toks.size());
+      std::vector<float> lg;
+      m->forward(b, *cache, lg);
+      return lg;
+    };
+    Sampler s1(sp, V);
+    for (int32_t t : prompt) s1.accept(t);
+    std::vector<float> p1, p2;
+    s1.distribution(logits_after(prompt).data(), p1);
+    for (int32_t a = 0; a < V; ++a) {
+      if (p1[static_cast<size_t>(a)] <= 0) continue;
+      std::vector<int32_t> h = prompt;
+      h.push_back(a);
+      Sampler s2(sp, V);
+      for (int32_t t : h) s2.accept(t);
+      s2.distribution(logits_after(h).data(), p2);
+      for (int32_t b = 0; b < V; ++b)
+        if (p2[static_cast<size_t>(b)] > 0) exact[{a, b}] = p1[static_cast<size_t>(a)] * p2[static_cast<size_t>(b)];
+    }
+  }
+  auto run_law = [&](bool biased, uint64_t& drafted, uint64_t& accepted) {
+    // 20 000 draws for the real rule; the biased one fails by orders of magnitude with 5 000.
+    const int N = biased ? 5000 : 20000;
+    std::vector<RequestSpec> reqs;
+    for (int i = 0; i < N; ++i) {
+      RequestSpec r;
+      r.prompt = prompt;
+      r.sampling = sp;
+      r.sampling.seed = 1000 + static_cast<uint64_t>(i) + (biased ? 7777777 : 0);
+      r.max_tokens = 3;  // t1 from prefill, then one verify step with one draft: t2 (and t3)
+      r.stop_at_eog = false;
+      reqs.push_back(r);
+    }
+    SpecOptions so = spec_of(spec::SpecType::kDraft, 4);
+    so.test_biased_accept = biased;
+    const Outcome o = run(target, draft, so, reqs, 32, 16);
+    drafted = o.m.spec_drafted;
+    accepted = o.m.spec_accepted;
+    std::map<std::pair<int32_t, int32_t>, int> got;
+    for (const auto& out : o.outs) {
+      EXPECT_GE(out.ids.size(), 2u);
+      if (out.ids.size() >= 2) ++got[{out.ids[0], out.ids[1]}];
+    }
+    // Bins with an expected count ≥ 5; the rest pooled into one.
+    double stat = 0, rest_e = 0, rest_o = 0;
+    int df = -1;
+    for (const auto& [k, pk] : exact) {
+      const double e = pk * N;
+      const auto it = got.find(k);
+      const double o_k = it == got.end() ? 0 : it->second;
+      if (e >= 5) {
+        stat += (o_k - e) * (o_k - e) / e;
+        ++df;
+      } else {
+        rest_e += e;
+        rest_o += o_k;
+      }
+    }
+    for (const auto& [k, c] : got)
+      if (!exact.count(k)) rest_o += c;  // a pair the target's sampler can never emit
+    if (rest_e > 0) {
+      stat += (rest_o - rest_e) * (rest_o - rest_e) / rest_e;
+      ++df;
+    } else if (rest_o > 0) {
+      stat = 1e9;
+    }
+    // 0.1 % critical value (Wilson–Hilferty).
+    const double z = 3.090, k = df;
+    const double crit = k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3);
+    return std::pair<double, double>{stat, crit};
+  };
+  uint64_t dn = 0, acc = 0, bdn = 0, bacc = 0;
+  const auto ok = run_law(false, dn, acc);
+  EXPECT_LT(ok.first, ok.second) << "chi-square " << ok.first << " above the 0.1 % critical value " << ok.second;
+  EXPECT_GT(dn, 0u);
+  EXPECT_LT(acc, dn) << "no rejection exercised";
+  EXPECT_GT(acc, 0u);
+  const auto bad = run_law(true, bdn, bacc);
+  EXPECT_GT(bad.first, bad.second) << "the biased rule passed: the test cannot fail";
+  std::printf("loop chain sampling: chi2 %.1f (crit %.1f), drafted %llu accepted %llu; biased rule chi2 %.1f\n", ok.first, ok.second,
+              static_cast<unsigned long long>(dn), static_cast<unsigned long long>(acc), bad.first);
+}
+
+// Hybrid (Gated DeltaNet) drafts keep the state after each drafted token, so rolling back to the
+// accepted prefix replays nothing: a hybrid draft for a non-hybrid target (qwen35 drafting for
+// qwen3, one vocabulary) and for itself gives the plain greedy output, and the draft is fed only the
+// tokens it has not seen (no history replays after the first catch-up).
+TEST(HybridDraft, RollsBackWithoutReplay) {
+  for (const std::string t : {"tiny-qwen3-f16", "tiny-qwen35-f16"}) {
+    SCOPED_TRACE(t);
+    const std::string target = golden(t), draft = golden("tiny-qwen35-f16");
+    const auto reqs = random_requests(4, 512, 40, 77);
+    const Outcome plain = run(target, "", {}, reqs);
+    for (const SpecOptions& so : {spec_of(spec::SpecType::kDraft, 5), spec_of(spec::SpecType::kDraft, 6, 16)}) {
+      CpuOptions co;
+      co.n_threads = 2;
+      CpuBackend be(co);
+      auto tm = Model::load(target, be);
+      auto dm = Model::load(draft, be);
+      auto tok = tok::Tokenizer::from_gguf(tm->file());
+      SchedulerOptions o;
+      o.n_slots = 4;
+      o.n_ctx = 320;
+      o.n_batch = 64;
+      o.spec = so;
+      o.spec.draft = dm.get();
+      uint64_t prompt_tokens = 0, generated = 0;
+      std::vector<Out> outs;
+      {
+        Scheduler sched(*tm, *tok, o);
+        std::vector<std::shared_ptr<RequestHandle>> hs;
+        for (const auto& r : reqs) hs.push_back(sched.submit(r));
+        for (auto& h : hs) outs.push_back(drain(*h));
+        const auto m = sched.metrics();
+        EXPECT_GT(m.spec_rounds, 0u);
+        if (t == "tiny-qwen3-f16") {
+          EXPECT_LT(m.spec_accepted, m.spec_drafted) << "no rollback exercised";
+        }
+        const auto& st = sched.drafter_stats();
+        EXPECT_EQ(st.replays, 0u) << "a hybrid draft replayed a history";
+        for (const auto& r : reqs) prompt_tokens += r.prompt.size();
+        for (const auto& out : outs) generated += out.ids.size();
+        // Each token reaches the draft once, except drafted tokens a step fed and the target rejected.
+        EXPECT_LE(st.rows_fed, prompt_tokens + generated + m.spec_rounds) << "the draft was fed more than the new tokens";
+      }
+      for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(outs[i].ids, plain.outs[i].ids) << "request " << i;
+    }
+  }
 }
 
 TEST(EndConditions, StopMaxTokensEogAndLogprobsAsPlain) {
@@ -276,6 +461,12 @@ TEST(BundledPair, GreedyIdenticalOnFiftyChatPrompts) {
   EXPECT_EQ(same, 50);
   // The pair was distilled to agree: most drafts are accepted.
   EXPECT_GT(sp.m.spec_mean_accept_len(), 3.0);
+  // The defaults of the CLI and the server: adaptive length / budget and p-min 0.75, chain and DDTree.
+  for (const SpecOptions& so : {adaptive_of(spec::SpecType::kDraft, 8, 0, 0.75f), adaptive_of(spec::SpecType::kDraft, 8, 22, 0.75f)}) {
+    const Outcome a = run(target, draft, so, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(a.outs[i].ids, plain.outs[i].ids) << "prompt " << i << (so.tree ? " (ddtree)" : " (chain)");
+    EXPECT_GT(a.m.spec_rounds, 0u);
+  }
   std::printf("bundled pair, chain n_max 8: drafted %llu accepted %llu rounds %llu mean_accept_len %.2f\n",
               static_cast<unsigned long long>(sp.m.spec_drafted), static_cast<unsigned long long>(sp.m.spec_accepted),
               static_cast<unsigned long long>(sp.m.spec_rounds), sp.m.spec_mean_accept_len());
