@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/kv_quant.h"
 #include "core/log.h"
+#include "model/dflash.h"
 #include "spec/drafter.h"
 
 namespace pg::cli {
@@ -126,6 +127,8 @@ void SpecFlags::add_to(Args& a) {
   a.flag("--ddtree", &ddtree, "verify a DDTree token tree built from the draft's top-k instead of a chain");
   a.opt("--ddtree-budget", &budget, "DDTree draft nodes per step (1..127)");
   a.opt("--spec-tree", &tree, "draft shape: ddtree or chain (default chain; --ddtree = ddtree)", "SHAPE");
+  a.opt("--fa-window", &fa_window, "DFlash: context positions the draft attends to (0 = the whole context)");
+  a.opt("--draft-residency", &residency, "draft weights: auto, persistent or request-scoped (the same on the CPU)", "MODE");
 }
 
 void SpecFlags::validate() const {
@@ -136,6 +139,9 @@ void SpecFlags::validate() const {
   PG_CHECK(n_max >= 0 && n_max <= spec::kMaxTreeNodes - 1,
            "--spec-draft-n-max must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "] (0 = auto), got " + std::to_string(n_max));
   PG_CHECK(n_min >= 0 && (n_max == 0 || n_min <= n_max), "--spec-draft-n-min must be in [0, --spec-draft-n-max], got " + std::to_string(n_min));
+  PG_CHECK(fa_window >= 0, "--fa-window must be ≥ 0 (0 = the whole context), got " + std::to_string(fa_window));
+  PG_CHECK(residency == "auto" || residency == "persistent" || residency == "request-scoped",
+           "unknown --draft-residency '" + residency + "' (expected auto, persistent or request-scoped)");
 }
 
 LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedModel& target, const std::string& target_path, bool bundled) {
@@ -150,6 +156,11 @@ LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedMode
   }
   spec::SpecType t = f.type.empty() ? (draft.empty() ? spec::SpecType::kNone : spec::SpecType::kDraft) : spec::parse_spec_type(f.type);
   PG_CHECK(t != spec::SpecType::kDraft || !draft.empty(), "--spec-type draft needs a draft model (-md FILE)");
+  PG_CHECK(t != spec::SpecType::kDFlash || !draft.empty(), "--spec-type dflash needs a DFlash draft model (--draft FILE)");
+  // A DFlash draft is recognised by its architecture (dflash, dflash-draft, ...), whatever --spec-type says.
+  const bool dflash_file = (t == spec::SpecType::kDraft || t == spec::SpecType::kDFlash) && is_dflash_arch(gguf::File::open(draft)->architecture());
+  PG_CHECK(t != spec::SpecType::kDFlash || dflash_file, "--spec-type dflash: '" + draft + "' is not a DFlash draft (architecture dflash, dflash-draft, qwen35-dflash-draft)");
+  if (dflash_file) t = spec::SpecType::kDFlash;
   d.opt.type = t;
   d.opt.tree = f.ddtree || f.tree == "ddtree";
   // Auto depth: every drafted token costs a verify row, and on a compute-bound device (the 2-core CPU
@@ -158,6 +169,19 @@ LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedMode
   d.opt.n_max = f.n_max > 0 ? f.n_max : (d.opt.tree ? 8 : 3);
   d.opt.n_min = std::min(f.n_min, d.opt.n_max);
   d.opt.budget = f.budget;
+  d.opt.fa_window = f.fa_window;
+  if (t == spec::SpecType::kDFlash) {
+    // The draft shares the target's embedding and head, so it lives on the target's backend; its
+    // weights stay resident (--draft-residency changes nothing on the CPU).
+    d.path = draft;
+    try {
+      d.dflash = DFlashModel::load(draft, *target.model);
+    } catch (const Error& e) {
+      throw Error("cannot load the DFlash draft '" + draft + "': " + e.what());
+    }
+    d.opt.dflash = d.dflash.get();
+    return d;
+  }
   if (t != spec::SpecType::kDraft) return d;
   d.path = draft;
   // On the target's device the draft shares its backend: two CPU thread pools on the same cores

@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "model/dflash.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -62,6 +63,8 @@ struct SpecFlags {
   bool ddtree = false;           // --ddtree
   std::string tree;              // --spec-tree ddtree|chain
   int budget = 22;               // --ddtree-budget
+  int fa_window = 0;             // --fa-window (DFlash: context positions the draft sees; 0 = all)
+  std::string residency = "auto";  // --draft-residency auto|persistent|request-scoped
 
   void add_to(Args& a);
   // Checks the values that need no model (one clear error before anything loads).
@@ -74,6 +77,7 @@ constexpr const char* kBundledDraft = "peregrine-demo-draft-Q8_0.gguf";
 struct LoadedDraft {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
+  std::unique_ptr<DFlashModel> dflash;  // a DFlash draft (auto-detected from the file's architecture)
   std::string path;
   engine::SpecOptions opt;  // opt.draft points at model
 };

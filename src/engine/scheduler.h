@@ -43,6 +43,8 @@ struct SpecOptions {
   int n_min = 0;           // a draft shorter than this is not verified (plain decode row instead)
   bool tree = false;       // verify a DDTree built from the drafter's per-depth top-k instead of a chain
   int budget = 22;         // DDTree draft nodes (root excluded), 1..127
+  DFlashModel* dflash = nullptr;  // kDFlash: the block-diffusion draft (loaded against this target)
+  int fa_window = 0;              // kDFlash: context positions the draft sees (0 = all)
   // Throws pg::Error for absurd values.
   void validate() const;
   bool on() const { return type != spec::SpecType::kNone; }
@@ -140,6 +142,8 @@ class Scheduler {
   std::vector<spec::Draft> draft_out_;
   Batch sub_;  // a part of batch_ run as its own forward (hybrid targets: capture only the verify rows)
   std::vector<float> sub_logits_;
+  std::vector<float> hidden_, sub_hidden_;  // (batch rows, features) target features for a DFlash drafter
+  void feed_features(int n_first);          // hands the committed non-verify rows' features to the drafter
   bool profile_ = false;
   double prof_[2] = {0, 0};  // seconds: drafting, forward
   uint64_t prof_rows_ = 0, prof_steps_ = 0;
