@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 #include "gguf/inspect.h"
+#include "model/dflash.h"
 
 namespace pg::cli {
 
@@ -32,6 +33,7 @@ int cmd_gguf_inspect(int argc, char** argv) {
   opt.max_string_bytes = full ? 0 : static_cast<size_t>(max_string);
   opt.tensors = !no_tensors;
   gguf::print_inspect(*file, std::cout, opt);
+  if (is_dflash_arch(file->architecture())) print_dflash_summary(*file, std::cout);
   std::cout.flush();
   return std::cout ? 0 : 1;
 }

@@ -16,6 +16,7 @@
 #include "core/threadpool.h"
 #include "gguf/inspect.h"
 #include "gguf/synth.h"
+#include "gguf/synth_dflash.h"
 
 namespace pg::cli {
 namespace {
@@ -55,6 +56,8 @@ int cmd_gguf_synth(int argc, char** argv) {
   std::string preset, type, out, arch, vocab_from;
   int64_t seed = 0;
   bool tied = false, untied = false;
+  bool dflash = false;  // --dflash: a DFlash draft for the target shape instead of the target
+  std::optional<std::string> dflash_layers, block_size, target_layers, mask_token;
   // Shape overrides are optional strings so that --help shows no misleading "default: 0": their
   // defaults come from the preset.
   std::optional<std::string> layers, dim, ffn, heads, kv_heads, head_dim, vocab, experts, experts_used, expert_ffn, ctx,
@@ -93,6 +96,11 @@ int cmd_gguf_synth(int argc, char** argv) {
       .flag("--untied", &untied, "write a separate output.weight")
       .opt("--name", &name, "general.name", "TEXT")
       .opt("-t,--threads", &threads, "threads (default: all cores)", "N")
+      .flag("--dflash", &dflash, "write a DFlash draft (llama.cpp's dflash layout) shaped for this target instead")
+      .opt("--dflash-layers", &dflash_layers, "--dflash: draft layers (default 5)", "N")
+      .opt("--block-size", &block_size, "--dflash: block size (default 16)", "N")
+      .opt("--target-layers", &target_layers, "--dflash: 0-based target layers read, comma-separated (default: the published rule)", "IDS")
+      .opt("--mask-token", &mask_token, "--dflash: mask token id (default: the Qwen families' ids, else the last id)", "ID")
       .footer(
           "Weights are N(0, 1/fan_in) (norms near 1), assembled from a pool of quantized random tiles and streamed to the "
           "file, so a 32B Q4_K_M model takes about 15 s on 16 cores (at disk speed). Example:\n"
@@ -151,6 +159,28 @@ int cmd_gguf_synth(int argc, char** argv) {
   opt.vocab_from = vocab_from;
   opt.threads = static_cast<int>(n_threads);
 
+  if (dflash) {
+    gguf::DFlashSynthOptions d;
+    if (dflash_layers) d.n_layer = static_cast<int>(parse_int_flag(*dflash_layers, "--dflash-layers"));
+    if (block_size) d.block_size = static_cast<int>(parse_int_flag(*block_size, "--block-size"));
+    if (mask_token) d.mask_token = parse_int_flag(*mask_token, "--mask-token");
+    if (target_layers) {
+      std::string cur;
+      for (char ch : *target_layers + ",") {
+        if (ch != ',') {
+          cur += ch;
+        } else if (!cur.empty()) {
+          d.target_layers.push_back(static_cast<int>(parse_int_flag(cur, "--target-layers")));
+          cur.clear();
+        }
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t size = gguf::synth_dflash_write(c, d, opt.file_type, opt.seed, out);
+    std::printf("wrote %s: DFlash draft for %s (%d layers, block %d), %s in %.1f s\n", out.c_str(), c.arch.c_str(), d.n_layer, d.block_size,
+                gguf::human_bytes(size).c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return 0;
+  }
   const bool tty = isatty(STDERR_FILENO) == 1;
   const auto t0 = std::chrono::steady_clock::now();
   if (tty) {

@@ -11,6 +11,7 @@
 #include "core/kv_quant.h"
 #include "core/log.h"
 #include "kv/disk_cache.h"
+#include "model/dflash.h"
 #include "spec/drafter.h"
 
 namespace pg::cli {
@@ -153,6 +154,8 @@ void SpecFlags::add_to(Args& a) {
   a.opt("--spec-draft-p-min", &p_min, "stop drafting where the draft's top token is less likely than this (0 = off)");
   a.flag("--spec-fixed", &fixed, "verify whole drafts (default: the draft length / tree budget that pays, chosen per step)");
   a.opt("--spec-tree", &tree, "draft shape: ddtree or chain (default chain; --ddtree = ddtree)", "SHAPE");
+  a.opt("--fa-window", &fa_window, "DFlash: context positions the draft attends to (0 = the whole context)");
+  a.opt("--draft-residency", &residency, "draft weights: auto, persistent or request-scoped (the same on the CPU)", "MODE");
 }
 
 void SpecFlags::validate() const {
@@ -164,6 +167,9 @@ void SpecFlags::validate() const {
            "--spec-draft-n-max must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "] (0 = auto), got " + std::to_string(n_max));
   PG_CHECK(p_min >= 0.0f && p_min <= 1.0f, "--spec-draft-p-min must be in [0, 1], got " + std::to_string(p_min));
   PG_CHECK(n_min >= 0 && (n_max == 0 || n_min <= n_max), "--spec-draft-n-min must be in [0, --spec-draft-n-max], got " + std::to_string(n_min));
+  PG_CHECK(fa_window >= 0, "--fa-window must be ≥ 0 (0 = the whole context), got " + std::to_string(fa_window));
+  PG_CHECK(residency == "auto" || residency == "persistent" || residency == "request-scoped",
+           "unknown --draft-residency '" + residency + "' (expected auto, persistent or request-scoped)");
 }
 
 LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedModel& target, const std::string& target_path, bool bundled) {
@@ -178,6 +184,11 @@ LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedMode
   }
   spec::SpecType t = f.type.empty() ? (draft.empty() ? spec::SpecType::kNone : spec::SpecType::kDraft) : spec::parse_spec_type(f.type);
   PG_CHECK(t != spec::SpecType::kDraft || !draft.empty(), "--spec-type draft needs a draft model (-md FILE)");
+  PG_CHECK(t != spec::SpecType::kDFlash || !draft.empty(), "--spec-type dflash needs a DFlash draft model (--draft FILE)");
+  // A DFlash draft is recognised by its architecture (dflash, dflash-draft, ...), whatever --spec-type says.
+  const bool dflash_file = (t == spec::SpecType::kDraft || t == spec::SpecType::kDFlash) && is_dflash_arch(gguf::File::open(draft)->architecture());
+  PG_CHECK(t != spec::SpecType::kDFlash || dflash_file, "--spec-type dflash: '" + draft + "' is not a DFlash draft (architecture dflash, dflash-draft, qwen35-dflash-draft)");
+  if (dflash_file) t = spec::SpecType::kDFlash;
   d.opt.type = t;
   d.opt.tree = f.ddtree || f.tree == "ddtree";
   // Auto depth: every drafted token costs a verify row, and on a compute-bound device (the 2-core CPU
@@ -188,6 +199,19 @@ LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedMode
   d.opt.budget = f.budget;
   d.opt.p_min = f.p_min;
   d.opt.adaptive = !f.fixed;
+  d.opt.fa_window = f.fa_window;
+  if (t == spec::SpecType::kDFlash) {
+    // The draft shares the target's embedding and head, so it lives on the target's backend; its
+    // weights stay resident (--draft-residency changes nothing on the CPU).
+    d.path = draft;
+    try {
+      d.dflash = DFlashModel::load(draft, *target.model);
+    } catch (const Error& e) {
+      throw Error("cannot load the DFlash draft '" + draft + "': " + e.what());
+    }
+    d.opt.dflash = d.dflash.get();
+    return d;
+  }
   if (t != spec::SpecType::kDraft) return d;
   d.path = draft;
   // On the target's device the draft shares its backend: two CPU thread pools on the same cores

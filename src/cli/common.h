@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "model/dflash.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -73,6 +74,8 @@ struct SpecFlags {
   int budget = 22;               // --ddtree-budget
   float p_min = 0.75f;           // --spec-draft-p-min
   bool fixed = false;            // --spec-fixed: verify whole drafts (no adaptive length/budget)
+  int fa_window = 0;             // --fa-window (DFlash: context positions the draft sees; 0 = all)
+  std::string residency = "auto";  // --draft-residency auto|persistent|request-scoped
 
   void add_to(Args& a);
   // Checks the values that need no model (one clear error before anything loads).
@@ -85,6 +88,7 @@ constexpr const char* kBundledDraft = "peregrine-demo-draft-Q8_0.gguf";
 struct LoadedDraft {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
+  std::unique_ptr<DFlashModel> dflash;  // a DFlash draft (auto-detected from the file's architecture)
   std::string path;
   engine::SpecOptions opt;  // opt.draft points at model
 };

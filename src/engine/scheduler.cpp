@@ -18,6 +18,7 @@ void SpecOptions::validate() const {
            "--ddtree-budget must be in [1, " + std::to_string(spec::kMaxTreeNodes - 1) + "], got " + std::to_string(budget));
   PG_CHECK(p_min >= 0.0f && p_min <= 1.0f, "--spec-draft-p-min must be in [0, 1], got " + std::to_string(p_min));
   PG_CHECK(type != spec::SpecType::kDraft || draft != nullptr, "speculative type 'draft' needs a draft model (-md FILE)");
+  PG_CHECK(type != spec::SpecType::kDFlash || dflash != nullptr, "speculative type 'dflash' needs a DFlash draft model (--draft FILE)");
 }
 
 Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOptions& opt)
@@ -39,6 +40,8 @@ Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOpt
     if (opt_.spec.type == spec::SpecType::kDraft) {
       spec::check_same_vocab(model_, *opt_.spec.draft, opt_.spec.draft->config().name);
       drafter_ = spec::make_model_drafter(*opt_.spec.draft, opt_.n_slots, opt_.n_ctx, opt_.spec.n_max);
+    } else if (opt_.spec.type == spec::SpecType::kDFlash) {
+      drafter_ = spec::make_dflash_drafter(*opt_.spec.dflash, opt_.n_slots, opt_.n_ctx, opt_.spec.fa_window);
     } else {
       drafter_ = spec::make_ngram_drafter();
     }
@@ -344,12 +347,14 @@ void Scheduler::forward_step(std::vector<float>& logits, const ForwardOptions& f
   model_.forward(sub_, *cache_, logits, f1);
   if (n_first == n) return;
   ForwardOptions f2 = fopt;
+  if (f2.hidden) f2.hidden = &sub_hidden_;
   if (f2.argmax) {
     f2.argmax += outs_first;
     if (f2.argmax_only) f2.argmax_only += outs_first;
   }
   part(n_first, n);
   model_.forward(sub_, *cache_, sub_logits_, f2);
+  if (fopt.hidden) fopt.hidden->insert(fopt.hidden->end(), sub_hidden_.begin(), sub_hidden_.end());
   logits.resize(logits.size() + sub_logits_.size());
   std::copy(sub_logits_.begin(), sub_logits_.end(), logits.end() - static_cast<std::ptrdiff_t>(sub_logits_.size()));
 }
@@ -374,6 +379,19 @@ spec::WalkResult Scheduler::sample_chain(Verify& v, const std::function<const fl
   for (int i = 0; i <= r.n_accepted && i <= n; ++i) w.path.push_back(i);
   w.bonus = r.next;
   return w;
+void Scheduler::feed_features(int n_first) {
+  // Decode rows (the root of a plain step) and prompt rows are committed as they stand; verify rows
+  // wait for the walk. Rows before n_first are all outputs, so a verify's nodes are rows out0 + i.
+  const int n = batch_.size();
+  if (n == 0 || hidden_.empty()) return;
+  const size_t fw = hidden_.size() / static_cast<size_t>(n);
+  std::vector<uint8_t> is_verify(static_cast<size_t>(n_first), 0);
+  for (const Verify& v : verify_)
+    for (int i = 0; i < v.tree.size(); ++i) is_verify[static_cast<size_t>(v.out0 + i)] = 1;
+  for (int r = 0; r < n; ++r) {
+    if (r < n_first && is_verify[static_cast<size_t>(r)]) continue;
+    drafter_->add_features(batch_.seq[static_cast<size_t>(r)], batch_.positions[static_cast<size_t>(r)], hidden_.data() + static_cast<size_t>(r) * fw);
+  }
 }
 
 void Scheduler::step() {
@@ -441,6 +459,12 @@ void Scheduler::step() {
     fopt.argmax = greedy_.data();
     fopt.argmax_only = greedy_only_.data();
   }
+  // A DFlash drafter reads the target's features of every committed row, from this very forward.
+  if (drafter_) fopt.hidden_layers = drafter_->feature_layers();
+  if (!fopt.hidden_layers.empty()) {
+    fopt.hidden = &hidden_;
+    fopt.hidden_all_rows = true;
+  }
   try {
     const auto tf = Clock::now();
     forward_step(logits_, fopt, n_first);
@@ -469,6 +493,7 @@ void Scheduler::step() {
   if (prefix_)
     for (auto& sp : active_)
       if (sp->phase() == Sequence::Phase::kPrefill) prefix_->after_forward(sp->slot(), sp->n_prefilled());
+  if (!fopt.hidden_layers.empty() && drafter_) feed_features(n_first);
   const auto now = Clock::now();
   auto row_logits = [&](size_t i) { return logits_.data() + i * static_cast<size_t>(n_vocab_); };
   vi = 0;
@@ -490,6 +515,12 @@ void Scheduler::step() {
       int deepest = 0;
       for (int32_t dd : v.tree.depth) deepest = std::max(deepest, dd);
       s.accept_stats().observe(v.predicted, accepted, deepest);
+      if (!fopt.hidden_layers.empty() && drafter_) {
+        // Only the accepted path's features are kept (verify rows are batch rows out0 + node).
+        const size_t fw = hidden_.size() / static_cast<size_t>(batch_.size());
+        for (int j = 0; j <= accepted; ++j)
+          drafter_->add_features(s.slot(), n_past0 + j, hidden_.data() + static_cast<size_t>(v.out0 + w.path[static_cast<size_t>(j)]) * fw);
+      }
       s.on_draft(v.tree.n_draft(), accepted);
       metrics_.on_spec(v.tree.n_draft(), accepted);
       // Emit the accepted drafts, then the bonus, each with the logits of the node it was chosen at;

@@ -53,6 +53,8 @@ struct SpecOptions {
   bool adaptive = true;
   // Tests only: accept every sampled draft (a wrong rule the distribution tests must catch).
   bool test_biased_accept = false;
+  DFlashModel* dflash = nullptr;  // kDFlash: the block-diffusion draft (loaded against this target)
+  int fa_window = 0;              // kDFlash: context positions the draft sees (0 = all)
   // Throws pg::Error for absurd values.
   void validate() const;
   bool on() const { return type != spec::SpecType::kNone; }
@@ -169,6 +171,8 @@ class Scheduler {
   static constexpr int kProbeEvery = 16;  // adaptive: plain steps before a sequence drafts again anyway
   Batch sub_;  // a part of batch_ run as its own forward (hybrid targets: capture only the verify rows)
   std::vector<float> sub_logits_;
+  std::vector<float> hidden_, sub_hidden_;  // (batch rows, features) target features for a DFlash drafter
+  void feed_features(int n_first);          // hands the committed non-verify rows' features to the drafter
   bool profile_ = false;
   double prof_[2] = {0, 0};  // seconds: drafting, forward
   uint64_t prof_rows_ = 0, prof_steps_ = 0;

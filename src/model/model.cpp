@@ -348,7 +348,8 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
       w.hid = backend_.alloc(DType::F32, cfg_.n_embd, static_cast<int64_t>(nh) * w.cap);
       w.hid_slots = nh;
     }
-    if (fopt.hidden) fopt.hidden->assign(static_cast<size_t>(n_out) * static_cast<size_t>(nh) * static_cast<size_t>(cfg_.n_embd), 0.0f);
+    const int n_hid = fopt.hidden_all_rows ? n : n_out;
+    if (fopt.hidden) fopt.hidden->assign(static_cast<size_t>(n_hid) * static_cast<size_t>(nh) * static_cast<size_t>(cfg_.n_embd), 0.0f);
   }
   logits.resize(static_cast<size_t>(n_out) * static_cast<size_t>(cfg_.n_vocab));
   size_t out_pos = 0;
@@ -587,7 +588,10 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
       if (l.ffn_post_norm.valid()) be.rms_norm(o, l.ffn_post_norm, o, c.rms_eps);
       be.add(x, o, x);
       const int slot = w.hid_slot[static_cast<size_t>(il)];
-      if (slot >= 0 && m > 0) {
+      if (slot >= 0 && fopt.hidden_all_rows) {
+        Tensor hv = w.hid.rows_view(static_cast<int64_t>(slot) * w.cap, n);
+        be.copy(x, hv);
+      } else if (slot >= 0 && m > 0) {
         Tensor hv = w.hid.rows_view(static_cast<int64_t>(slot) * w.cap, m);
         be.get_rows(x, out_ids, hv);
       }
@@ -619,7 +623,7 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     }
     if (nh > 0) {
       // Hidden-state gathers are recorded for this many output rows and these layers.
-      key.push_back(-m);
+      key.push_back(fopt.hidden_all_rows ? -1000 - n : -m);
       for (int il : fopt.hidden_layers) key.push_back(il);
     }
     if (auto it = w.graphs.find(key); it != w.graphs.end()) {
@@ -658,8 +662,19 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     }
   }
 
+  if (nh > 0 && fopt.hidden_all_rows) {
+    // Every row of the micro-batch, at its batch index.
+    const size_t e = static_cast<size_t>(c.n_embd);
+    std::vector<float> staging(static_cast<size_t>(n) * e);
+    for (int k = 0; k < nh; ++k) {
+      be.download(w.hid.rows_view(static_cast<int64_t>(k) * w.cap, n), staging.data(), staging.size() * sizeof(float));
+      for (int i = 0; i < n; ++i)
+        std::memcpy(fopt.hidden->data() + (static_cast<size_t>(b0 + i) * static_cast<size_t>(nh) + static_cast<size_t>(k)) * e,
+                    staging.data() + static_cast<size_t>(i) * e, e * sizeof(float));
+    }
+  }
   if (m == 0) return;
-  if (nh > 0) {
+  if (nh > 0 && !fopt.hidden_all_rows) {
     // Slot k holds (m, n_embd); the caller's layout is (n_outputs, nh·n_embd).
     const size_t e = static_cast<size_t>(c.n_embd);
     std::vector<float> staging(static_cast<size_t>(m) * e);

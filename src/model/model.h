@@ -51,6 +51,9 @@ struct ForwardOptions {
   // hidden_layers[0]'s n_embd values, then hidden_layers[1]'s, ...
   std::vector<int> hidden_layers;
   std::vector<float>* hidden = nullptr;
+  // With hidden_all_rows, *hidden holds every batch row instead (n_rows, hidden_layers.size()·n_embd),
+  // in batch order: DFlash drafts need the features of prompt rows too.
+  bool hidden_all_rows = false;
 };
 
 // Bytes a forward step reads, for roofline accounting.

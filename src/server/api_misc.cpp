@@ -4,6 +4,7 @@
 
 #include "chat/parse/utf8.h"
 #include "server/context.h"
+#include "model/dflash.h"
 #include "spec/drafter.h"
 #include "server/prepare.h"
 
@@ -88,7 +89,9 @@ HttpOut handle_props(Context& ctx, const HttpIn&) {
   runtime["host"] = ctx.opt.host;
   json spec = json::object();
   spec["type"] = spec::spec_type_name(so.spec.type);
-  spec["draft_model"] = so.spec.draft ? json(so.spec.draft->config().name) : json(nullptr);
+  spec["draft_model"] = so.spec.draft ? json(so.spec.draft->config().name) : so.spec.dflash ? json(so.spec.dflash->config().name) : json(nullptr);
+  if (so.spec.dflash) spec["dflash"] = json{{"block_size", so.spec.dflash->config().block_size}, {"target_layers", so.spec.dflash->config().target_layers},
+                                            {"fa_window", so.spec.fa_window}};
   spec["n_max"] = so.spec.n_max;
   spec["n_min"] = so.spec.n_min;
   spec["tree"] = so.spec.tree ? "ddtree" : "chain";

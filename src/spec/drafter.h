@@ -17,12 +17,14 @@
 
 namespace pg {
 class Model;
+class DFlashModel;
 }
 
 namespace pg::spec {
 
-enum class SpecType : uint8_t { kNone, kDraft, kNgram };
-// "none" | "draft" (alias "draft-simple") | "ngram" (aliases "ngram-simple", "ngram-cache"); throws
+enum class SpecType : uint8_t { kNone, kDraft, kNgram, kDFlash };
+// "none" | "draft" (alias "draft-simple") | "ngram" (aliases "ngram-simple", "ngram-cache") | "dflash"
+// (alias "draft-dflash"); throws
 // pg::Error naming the accepted values otherwise.
 SpecType parse_spec_type(const std::string& s);
 const char* spec_type_name(SpecType t);
@@ -76,6 +78,11 @@ class Drafter {
   // the per-depth cost the adaptive choices weigh.
   virtual uint64_t forwards() const { return 0; }
   virtual double forward_seconds() const { return 0; }
+  // Target features (DFlash): the target layers whose hidden states this drafter reads
+  // (ForwardOptions::hidden_layers), empty for none; the runner then hands it, for every committed
+  // token, that token's row (feature_layers().size()·n_embd floats) at its position.
+  virtual std::vector<int> feature_layers() const { return {}; }
+  virtual void add_features(int /*slot*/, int /*pos*/, const float* /*row*/) {}
 };
 
 // Prompt lookup: the longest suffix of the history (n_max_ngram … n_min_ngram tokens) that occurred
@@ -88,6 +95,12 @@ std::unique_ptr<Drafter> make_ngram_drafter(int n_min_ngram = 1, int n_max_ngram
 // DeltaNet) draft keeps the recurrent state after each drafted token of the last step (capture slots,
 // `max_depth` + 1 per sequence slot), so it rolls back to the accepted prefix without replaying history.
 std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx, int max_depth = kMaxTreeNodes - 1);
+
+// DFlash (docs/dflash.md): one parallel pass of the block-diffusion draft per step for every
+// sequence, from the target's features of its committed tokens (kept per slot, n_ctx positions);
+// per-position top-k for DDTree. fa_window > 0: the draft sees only the last fa_window context
+// positions (0 = the whole context, or the file's own sliding window).
+std::unique_ptr<Drafter> make_dflash_drafter(DFlashModel& draft, int n_slots, int n_ctx, int fa_window = 0);
 
 // Throws pg::Error unless the draft's vocabulary is the target's (same size and same token texts).
 void check_same_vocab(const Model& target, const Model& draft, const std::string& draft_path);

@@ -11,7 +11,8 @@ SpecType parse_spec_type(const std::string& s) {
   if (s == "none") return SpecType::kNone;
   if (s == "draft" || s == "draft-simple") return SpecType::kDraft;
   if (s == "ngram" || s == "ngram-simple" || s == "ngram-cache") return SpecType::kNgram;
-  throw Error("unknown --spec-type '" + s + "' (expected none, draft or ngram)");
+  if (s == "dflash" || s == "draft-dflash") return SpecType::kDFlash;
+  throw Error("unknown --spec-type '" + s + "' (expected none, draft, ngram or dflash)");
 }
 
 const char* spec_type_name(SpecType t) {
@@ -19,6 +20,7 @@ const char* spec_type_name(SpecType t) {
     case SpecType::kNone: return "none";
     case SpecType::kDraft: return "draft";
     case SpecType::kNgram: return "ngram";
+    case SpecType::kDFlash: return "dflash";
   }
   return "none";
 }
