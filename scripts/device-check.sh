@@ -52,6 +52,9 @@ VERIFY=${VERIFY:-1}                # 0: skip pg_cuda_verify_bench (tree-shaped v
 BENCH=${BENCH:-1}                  # 0: per model only the verify forwards (no pp/tg bench, no nsys)
 NSYS=${NSYS:-1}                    # 0: no nsys breakdown
 TEST_FILTER=${TEST_FILTER:-}       # ctest -R regex for the CUDA tests (default: all)
+PDL_OFF=${PDL_OFF:-0}              # 1: also tg128 with programmatic dependent launch off (PEREGRINE_CUDA_PDL=0)
+RETRY_PDL_OFF=${RETRY_PDL_OFF:-0}  # 1: when the CUDA tests fail, run them again with PDL off (tests-pdl-off.log)
+BENCH_ROWS=${BENCH_ROWS:-1}        # 0: skip bench -p ROWS -n 0 (chain forwards, last row's logits only)
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
 if [ ! -d "$DEPS/usr" ] && [ -f "$ROOT/.deps/debs.tar.xz" ]; then tar xJf "$ROOT/.deps/debs.tar.xz" -C "$ROOT/.deps"; fi
@@ -133,8 +136,12 @@ grep -E "error|FAILED" "$OUT/build.log" | head -20 >>"$SUMMARY"
 
 # ---- 2. tests -----------------------------------------------------------------------------------------
 if ((BUILD_OK && TESTS)); then
-  run_step "CUDA tests (ctest -L cuda)" "$OUT/tests.log" 300 \
-    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -V -j 4 --timeout 280
+  if ! run_step "CUDA tests (ctest -L cuda)" "$OUT/tests.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -V -j 4 --timeout 280 && ((RETRY_PDL_OFF)); then
+    PEREGRINE_CUDA_PDL=0 run_step "CUDA tests, PDL off" "$OUT/tests-pdl-off.log" 300 \
+      ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -V -j 4 --timeout 280
+    grep -E "tests passed|tests failed|\(Failed\)" "$OUT/tests-pdl-off.log" | sed -E 's/^[0-9]+: //' | head -20 >>"$SUMMARY"
+  fi
   # The model tests print one line per model (max/RMS logit differences) and per greedy run.
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|exact: max|greedy|identical|fused chunk|tree vs chain|diverges" "$OUT/tests.log" |
     sed -E 's/^[0-9]+: //' | head -160 >>"$SUMMARY"
@@ -171,7 +178,8 @@ if ((CLI_OK)); then
     if run_step "gguf synth $preset $type" "$LOG" 240 "$PG" gguf synth --preset "$preset" --type "$type" -o "$MODEL"; then
       ((BENCH)) && bench_one "$LOG" "$preset $type pp512, pp4096, tg128 at depths 0 and 4096" -m "$MODEL" -p 512,4096 -n 128 -d 0,4096 -r 2
       # Verification-shaped steps: one forward of R rows (speculative trees, concurrent decoding).
-      ((BENCH)) && bench_one "$LOG" "$preset $type rows ${ROWS}" -m "$MODEL" -p "$ROWS" -n 0 -r 3
+      ((BENCH && BENCH_ROWS)) && bench_one "$LOG" "$preset $type rows ${ROWS}" -m "$MODEL" -p "$ROWS" -n 0 -r 3
+      ((BENCH && PDL_OFF)) && PEREGRINE_CUDA_PDL=0 bench_one "$LOG" "$preset $type tg128, PDL off" -m "$MODEL" -p 0 -n 128 -r 2
       for v in $MMQ_MIN_ROWS; do  # the row count from which MMQ replaces the GEMV (CudaOptions::mmq_min_rows)
         PEREGRINE_MMQ_MIN_ROWS=$v bench_one "$LOG" "$preset $type rows ${ROWS}, MMQ from $v rows" -m "$MODEL" -p "$ROWS" -n 0 -r 3
       done

@@ -849,6 +849,61 @@ TEST(CudaOps, GatedDeltaNetMatchesCpu) {
 
 // A decode step (norm → projection → RoPE → KV store → attention → output projection) captured once as
 // a CUDA graph and replayed for later positions, each replay checked against the CPU running the step.
+// Programmatic dependent launch (CudaOptions::pdl) changes when the decode GEMV's blocks start, never
+// what they compute: a chain of dependent decode matmuls (each output the next input; types alternating
+// between the q8_K and q8_0 families so the shared activation scratch is re-quantized while a GEMV that
+// read it may still run; a matmul_shared triple) must give bit-identical results with PDL on and off,
+// eagerly and replayed from a CUDA graph.
+TEST(CudaOps, PdlGemvChainBitIdentical) {
+  PG_REQUIRE_GPU();
+  const int64_t d = 512;
+  const DType types[] = {DType::Q4_K, DType::Q8_0, DType::Q6_K, DType::Q4_0, DType::Q5_K, DType::IQ4_XS};
+  std::vector<std::vector<uint8_t>> wb;
+  for (size_t i = 0; i < 12; ++i) wb.push_back(make_weights(types[i % 6], d, d, static_cast<uint32_t>(40 + i)));
+  const auto x0 = randn(static_cast<size_t>(d), 77);
+  auto run = [&](bool pdl, bool graph) {
+    auto gpu = test::make_cuda(false);
+    CudaOptions o;
+    o.pdl = pdl;
+    gpu->set_options(o);
+    std::vector<Tensor> w;
+    for (size_t i = 0; i < wb.size(); ++i) w.push_back(make_weight(*gpu, types[i % 6], d, d, 1, wb[i]));
+    Tensor x = make_tensor(*gpu, DType::F32, d, 1, x0.data());
+    std::vector<Tensor> y;  // (1, d) each
+    for (size_t i = 0; i < wb.size() + 2; ++i) y.push_back(gpu->alloc(DType::F32, d, 1));
+    auto ops = [&]() {
+      const Tensor* in = &x;
+      for (size_t i = 0; i < wb.size(); ++i) {
+        gpu->matmul(w[i], *in, y[i]);
+        gpu->scale(y[i], 0.05f);  // keep magnitudes bounded along the chain
+        in = &y[i];
+      }
+      gpu->matmul_shared(*in, {{&w[0], &y[wb.size()]}, {&w[1], &y[wb.size() + 1]}, {&w[2], &y[0]}});
+    };
+    ops();  // eager (also sizes the scratch for the recording)
+    if (graph) {
+      gpu->begin_capture();
+      ops();
+      const int g = gpu->end_capture();
+      gpu->replay(g);
+      gpu->replay(g);
+    }
+    std::vector<float> all;
+    for (const Tensor& t : y) {
+      const auto v = fetch(*gpu, t);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  const auto ref = run(false, false);
+  for (const bool graph : {false, true}) {
+    const auto got = run(true, graph), plain = run(false, graph);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)), 0) << (graph ? "graph" : "eager") << ": PDL changed results";
+    EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)), 0) << (graph ? "graph" : "eager") << ": differs from eager";
+  }
+}
+
 TEST(CudaOps, GraphCaptureReplaysDecodeSteps) {
   PG_REQUIRE_GPU();
   auto cpu = test::make_cpu_exact();

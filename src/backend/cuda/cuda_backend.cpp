@@ -71,6 +71,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPHS"); e && std::strcmp(e, "0") == 0) opt.graphs = false;
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
+  if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
   return create_cuda_backend(index, opt);
 }
 
@@ -91,6 +92,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(prop.major >= 8, std::string("CUDA device ") + prop.name + " has compute capability " + std::to_string(prop.major) + "." +
                                 std::to_string(prop.minor) + "; Peregrine needs 8.0 or newer");
   n_sm_ = prop.multiProcessorCount;
+  pdl_capable_ = prop.major >= 9;
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_ = s;
@@ -357,6 +359,7 @@ void CudaBackend::gemv(const cuda::MatmulArgs& a) {
   if (!opt_.exact_f32 || half) {
     cuda::MatmulArgs b = a;
     b.lanes = opt_.gemv_lanes;
+    b.pdl = opt_.pdl && pdl_capable_;
     const size_t sb = cuda::gemv_fast_scratch_bytes(b);
     if (cuda::gemv_fast(b, sb ? scratch(kSlotQ8, sb) : nullptr, as_stream(stream_))) return;
   }
@@ -398,6 +401,7 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& w, const Tensor& x, Tens
   a.y_stride = y.cols();
   a.n = static_cast<int>(x.rows());
   a.lanes = opt_.gemv_lanes;
+  a.pdl = opt_.pdl && pdl_capable_;
   return a;
 }
 

@@ -47,7 +47,24 @@ struct FastParams {
   size_t expert_bytes;
   int x_div;
   int g_base;
+  bool pdl;  // host side: launch with programmatic dependent launch (gemv_q8_kernel only)
 };
+
+// Programmatic dependent launch (sm_90+; no-ops below, and no-ops when the kernel was launched without
+// the attribute). grid_launch_dependents lets the next kernel's blocks be scheduled before this grid
+// ends — only a hint: the dependent still waits for this grid's completion and memory flush in its
+// grid_wait. A kernel launched with the attribute must call grid_wait in every thread before it reads
+// anything an earlier kernel writes, and before it writes anything.
+__device__ __forceinline__ void grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
 
 __device__ __forceinline__ int4 ld_q8x16(const int8_t* p) { return *reinterpret_cast<const int4*>(p); }
 __device__ __forceinline__ uint32_t ldg32a2(const uint8_t* p) {
@@ -327,9 +344,16 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int sub = lane % LPR;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp) * kRowsPerWarp + lane / LPR;
-  if (LPR == 32 && row >= p.M) return;
+  grid_launch_dependents();
+  if (LPR == 32 && row >= p.M) {
+    grid_wait();  // every thread waits (see grid_wait), even one with nothing to do
+    return;
+  }
   const bool active = row < p.M;  // lanes of a row past the end still take part in the shuffles below
   const int g = static_cast<int>(blockIdx.y) + p.g_base;
+  // Grouped mode reads expert ids that the router kernel wrote: wait first. Otherwise the first round of
+  // weight loads (read-only data) is issued before the wait, overlapping the previous kernel's tail.
+  if (p.expert_ids) grid_wait();
   int a0, xr0;
   const uint8_t* w = warp_row(p, active ? row : 0, p.expert_ids ? g : g * NA, a0, xr0);
   ActRows<NA> x;
@@ -344,14 +368,21 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
 #pragma unroll
   for (int a = 0; a < NA; ++a) acc[a] = 0.0f;
   const int np = active ? p.n_pieces : 0;
-  for (int base = sub; base < np; base += LPR * U) {
-    typename T::Raw r[U];
+  typename T::Raw r[U];
+  int base = sub;
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (base + LPR * u < np) r[u] = T::load(w, base + LPR * u);
+  for (int u = 0; u < U; ++u)
+    if (base + LPR * u < np) r[u] = T::load(w, base + LPR * u);
+  if (!p.expert_ids) grid_wait();
+  while (base < np) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (base + LPR * u < np) T::template dot<NA>(r[u], base + LPR * u, x, acc);
+    base += LPR * U;
+    if (base >= np) break;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + LPR * u < np) r[u] = T::load(w, base + LPR * u);
   }
   if constexpr (LPR == 32) {
     store_rows<NA>(p, row, a0, acc, lane);
@@ -437,6 +468,7 @@ __global__ void __launch_bounds__(128) act_quant_kernel(const float* __restrict_
                                                         int n, int64_t K, void* __restrict__ out, float* __restrict__ d_out,
                                                         int32_t* __restrict__ s_out, uint4* __restrict__ split_out) {
   const int lane = static_cast<int>(threadIdx.x & 31);
+  grid_launch_dependents();  // a GEMV launched after this with PDL may start streaming its weights
   const int64_t chunks = (K + 255) / 256;
   const int64_t wid = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (wid >= n * chunks) return;  // whole warps only: the shuffles below need every lane
@@ -912,13 +944,29 @@ bool dispatch_q8(DType t, F&& f) {
 
 int64_t activation_rows(const MatmulArgs& a) { return a.expert_ids ? (a.n + std::max(1, a.x_div) - 1) / std::max(1, a.x_div) : a.n; }
 
+// pdl: launch with programmatic stream serialization (only kernels that call grid_wait as required).
 template <class K>
-void launch_rows(K kernel, const FastParams& p, int groups, cudaStream_t stream, int rows_per_warp = 1) {
+void launch_rows(K kernel, const FastParams& p, int groups, cudaStream_t stream, int rows_per_warp = 1, bool pdl = false) {
   for (int g0 = 0; g0 < groups; g0 += 65535) {
     FastParams q = p;
     q.g_base = g0;
     const dim3 grid(static_cast<unsigned>(ceil_div(p.M, kRowsPerBlock * rows_per_warp)), static_cast<unsigned>(std::min(65535, groups - g0)));
-    kernel<<<grid, kRowsPerBlock * 32, 0, stream>>>(q);
+    if (pdl) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = grid;
+      cfg.blockDim = dim3(kRowsPerBlock * 32);
+      cfg.dynamicSmemBytes = 0;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, q);
+      PG_CHECK(e == cudaSuccess, std::string("CUDA kernel launch failed (gemv_fast, PDL): ") + cudaGetErrorString(e));
+    } else {
+      kernel<<<grid, kRowsPerBlock * 32, 0, stream>>>(q);
+    }
     check_launch("gemv_fast");
   }
 }
@@ -942,7 +990,7 @@ template <class T, int LPR>
 struct LaunchQ8 {
   template <int NA>
   struct L {
-    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_kernel<T, NA, LPR>, p, groups, s, 32 / LPR); }
+    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_kernel<T, NA, LPR>, p, groups, s, 32 / LPR, p.pdl); }
   };
 };
 template <bool BF>
@@ -971,6 +1019,7 @@ FastParams make_params(const MatmulArgs& a) {
   p.expert_ids = a.expert_ids;
   p.expert_bytes = a.expert_bytes;
   p.x_div = std::max(1, a.x_div);
+  p.pdl = a.pdl;
   return p;
 }
 
