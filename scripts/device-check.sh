@@ -55,6 +55,9 @@ TEST_FILTER=${TEST_FILTER:-}       # ctest -R regex for the CUDA tests (default:
 PDL_OFF=${PDL_OFF:-0}              # 1: also tg128 with programmatic dependent launch off (PEREGRINE_CUDA_PDL=0)
 RETRY_PDL_OFF=${RETRY_PDL_OFF:-0}  # 1: when the CUDA tests fail, run them again with PDL off (tests-pdl-off.log)
 BENCH_ROWS=${BENCH_ROWS:-1}        # 0: skip bench -p ROWS -n 0 (chain forwards, last row's logits only)
+TG_ONLY=${TG_ONLY:-0}              # 1: the per-model bench is tg128 at depths 0 and 4096 only (no pp)
+RPW=${RPW:-}                       # other CudaOptions::gemv_rows_per_warp values to time tg128 with (e.g. "2")
+TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_GEMV_RPW=2 (tests-rpw2.log)
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
 if [ ! -d "$DEPS/usr" ] && [ -f "$ROOT/.deps/debs.tar.xz" ]; then tar xJf "$ROOT/.deps/debs.tar.xz" -C "$ROOT/.deps"; fi
@@ -147,6 +150,12 @@ if ((BUILD_OK && TESTS)); then
     sed -E 's/^[0-9]+: //' | head -160 >>"$SUMMARY"
 fi
 
+if ((BUILD_OK && TESTS && TESTS_RPW2)); then
+  PEREGRINE_GEMV_RPW=2 run_step "CUDA op/model tests, GEMV rows per warp 2" "$OUT/tests-rpw2.log" 200 \
+    ctest --test-dir "$BUILD" -L cuda -R "CudaOps|CudaModel|CudaGreedy|CudaGraphs|CudaTree" -j 4 --timeout 180
+  grep -E "tests passed|tests failed|\(Failed\)" "$OUT/tests-rpw2.log" | head -20 >>"$SUMMARY"
+fi
+
 # ---- 3. kernel micro-benchmark ---------------------------------------------------------------------------
 if ((BUILD_OK && KERNELS)); then
   run_step "pg_cuda_bench" "$OUT/kernels.log" 180 "$BUILD/src/backend/cuda/pg_cuda_bench" --reps 20 --types "$KERNEL_TYPES"
@@ -176,7 +185,14 @@ if ((CLI_OK)); then
     MODEL=/tmp/peregrine-$preset-$type.gguf
     LOG=$OUT/model-$preset-$type.log
     if run_step "gguf synth $preset $type" "$LOG" 240 "$PG" gguf synth --preset "$preset" --type "$type" -o "$MODEL"; then
-      ((BENCH)) && bench_one "$LOG" "$preset $type pp512, pp4096, tg128 at depths 0 and 4096" -m "$MODEL" -p 512,4096 -n 128 -d 0,4096 -r 2
+      if ((BENCH && TG_ONLY)); then
+        bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+      elif ((BENCH)); then
+        bench_one "$LOG" "$preset $type pp512, pp4096, tg128 at depths 0 and 4096" -m "$MODEL" -p 512,4096 -n 128 -d 0,4096 -r 2
+      fi
+      for r in $RPW; do
+        ((BENCH)) && PEREGRINE_GEMV_RPW=$r bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, GEMV rows per warp $r" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+      done
       # Verification-shaped steps: one forward of R rows (speculative trees, concurrent decoding).
       ((BENCH && BENCH_ROWS)) && bench_one "$LOG" "$preset $type rows ${ROWS}" -m "$MODEL" -p "$ROWS" -n 0 -r 3
       ((BENCH && PDL_OFF)) && PEREGRINE_CUDA_PDL=0 bench_one "$LOG" "$preset $type tg128, PDL off" -m "$MODEL" -p 0 -n 128 -r 2

@@ -904,6 +904,44 @@ TEST(CudaOps, PdlGemvChainBitIdentical) {
   }
 }
 
+// The two-rows-per-warp one-row GEMV (CudaOptions::gemv_rows_per_warp = 2) sums each row in the same
+// order as the one-row-per-warp kernel: bit-identical outputs, for every 8-bit-activation type, an odd
+// row count (a warp with one row) and several widths, with PDL on and off.
+TEST(CudaOps, GemvTwoRowsPerWarpBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  for (const DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS}) {
+    for (const int64_t K : {256, 2048, 4352}) {
+      const int64_t M = 37;
+      const auto wbytes = make_weights(t, K, M, 5);
+      const auto xv = randn(static_cast<size_t>(K), 6);
+      Tensor w = make_weight(*gpu, t, K, M, 1, wbytes);
+      Tensor x = make_tensor(*gpu, DType::F32, K, 1, xv.data());
+      Tensor y = gpu->alloc(DType::F32, M, 1);
+      std::vector<float> ref;
+      for (const int rpw : {1, 2}) {
+        for (const bool pdl : {false, true}) {
+          CudaOptions o;
+          o.gemv_rows_per_warp = rpw;
+          o.pdl = pdl;
+          gpu->set_options(o);
+          gpu->matmul(w, x, y);
+          const auto got = fetch(*gpu, y);
+          if (ref.empty()) {
+            ref = got;
+            continue;
+          }
+          EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0)
+              << dtype_name(t) << " K=" << K << " rows per warp " << rpw << " pdl " << pdl;
+        }
+      }
+      gpu->free(w);
+      gpu->free(x);
+      gpu->free(y);
+    }
+  }
+}
+
 TEST(CudaOps, GraphCaptureReplaysDecodeSteps) {
   PG_REQUIRE_GPU();
   auto cpu = test::make_cpu_exact();

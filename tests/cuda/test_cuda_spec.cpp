@@ -14,7 +14,7 @@
 //    quantized sibling as draft, n-gram; the bundled target/draft pair chain and DDTree) equals CUDA's
 //    plain greedy output. Not bit-for-bit by construction (verification runs 2..65 rows per matmul,
 //    plain decoding 1), so a request may diverge, but only at a step where plain decoding's top-2
-//    log-probabilities are within a near-tie margin; every divergence is printed.
+//    log-probabilities are within a near-tie margin; every divergence is printed. MoE models in exact mode.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -247,8 +247,8 @@ struct Outcome {
 };
 
 Outcome run_sched(const std::string& target_path, const std::string& draft_path, engine::SpecOptions spec, std::vector<RequestSpec> reqs,
-                  bool margins) {
-  auto be = test::make_cuda(false);
+                  bool margins, bool exact = false) {
+  auto be = test::make_cuda(exact);
   auto target = Model::load(target_path, *be);
   auto tok = tok::Tokenizer::from_gguf(target->file());
   std::unique_ptr<Model> draft;
@@ -347,7 +347,12 @@ TEST_P(CudaSpecLossless, GreedySpeculativeEqualsPlainGreedy) {
     n_vocab = Model::load(target, *be)->config().n_vocab;
   }
   const auto reqs = random_requests(6, n_vocab, 48, 42);
-  const Outcome plain = run_sched(target, "", {}, reqs, true);
+  // MoE models run in exact mode: in default mode their router's top-k can pick another expert when the
+  // verify forward's row count changes the matmul kernel (see CudaTree), which moves the logits by far more
+  // than a near-tie (device run 2026-12-02: qwen35moe + n-gram diverged at a 0.32 margin). Exact mode
+  // checks the speculative machinery itself; dense models keep the default mode.
+  const bool exact = arch.find("moe") != std::string::npos;
+  const Outcome plain = run_sched(target, "", {}, reqs, true, exact);
   struct Case {
     std::string what, draft;
     engine::SpecOptions spec;
@@ -366,7 +371,7 @@ TEST_P(CudaSpecLossless, GreedySpeculativeEqualsPlainGreedy) {
   }
   for (const auto& c : cases) {
     SCOPED_TRACE(arch + ": " + c.what);
-    const Outcome sp = run_sched(target, c.draft, c.spec, reqs, false);
+    const Outcome sp = run_sched(target, c.draft, c.spec, reqs, false, exact);
     const int same = compare(arch + " " + c.what, plain, sp, 0.05);
     EXPECT_GT(sp.m.spec_rounds, 0u);
     std::printf("%-10s %-22s identical %d/%zu, drafted %llu accepted %llu mean_accept_len %.2f\n", arch.c_str(), c.what.c_str(), same,

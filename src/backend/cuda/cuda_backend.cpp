@@ -72,6 +72,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
+  if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) opt.gemv_rows_per_warp = std::atoi(e);
   return create_cuda_backend(index, opt);
 }
 
@@ -86,6 +87,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.gemv_max_rows >= 1 && opt_.gemv_max_rows <= 8, "CudaOptions::gemv_max_rows must be 1..8");
   PG_CHECK(opt_.gemv_lanes == 32 || opt_.gemv_lanes == 16 || opt_.gemv_lanes == 8, "CudaOptions::gemv_lanes must be 32, 16 or 8");
   PG_CHECK(opt_.mmq_min_rows >= 0 && opt_.mmq_min_rows <= cuda::kMmqMaxRows, "CudaOptions::mmq_min_rows must be 0..64");
+  PG_CHECK(opt_.gemv_rows_per_warp == 1 || opt_.gemv_rows_per_warp == 2, "CudaOptions::gemv_rows_per_warp must be 1 or 2");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -360,6 +362,7 @@ void CudaBackend::gemv(const cuda::MatmulArgs& a) {
     cuda::MatmulArgs b = a;
     b.lanes = opt_.gemv_lanes;
     b.pdl = opt_.pdl && pdl_capable_;
+    b.rows_per_warp = opt_.gemv_rows_per_warp;
     const size_t sb = cuda::gemv_fast_scratch_bytes(b);
     if (cuda::gemv_fast(b, sb ? scratch(kSlotQ8, sb) : nullptr, as_stream(stream_))) return;
   }
@@ -402,6 +405,7 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& w, const Tensor& x, Tens
   a.n = static_cast<int>(x.rows());
   a.lanes = opt_.gemv_lanes;
   a.pdl = opt_.pdl && pdl_capable_;
+  a.rows_per_warp = opt_.gemv_rows_per_warp;
   return a;
 }
 

@@ -50,6 +50,10 @@ struct CudaOptions {
   // gap, ramp-up and tail overlap the weight stream. Inside CUDA graphs too (programmatic edges).
   // Environment: PEREGRINE_CUDA_PDL=0 turns it off (factory).
   bool pdl = true;
+  // One-row decode GEMV (8-bit activations): weight rows per warp, 1 (measured default) or 2 (a lane
+  // serves two rows with each activation load; bit-identical; a candidate measured by pg_cuda_bench as
+  // fast/rw2). Environment: PEREGRINE_GEMV_RPW (factory).
+  int gemv_rows_per_warp = 1;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).

@@ -398,6 +398,61 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
   }
 }
 
+// Two weight rows per warp (CudaOptions::gemv_rows_per_warp = 2; one-row batches of the non-grouped
+// 8-bit kernel only): a lane holds the same pieces of two adjacent rows, so each activation piece it loads
+// from L1 serves both rows (the activation and scale loads of the second dot are the first's, merged by the
+// compiler) and twice the weight bytes are in flight per lane. Each row's sum is formed in the same order
+// as gemv_q8_kernel<T, NA, 32>: results are bit-identical to it.
+template <class T, int NA>
+__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_rw2_kernel(const FastParams p) {
+  constexpr int U = kUnroll;
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp) * 2;
+  grid_launch_dependents();
+  if (row0 >= p.M) {
+    grid_wait();
+    return;
+  }
+  const bool has1 = row0 + 1 < p.M;  // warp-uniform
+  const int g = static_cast<int>(blockIdx.y) + p.g_base;
+  int a0, xr0;
+  const uint8_t* w0 = warp_row(p, row0, g * NA, a0, xr0);
+  const uint8_t* w1 = has1 ? w0 + p.row_bytes : w0;
+  ActRows<NA> x;
+  const int64_t nd = p.K / 32;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    const int64_t xr = min(xr0 + a, p.n - 1);
+    x.q[a] = p.xq + xr * p.K;
+    x.d[a] = p.xd + xr * nd;
+  }
+  float acc0[NA], acc1[NA];
+#pragma unroll
+  for (int a = 0; a < NA; ++a) acc0[a] = acc1[a] = 0.0f;
+  const int np = p.n_pieces;
+  typename T::Raw r0[U], r1[U];
+  int base = lane;
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (base + 32 * u < np) r0[u] = T::load(w0, base + 32 * u), r1[u] = T::load(w1, base + 32 * u);
+  grid_wait();
+  while (base < np) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + 32 * u < np) {
+        T::template dot<NA>(r0[u], base + 32 * u, x, acc0);
+        T::template dot<NA>(r1[u], base + 32 * u, x, acc1);
+      }
+    base += 32 * U;
+    if (base >= np) break;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + 32 * u < np) r0[u] = T::load(w0, base + 32 * u), r1[u] = T::load(w1, base + 32 * u);
+  }
+  store_rows<NA>(p, row0, a0, acc0, lane);
+  if (has1) store_rows<NA>(p, row0 + 1, a0, acc1, lane);
+}
+
 // F16/BF16 weights with FP32 activations: a piece is 8 weights (16 bytes).
 template <bool BF, int NA>
 __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_half_kernel(const FastParams p) {
@@ -993,6 +1048,13 @@ struct LaunchQ8 {
     static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_kernel<T, NA, LPR>, p, groups, s, 32 / LPR, p.pdl); }
   };
 };
+template <class T>
+struct LaunchQ8Rw2 {
+  template <int NA>
+  struct L {
+    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_rw2_kernel<T, NA>, p, groups, s, 2, p.pdl); }
+  };
+};
 template <bool BF>
 struct LaunchHalf {
   template <int NA>
@@ -1109,6 +1171,10 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
     p.n_pieces = static_cast<int>(a.K / 32);
     p.xq = scratch_q(scratch);
     p.xd = scratch_d(a, scratch);
+    if (a.rows_per_warp == 2 && a.lanes == 32 && !a.expert_ids && a.n == 1) {
+      LaunchQ8Rw2<T>::template L<1>::run(p, 1, stream);
+      return;
+    }
     switch (a.lanes) {
       case 8: by_rows<LaunchQ8<T, 8>::template L>(a, p, stream); break;
       case 16: by_rows<LaunchQ8<T, 16>::template L>(a, p, stream); break;
