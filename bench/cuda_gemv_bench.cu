@@ -199,6 +199,10 @@ int main(int argc, char** argv) {
               kernels.push_back("fast");
               // Lanes-per-row candidates of the 8-bit-activation kernel (CudaOptions::gemv_lanes).
               if (pg::cuda::gemv_fast_q8(a) && n == 1) kernels.insert(kernels.end(), {"fast/16", "fast/8"});
+              // With programmatic dependent launch (CudaOptions::pdl), and the GEMV alone on activations
+              // quantized beforehand (what the quantization launch costs).
+              if (pg::cuda::gemv_fast_q8(a)) kernels.insert(kernels.end(), {"fast+pdl", "fast/noquant"});
+              if (pg::cuda::gemv_fast_q8(a) && n == 1) kernels.insert(kernels.end(), {"fast/rw2", "fast/rw2+pdl"});
             }
             kernels.push_back("fp32");
           }
@@ -214,8 +218,12 @@ int main(int argc, char** argv) {
                 pg::cuda::mmq(a, scratch, part, prop.multiProcessorCount, stream);
               else if (kernel.rfind("fast", 0) == 0) {
                 a.lanes = kernel == "fast/16" ? 16 : kernel == "fast/8" ? 8 : 32;
-                pg::cuda::gemv_fast(a, scratch, stream);
+                a.pdl = kernel == "fast+pdl" || kernel == "fast/rw2+pdl";
+                a.rows_per_warp = kernel.rfind("fast/rw2", 0) == 0 ? 2 : 1;
+                pg::cuda::gemv_fast(a, scratch, stream, /*x_quantized=*/kernel == "fast/noquant");
                 a.lanes = 32;
+                a.pdl = false;
+                a.rows_per_warp = 1;
               }
               else
                 pg::cuda::gemv(a, stream);

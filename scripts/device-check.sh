@@ -6,10 +6,12 @@
 #      peregrine, the CUDA tests and pg_cuda_bench                                     → $OUT/build.log
 #   2. the CUDA tests (ctest -L cuda): every op vs the CPU, whole tiny models            → $OUT/tests.log
 #   3. pg_cuda_bench: matmul kernels on 8B shapes, GB/s vs device copy bandwidth          → $OUT/kernels.log
+#   3b. the bundled target/draft pair: AR vs chain vs DDTree (peregrine bench --draft)     → $OUT/spec.log
 #   4. per model of $MODELS (preset:type): peregrine gguf synth, then peregrine bench --device cuda at
 #      pp512/tg128, pp4096, tg128 at depth 4096, one forward of each row count of $ROWS (verification-
 #      shaped steps), optionally tg128 without CUDA graphs and with other GEMV lane counts, and an nsys
-#      kernel breakdown of 32 decode steps when nsys is installed              → $OUT/model-*.log, nsys-*.csv
+#      kernel breakdown of 32 decode steps when nsys is installed, and pg_cuda_verify_bench (tree-shaped
+#      verification forwards of $ROWS rows vs one AR step)                     → $OUT/model-*.log, nsys-*.csv
 #   and a short summary (one line per step, plus the tables) last on stdout and in $OUT/summary.txt.
 #
 # One-time preparation on the development machine, in the repository root (the device machine has
@@ -45,6 +47,17 @@ MMQ_MIN_ROWS=${MMQ_MIN_ROWS:-}     # other CudaOptions::mmq_min_rows values to t
 GRAPHS_OFF=${GRAPHS_OFF:-0}        # 1: also tg128 with CUDA graphs off
 TESTS=${TESTS:-1}                  # 0: skip the CUDA tests
 KERNELS=${KERNELS:-1}              # 0: skip pg_cuda_bench
+SPEC=${SPEC:-1}                    # 0: skip the bundled pair's speculative bench (AR vs chain vs DDTree)
+VERIFY=${VERIFY:-1}                # 0: skip pg_cuda_verify_bench (tree-shaped verify forwards vs one AR step)
+BENCH=${BENCH:-1}                  # 0: per model only the verify forwards (no pp/tg bench, no nsys)
+NSYS=${NSYS:-1}                    # 0: no nsys breakdown
+TEST_FILTER=${TEST_FILTER:-}       # ctest -R regex for the CUDA tests (default: all)
+PDL_OFF=${PDL_OFF:-0}              # 1: also tg128 with programmatic dependent launch off (PEREGRINE_CUDA_PDL=0)
+RETRY_PDL_OFF=${RETRY_PDL_OFF:-0}  # 1: when the CUDA tests fail, run them again with PDL off (tests-pdl-off.log)
+BENCH_ROWS=${BENCH_ROWS:-1}        # 0: skip bench -p ROWS -n 0 (chain forwards, last row's logits only)
+TG_ONLY=${TG_ONLY:-0}              # 1: the per-model bench is tg128 at depths 0 and 4096 only (no pp)
+RPW=${RPW:-}                       # other CudaOptions::gemv_rows_per_warp values to time tg128 with (e.g. "2")
+TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_GEMV_RPW=2 (tests-rpw2.log)
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
 if [ ! -d "$DEPS/usr" ] && [ -f "$ROOT/.deps/debs.tar.xz" ]; then tar xJf "$ROOT/.deps/debs.tar.xz" -C "$ROOT/.deps"; fi
@@ -118,7 +131,7 @@ if run_step "configure" "$OUT/build.log" 120 cmake -S "$ROOT" -B "$BUILD" -G Nin
   # that a broken file elsewhere in the tree does not hide the backend's results.
   # One build of everything the later steps need (-k 0: a broken file does not stop the other targets).
   run_step "build CUDA tests, pg_cuda_bench, peregrine" "$OUT/build.log" 420 \
-    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model pg_cuda_bench peregrine -- -k 0
+    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model test_cuda_spec pg_cuda_bench pg_cuda_verify_bench peregrine -- -k 0
   [ -x "$BUILD/tests/cuda/test_cuda_ops" ] && [ -x "$BUILD/tests/cuda/test_cuda_model" ] && [ -x "$BUILD/src/backend/cuda/pg_cuda_bench" ] && BUILD_OK=1
   [ -x "$BUILD/src/cli/peregrine" ] && CLI_OK=1
 fi
@@ -126,17 +139,34 @@ grep -E "error|FAILED" "$OUT/build.log" | head -20 >>"$SUMMARY"
 
 # ---- 2. tests -----------------------------------------------------------------------------------------
 if ((BUILD_OK && TESTS)); then
-  run_step "CUDA tests (ctest -L cuda)" "$OUT/tests.log" 300 \
-    ctest --test-dir "$BUILD" -L cuda -V -j 4 --timeout 240
+  if ! run_step "CUDA tests (ctest -L cuda)" "$OUT/tests.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -V -j 4 --timeout 280 && ((RETRY_PDL_OFF)); then
+    PEREGRINE_CUDA_PDL=0 run_step "CUDA tests, PDL off" "$OUT/tests-pdl-off.log" 300 \
+      ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -V -j 4 --timeout 280
+    grep -E "tests passed|tests failed|\(Failed\)" "$OUT/tests-pdl-off.log" | sed -E 's/^[0-9]+: //' | head -20 >>"$SUMMARY"
+  fi
   # The model tests print one line per model (max/RMS logit differences) and per greedy run.
-  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|exact: max|greedy|identical|fused chunk" "$OUT/tests.log" |
-    sed -E 's/^[0-9]+: //' | head -80 >>"$SUMMARY"
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|exact: max|greedy|identical|fused chunk|tree vs chain|diverges" "$OUT/tests.log" |
+    sed -E 's/^[0-9]+: //' | head -160 >>"$SUMMARY"
+fi
+
+if ((BUILD_OK && TESTS && TESTS_RPW2)); then
+  PEREGRINE_GEMV_RPW=2 run_step "CUDA op/model tests, GEMV rows per warp 2" "$OUT/tests-rpw2.log" 200 \
+    ctest --test-dir "$BUILD" -L cuda -R "CudaOps|CudaModel|CudaGreedy|CudaGraphs|CudaTree" -j 4 --timeout 180
+  grep -E "tests passed|tests failed|\(Failed\)" "$OUT/tests-rpw2.log" | head -20 >>"$SUMMARY"
 fi
 
 # ---- 3. kernel micro-benchmark ---------------------------------------------------------------------------
 if ((BUILD_OK && KERNELS)); then
   run_step "pg_cuda_bench" "$OUT/kernels.log" 180 "$BUILD/src/backend/cuda/pg_cuda_bench" --reps 20 --types "$KERNEL_TYPES"
   grep -E "^\||device:" "$OUT/kernels.log" >>"$SUMMARY"
+fi
+
+# ---- 3b. speculative decoding of the bundled pair on the GPU (AR vs chain vs DDTree) -------------------------
+if ((CLI_OK && SPEC)); then
+  run_step "bundled pair: AR vs chain vs DDTree" "$OUT/spec.log" 150 "$BUILD/src/cli/peregrine" bench --device cuda \
+    -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --draft "$ROOT/models/peregrine-demo-draft-Q8_0.gguf" --ddtree -n 128 -r 3
+  grep -E "^\||model:" "$OUT/spec.log" >>"$SUMMARY"
 fi
 
 # ---- 4. whole-model speed on synthetic models -------------------------------------------------------------
@@ -155,9 +185,17 @@ if ((CLI_OK)); then
     MODEL=/tmp/peregrine-$preset-$type.gguf
     LOG=$OUT/model-$preset-$type.log
     if run_step "gguf synth $preset $type" "$LOG" 240 "$PG" gguf synth --preset "$preset" --type "$type" -o "$MODEL"; then
-      bench_one "$LOG" "$preset $type pp512, pp4096, tg128 at depths 0 and 4096" -m "$MODEL" -p 512,4096 -n 128 -d 0,4096 -r 2
+      if ((BENCH && TG_ONLY)); then
+        bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+      elif ((BENCH)); then
+        bench_one "$LOG" "$preset $type pp512, pp4096, tg128 at depths 0 and 4096" -m "$MODEL" -p 512,4096 -n 128 -d 0,4096 -r 2
+      fi
+      for r in $RPW; do
+        ((BENCH)) && PEREGRINE_GEMV_RPW=$r bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, GEMV rows per warp $r" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+      done
       # Verification-shaped steps: one forward of R rows (speculative trees, concurrent decoding).
-      bench_one "$LOG" "$preset $type rows ${ROWS}" -m "$MODEL" -p "$ROWS" -n 0 -r 3
+      ((BENCH && BENCH_ROWS)) && bench_one "$LOG" "$preset $type rows ${ROWS}" -m "$MODEL" -p "$ROWS" -n 0 -r 3
+      ((BENCH && PDL_OFF)) && PEREGRINE_CUDA_PDL=0 bench_one "$LOG" "$preset $type tg128, PDL off" -m "$MODEL" -p 0 -n 128 -r 2
       for v in $MMQ_MIN_ROWS; do  # the row count from which MMQ replaces the GEMV (CudaOptions::mmq_min_rows)
         PEREGRINE_MMQ_MIN_ROWS=$v bench_one "$LOG" "$preset $type rows ${ROWS}, MMQ from $v rows" -m "$MODEL" -p "$ROWS" -n 0 -r 3
       done
@@ -165,12 +203,17 @@ if ((CLI_OK)); then
       for lanes in $LANES; do
         PEREGRINE_GEMV_LANES=$lanes bench_one "$LOG" "$preset $type tg128, GEMV lanes $lanes" -m "$MODEL" -p 0 -n 128 -r 2
       done
-      if command -v nsys >/dev/null 2>&1 && (($(left) > 120)); then
+      # Verification forwards shaped as the scheduler's DDTree verify (argmax of every row on the device).
+      if ((VERIFY)) && [ -x "$BUILD/tests/cuda/pg_cuda_verify_bench" ]; then
+        run_step "$preset $type verify forwards (tree rows ${ROWS})" "$LOG" 120 "$BUILD/tests/cuda/pg_cuda_verify_bench" -m "$MODEL" --rows "$ROWS" --depth 512 --reps 5
+      fi
+      ((BENCH)) || { grep -E "^\||model:|AR step" "$LOG" >>"$SUMMARY"; rm -f "$MODEL"; continue; }
+      if command -v nsys >/dev/null 2>&1 && (($(left) > 120)) && ((NSYS)); then
         run_step "nsys $preset $type tg32" "$LOG" 100 nsys profile -o "/tmp/nsys-$preset-$type" --force-overwrite true --stats=false \
           "$PG" bench -m "$MODEL" -p 0 -n 32 -r 1 --device cuda
         nsys stats --report cuda_gpu_kern_sum --format csv "/tmp/nsys-$preset-$type.nsys-rep" 2>/dev/null | head -30 >"$OUT/nsys-$preset-$type.csv"
       fi
-      grep -E "^\||model:|backend:|bytes per" "$LOG" >>"$SUMMARY"
+      grep -E "^\||model:|backend:|bytes per|AR step" "$LOG" >>"$SUMMARY"
       rm -f "$MODEL"
     else
       note "      (synth $preset $type failed: its benchmarks are skipped)"

@@ -15,8 +15,9 @@
 //    activations carry FP16 block sums that the CUDA side (FP32 GEMV on q·d) keeps exact. Bounds: max |Δ| ≤ 0.25, RMS ≤ 0.03 (0.05
 //    for Q4_1/Q5_1); F16 files (no 8-bit rounding) stay ≤ 0.05. MatmulDefaultModeMatchesCpuDefault
 //    checks the rounding itself at the op level (≤ 2e-5).
-// And greedy 64-token continuations of the base F16 models, CUDA default mode vs CPU: identical, except
-// after a step where the CPU's top-2 margin is below 0.1 (a near-tie), which is printed, not failed.
+// And greedy 64-token continuations of every golden model, CUDA default mode vs CPU (exact mode for F16
+// files, default mode for quantized ones): identical, except after a step where the CPU's top-2 margin
+// is below 0.1 (F16) / 0.3 (quantized) — a near-tie — which is printed, not failed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -133,8 +134,16 @@ TEST_P(CudaGreedy, SixtyFourTokensMatchCpu) {
   PG_REQUIRE_GPU();
   const std::string stem = GetParam();
   const std::string path = test::shared_path("golden/models/" + stem + ".gguf").string();
-  auto cpu = test::make_cpu_exact();
+  // F16 files: the CPU's exact mode (no activation rounding on either side). Quantized files: the CPU's
+  // default mode, which rounds activations to 8 bits as CUDA's default mode does; a near-tie there is
+  // wider (a rounding flip moves logits by up to ~0.15, see the header), hence the larger margin.
+  const bool f16_file = stem.find("-f16") != std::string::npos;
+  CpuOptions co;
+  co.n_threads = 2;
+  co.exact_f32 = f16_file;
+  auto cpu = std::make_unique<CpuBackend>(co);
   auto gpu = test::make_cuda(false);
+  const double tie = f16_file ? 0.1 : 0.3;
   const Logits c = run(*cpu, path, DType::F16, 64, {});
   const Logits g = run(*gpu, path, DType::F16, 64, {});
   ASSERT_EQ(c.tokens.size(), 64u);
@@ -150,16 +159,22 @@ TEST_P(CudaGreedy, SixtyFourTokensMatchCpu) {
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
     const double margin = sorted[0] - sorted[1];
     std::printf("%s: greedy step %zu differs (cpu %d, cuda %d); CPU top-2 margin %.4f\n", stem.c_str(), s, c.tokens[s], g.tokens[s], margin);
-    EXPECT_LT(margin, 0.1) << "greedy tokens differ at step " << s << " although the CPU's margin is not a near-tie";
+    EXPECT_LT(margin, tie) << "greedy tokens differ at step " << s << " although the CPU's margin is not a near-tie";
     return;  // the sequences diverge from here on
   }
   std::printf("%s: 64 greedy tokens identical\n", stem.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(BaseF16, CudaGreedy,
-                         testing::Values("tiny-llama-f16", "tiny-qwen3-f16", "tiny-qwen2-f16", "tiny-qwen3moe-f16", "tiny-gemma3-f16",
-                                         "tiny-qwen35-f16", "tiny-qwen35moe-f16"),
-                         name_of);
+// Every golden model (issue 11's correctness target).
+INSTANTIATE_TEST_SUITE_P(
+    Golden, CudaGreedy,
+    testing::Values("tiny-llama-f16", "tiny-llama-Q8_0", "tiny-llama-Q4_0", "tiny-llama-Q4_1", "tiny-llama-Q5_0", "tiny-llama-Q5_1",
+                    "tiny-llama-Q4_K_M", "tiny-llama-Q5_K_M", "tiny-llama-Q6_K", "tiny-llama-Q2_K", "tiny-llama-Q3_K_M",
+                    "tiny-llama-IQ4_XS", "tiny-qwen3-f16", "tiny-qwen3-Q8_0", "tiny-qwen3-Q4_0", "tiny-qwen3-Q4_1", "tiny-qwen3-Q5_0",
+                    "tiny-qwen3-Q5_1", "tiny-qwen3-Q4_K_M", "tiny-qwen3-Q5_K_M", "tiny-qwen3-Q6_K", "tiny-qwen3-Q2_K",
+                    "tiny-qwen3-Q3_K_M", "tiny-qwen3-IQ4_XS", "tiny-qwen2-f16", "tiny-qwen3moe-f16", "tiny-gemma3-f16",
+                    "tiny-qwen35-f16", "tiny-qwen35moe-f16"),
+    name_of);
 
 // Recorded decode steps (CUDA graphs) against eager execution of the same steps: the same kernels on the
 // same inputs, except that eager attention sizes its split-K grid for the step's exact length, so the

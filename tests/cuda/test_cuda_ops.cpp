@@ -849,6 +849,99 @@ TEST(CudaOps, GatedDeltaNetMatchesCpu) {
 
 // A decode step (norm → projection → RoPE → KV store → attention → output projection) captured once as
 // a CUDA graph and replayed for later positions, each replay checked against the CPU running the step.
+// Programmatic dependent launch (CudaOptions::pdl) changes when the decode GEMV's blocks start, never
+// what they compute: a chain of dependent decode matmuls (each output the next input; types alternating
+// between the q8_K and q8_0 families so the shared activation scratch is re-quantized while a GEMV that
+// read it may still run; a matmul_shared triple) must give bit-identical results with PDL on and off,
+// eagerly and replayed from a CUDA graph.
+TEST(CudaOps, PdlGemvChainBitIdentical) {
+  PG_REQUIRE_GPU();
+  const int64_t d = 512;
+  const DType types[] = {DType::Q4_K, DType::Q8_0, DType::Q6_K, DType::Q4_0, DType::Q5_K, DType::IQ4_XS};
+  std::vector<std::vector<uint8_t>> wb;
+  for (size_t i = 0; i < 12; ++i) wb.push_back(make_weights(types[i % 6], d, d, static_cast<uint32_t>(40 + i)));
+  const auto x0 = randn(static_cast<size_t>(d), 77);
+  auto run = [&](bool pdl, bool graph) {
+    auto gpu = test::make_cuda(false);
+    CudaOptions o;
+    o.pdl = pdl;
+    gpu->set_options(o);
+    std::vector<Tensor> w;
+    for (size_t i = 0; i < wb.size(); ++i) w.push_back(make_weight(*gpu, types[i % 6], d, d, 1, wb[i]));
+    Tensor x = make_tensor(*gpu, DType::F32, d, 1, x0.data());
+    std::vector<Tensor> y;  // (1, d) each
+    for (size_t i = 0; i < wb.size() + 2; ++i) y.push_back(gpu->alloc(DType::F32, d, 1));
+    auto ops = [&]() {
+      const Tensor* in = &x;
+      for (size_t i = 0; i < wb.size(); ++i) {
+        gpu->matmul(w[i], *in, y[i]);
+        gpu->scale(y[i], 0.05f);  // keep magnitudes bounded along the chain
+        in = &y[i];
+      }
+      gpu->matmul_shared(*in, {{&w[0], &y[wb.size()]}, {&w[1], &y[wb.size() + 1]}, {&w[2], &y[0]}});
+    };
+    ops();  // eager (also sizes the scratch for the recording)
+    if (graph) {
+      gpu->begin_capture();
+      ops();
+      const int g = gpu->end_capture();
+      gpu->replay(g);
+      gpu->replay(g);
+    }
+    std::vector<float> all;
+    for (const Tensor& t : y) {
+      const auto v = fetch(*gpu, t);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  const auto ref = run(false, false);
+  for (const bool graph : {false, true}) {
+    const auto got = run(true, graph), plain = run(false, graph);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)), 0) << (graph ? "graph" : "eager") << ": PDL changed results";
+    EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)), 0) << (graph ? "graph" : "eager") << ": differs from eager";
+  }
+}
+
+// The two-rows-per-warp one-row GEMV (CudaOptions::gemv_rows_per_warp = 2) sums each row in the same
+// order as the one-row-per-warp kernel: bit-identical outputs, for every 8-bit-activation type, an odd
+// row count (a warp with one row) and several widths, with PDL on and off.
+TEST(CudaOps, GemvTwoRowsPerWarpBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  for (const DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS}) {
+    for (const int64_t K : {256, 2048, 4352}) {
+      const int64_t M = 37;
+      const auto wbytes = make_weights(t, K, M, 5);
+      const auto xv = randn(static_cast<size_t>(K), 6);
+      Tensor w = make_weight(*gpu, t, K, M, 1, wbytes);
+      Tensor x = make_tensor(*gpu, DType::F32, K, 1, xv.data());
+      Tensor y = gpu->alloc(DType::F32, M, 1);
+      std::vector<float> ref;
+      for (const int rpw : {1, 2}) {
+        for (const bool pdl : {false, true}) {
+          CudaOptions o;
+          o.gemv_rows_per_warp = rpw;
+          o.pdl = pdl;
+          gpu->set_options(o);
+          gpu->matmul(w, x, y);
+          const auto got = fetch(*gpu, y);
+          if (ref.empty()) {
+            ref = got;
+            continue;
+          }
+          EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0)
+              << dtype_name(t) << " K=" << K << " rows per warp " << rpw << " pdl " << pdl;
+        }
+      }
+      gpu->free(w);
+      gpu->free(x);
+      gpu->free(y);
+    }
+  }
+}
+
 TEST(CudaOps, GraphCaptureReplaysDecodeSteps) {
   PG_REQUIRE_GPU();
   auto cpu = test::make_cpu_exact();

@@ -71,6 +71,8 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPHS"); e && std::strcmp(e, "0") == 0) opt.graphs = false;
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
+  if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
+  if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) opt.gemv_rows_per_warp = std::atoi(e);
   return create_cuda_backend(index, opt);
 }
 
@@ -85,12 +87,14 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.gemv_max_rows >= 1 && opt_.gemv_max_rows <= 8, "CudaOptions::gemv_max_rows must be 1..8");
   PG_CHECK(opt_.gemv_lanes == 32 || opt_.gemv_lanes == 16 || opt_.gemv_lanes == 8, "CudaOptions::gemv_lanes must be 32, 16 or 8");
   PG_CHECK(opt_.mmq_min_rows >= 0 && opt_.mmq_min_rows <= cuda::kMmqMaxRows, "CudaOptions::mmq_min_rows must be 0..64");
+  PG_CHECK(opt_.gemv_rows_per_warp == 1 || opt_.gemv_rows_per_warp == 2, "CudaOptions::gemv_rows_per_warp must be 1 or 2");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
   PG_CHECK(prop.major >= 8, std::string("CUDA device ") + prop.name + " has compute capability " + std::to_string(prop.major) + "." +
                                 std::to_string(prop.minor) + "; Peregrine needs 8.0 or newer");
   n_sm_ = prop.multiProcessorCount;
+  pdl_capable_ = prop.major >= 9;
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_ = s;
@@ -357,6 +361,8 @@ void CudaBackend::gemv(const cuda::MatmulArgs& a) {
   if (!opt_.exact_f32 || half) {
     cuda::MatmulArgs b = a;
     b.lanes = opt_.gemv_lanes;
+    b.pdl = opt_.pdl && pdl_capable_;
+    b.rows_per_warp = opt_.gemv_rows_per_warp;
     const size_t sb = cuda::gemv_fast_scratch_bytes(b);
     if (cuda::gemv_fast(b, sb ? scratch(kSlotQ8, sb) : nullptr, as_stream(stream_))) return;
   }
@@ -398,6 +404,8 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& w, const Tensor& x, Tens
   a.y_stride = y.cols();
   a.n = static_cast<int>(x.rows());
   a.lanes = opt_.gemv_lanes;
+  a.pdl = opt_.pdl && pdl_capable_;
+  a.rows_per_warp = opt_.gemv_rows_per_warp;
   return a;
 }
 

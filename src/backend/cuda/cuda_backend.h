@@ -43,6 +43,17 @@ struct CudaOptions {
   // whatever this says (slower than the GEMV below). 0 turns MMQ off. Environment:
   // PEREGRINE_MMQ_MIN_ROWS (factory).
   int mmq_min_rows = 2;
+  // Programmatic dependent launch for the decode GEMV (compute capability ≥ 9.0; ignored below): the
+  // GEMV's blocks are scheduled while the kernel before it (activation quantization, or the previous
+  // GEMV sharing its activations) drains, issue their first weight loads — weights are never written
+  // during a forward — and only then wait (griddepcontrol.wait) for that kernel's results, so launch
+  // gap, ramp-up and tail overlap the weight stream. Inside CUDA graphs too (programmatic edges).
+  // Environment: PEREGRINE_CUDA_PDL=0 turns it off (factory).
+  bool pdl = true;
+  // One-row decode GEMV (8-bit activations): weight rows per warp, 1 (measured default) or 2 (a lane
+  // serves two rows with each activation load; bit-identical; a candidate measured by pg_cuda_bench as
+  // fast/rw2). Environment: PEREGRINE_GEMV_RPW (factory).
+  int gemv_rows_per_warp = 1;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
@@ -148,6 +159,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   CudaOptions opt_;
   int n_sm_ = 0;
+  bool pdl_capable_ = false;  // compute capability ≥ 9.0
   CUstream_st* stream_ = nullptr;
   std::vector<Scratch> scratch_;
   // Pinned staging ring for small host→device uploads: upload() copies the caller's bytes here and

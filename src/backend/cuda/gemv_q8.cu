@@ -47,7 +47,24 @@ struct FastParams {
   size_t expert_bytes;
   int x_div;
   int g_base;
+  bool pdl;  // host side: launch with programmatic dependent launch (gemv_q8_kernel only)
 };
+
+// Programmatic dependent launch (sm_90+; no-ops below, and no-ops when the kernel was launched without
+// the attribute). grid_launch_dependents lets the next kernel's blocks be scheduled before this grid
+// ends — only a hint: the dependent still waits for this grid's completion and memory flush in its
+// grid_wait. A kernel launched with the attribute must call grid_wait in every thread before it reads
+// anything an earlier kernel writes, and before it writes anything.
+__device__ __forceinline__ void grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
 
 __device__ __forceinline__ int4 ld_q8x16(const int8_t* p) { return *reinterpret_cast<const int4*>(p); }
 __device__ __forceinline__ uint32_t ldg32a2(const uint8_t* p) {
@@ -327,9 +344,16 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int sub = lane % LPR;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp) * kRowsPerWarp + lane / LPR;
-  if (LPR == 32 && row >= p.M) return;
+  grid_launch_dependents();
+  if (LPR == 32 && row >= p.M) {
+    grid_wait();  // every thread waits (see grid_wait), even one with nothing to do
+    return;
+  }
   const bool active = row < p.M;  // lanes of a row past the end still take part in the shuffles below
   const int g = static_cast<int>(blockIdx.y) + p.g_base;
+  // Grouped mode reads expert ids that the router kernel wrote: wait first. Otherwise the first round of
+  // weight loads (read-only data) is issued before the wait, overlapping the previous kernel's tail.
+  if (p.expert_ids) grid_wait();
   int a0, xr0;
   const uint8_t* w = warp_row(p, active ? row : 0, p.expert_ids ? g : g * NA, a0, xr0);
   ActRows<NA> x;
@@ -344,14 +368,21 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
 #pragma unroll
   for (int a = 0; a < NA; ++a) acc[a] = 0.0f;
   const int np = active ? p.n_pieces : 0;
-  for (int base = sub; base < np; base += LPR * U) {
-    typename T::Raw r[U];
+  typename T::Raw r[U];
+  int base = sub;
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (base + LPR * u < np) r[u] = T::load(w, base + LPR * u);
+  for (int u = 0; u < U; ++u)
+    if (base + LPR * u < np) r[u] = T::load(w, base + LPR * u);
+  if (!p.expert_ids) grid_wait();
+  while (base < np) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (base + LPR * u < np) T::template dot<NA>(r[u], base + LPR * u, x, acc);
+    base += LPR * U;
+    if (base >= np) break;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + LPR * u < np) r[u] = T::load(w, base + LPR * u);
   }
   if constexpr (LPR == 32) {
     store_rows<NA>(p, row, a0, acc, lane);
@@ -365,6 +396,61 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
       if (active && sub == 0 && (p.expert_ids ? a == 0 : arow < p.n)) p.y[static_cast<int64_t>(arow) * p.y_stride + row] = s;
     }
   }
+}
+
+// Two weight rows per warp (CudaOptions::gemv_rows_per_warp = 2; one-row batches of the non-grouped
+// 8-bit kernel only): a lane holds the same pieces of two adjacent rows, so each activation piece it loads
+// from L1 serves both rows (the activation and scale loads of the second dot are the first's, merged by the
+// compiler) and twice the weight bytes are in flight per lane. Each row's sum is formed in the same order
+// as gemv_q8_kernel<T, NA, 32>: results are bit-identical to it.
+template <class T, int NA>
+__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_rw2_kernel(const FastParams p) {
+  constexpr int U = kUnroll;
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp) * 2;
+  grid_launch_dependents();
+  if (row0 >= p.M) {
+    grid_wait();
+    return;
+  }
+  const bool has1 = row0 + 1 < p.M;  // warp-uniform
+  const int g = static_cast<int>(blockIdx.y) + p.g_base;
+  int a0, xr0;
+  const uint8_t* w0 = warp_row(p, row0, g * NA, a0, xr0);
+  const uint8_t* w1 = has1 ? w0 + p.row_bytes : w0;
+  ActRows<NA> x;
+  const int64_t nd = p.K / 32;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    const int64_t xr = min(xr0 + a, p.n - 1);
+    x.q[a] = p.xq + xr * p.K;
+    x.d[a] = p.xd + xr * nd;
+  }
+  float acc0[NA], acc1[NA];
+#pragma unroll
+  for (int a = 0; a < NA; ++a) acc0[a] = acc1[a] = 0.0f;
+  const int np = p.n_pieces;
+  typename T::Raw r0[U], r1[U];
+  int base = lane;
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (base + 32 * u < np) r0[u] = T::load(w0, base + 32 * u), r1[u] = T::load(w1, base + 32 * u);
+  grid_wait();
+  while (base < np) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + 32 * u < np) {
+        T::template dot<NA>(r0[u], base + 32 * u, x, acc0);
+        T::template dot<NA>(r1[u], base + 32 * u, x, acc1);
+      }
+    base += 32 * U;
+    if (base >= np) break;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + 32 * u < np) r0[u] = T::load(w0, base + 32 * u), r1[u] = T::load(w1, base + 32 * u);
+  }
+  store_rows<NA>(p, row0, a0, acc0, lane);
+  if (has1) store_rows<NA>(p, row0 + 1, a0, acc1, lane);
 }
 
 // F16/BF16 weights with FP32 activations: a piece is 8 weights (16 bytes).
@@ -437,6 +523,7 @@ __global__ void __launch_bounds__(128) act_quant_kernel(const float* __restrict_
                                                         int n, int64_t K, void* __restrict__ out, float* __restrict__ d_out,
                                                         int32_t* __restrict__ s_out, uint4* __restrict__ split_out) {
   const int lane = static_cast<int>(threadIdx.x & 31);
+  grid_launch_dependents();  // a GEMV launched after this with PDL may start streaming its weights
   const int64_t chunks = (K + 255) / 256;
   const int64_t wid = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   if (wid >= n * chunks) return;  // whole warps only: the shuffles below need every lane
@@ -912,13 +999,29 @@ bool dispatch_q8(DType t, F&& f) {
 
 int64_t activation_rows(const MatmulArgs& a) { return a.expert_ids ? (a.n + std::max(1, a.x_div) - 1) / std::max(1, a.x_div) : a.n; }
 
+// pdl: launch with programmatic stream serialization (only kernels that call grid_wait as required).
 template <class K>
-void launch_rows(K kernel, const FastParams& p, int groups, cudaStream_t stream, int rows_per_warp = 1) {
+void launch_rows(K kernel, const FastParams& p, int groups, cudaStream_t stream, int rows_per_warp = 1, bool pdl = false) {
   for (int g0 = 0; g0 < groups; g0 += 65535) {
     FastParams q = p;
     q.g_base = g0;
     const dim3 grid(static_cast<unsigned>(ceil_div(p.M, kRowsPerBlock * rows_per_warp)), static_cast<unsigned>(std::min(65535, groups - g0)));
-    kernel<<<grid, kRowsPerBlock * 32, 0, stream>>>(q);
+    if (pdl) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = grid;
+      cfg.blockDim = dim3(kRowsPerBlock * 32);
+      cfg.dynamicSmemBytes = 0;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, q);
+      PG_CHECK(e == cudaSuccess, std::string("CUDA kernel launch failed (gemv_fast, PDL): ") + cudaGetErrorString(e));
+    } else {
+      kernel<<<grid, kRowsPerBlock * 32, 0, stream>>>(q);
+    }
     check_launch("gemv_fast");
   }
 }
@@ -942,7 +1045,14 @@ template <class T, int LPR>
 struct LaunchQ8 {
   template <int NA>
   struct L {
-    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_kernel<T, NA, LPR>, p, groups, s, 32 / LPR); }
+    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_kernel<T, NA, LPR>, p, groups, s, 32 / LPR, p.pdl); }
+  };
+};
+template <class T>
+struct LaunchQ8Rw2 {
+  template <int NA>
+  struct L {
+    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_rw2_kernel<T, NA>, p, groups, s, 2, p.pdl); }
   };
 };
 template <bool BF>
@@ -971,6 +1081,7 @@ FastParams make_params(const MatmulArgs& a) {
   p.expert_ids = a.expert_ids;
   p.expert_bytes = a.expert_bytes;
   p.x_div = std::max(1, a.x_div);
+  p.pdl = a.pdl;
   return p;
 }
 
@@ -1060,6 +1171,10 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
     p.n_pieces = static_cast<int>(a.K / 32);
     p.xq = scratch_q(scratch);
     p.xd = scratch_d(a, scratch);
+    if (a.rows_per_warp == 2 && a.lanes == 32 && !a.expert_ids && a.n == 1) {
+      LaunchQ8Rw2<T>::template L<1>::run(p, 1, stream);
+      return;
+    }
     switch (a.lanes) {
       case 8: by_rows<LaunchQ8<T, 8>::template L>(a, p, stream); break;
       case 16: by_rows<LaunchQ8<T, 16>::template L>(a, p, stream); break;

@@ -41,6 +41,11 @@ struct MatmulArgs {
   // Default-mode GEMV (gemv_q8.cu): lanes per weight row, 32 (default), 16 or 8 (candidates for rows
   // whose pieces are too few to keep a whole warp's loads in flight; chosen by measurement).
   int lanes = 32;
+  // Launch the 8-bit-activation GEMV with programmatic dependent launch (Hopper, CudaOptions::pdl): its
+  // blocks start while the previous kernel drains and stream their weights before waiting for it.
+  bool pdl = false;
+  // Default-mode one-row GEMV: weight rows per warp, 1 or 2 (gemv_q8_rw2_kernel; bit-identical results).
+  int rows_per_warp = 1;
 };
 
 bool gemv_supported(DType t);
