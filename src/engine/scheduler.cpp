@@ -379,6 +379,8 @@ spec::WalkResult Scheduler::sample_chain(Verify& v, const std::function<const fl
   for (int i = 0; i <= r.n_accepted && i <= n; ++i) w.path.push_back(i);
   w.bonus = r.next;
   return w;
+}
+
 void Scheduler::feed_features(int n_first) {
   // Decode rows (the root of a plain step) and prompt rows are committed as they stand; verify rows
   // wait for the walk. Rows before n_first are all outputs, so a verify's nodes are rows out0 + i.
