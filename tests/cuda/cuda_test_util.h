@@ -84,7 +84,7 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact) {
   o.exact_f32 = exact;
   // The factory's switch, so that one device call can run the tests with PDL off as well.
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::string(e) == "0") o.pdl = false;
-  if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && std::string(e) == "2") o.gemv_rows_per_warp = 2;
+  if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) o.gemv_rows_per_warp = std::atoi(e);
   return std::make_unique<CudaBackend>(0, o);
 }
 
