@@ -9,6 +9,7 @@
 #                   which must parse identically (src/chat/parse)
 #   grammar         GBNF text and JSON Schemas through the parser, converter and matcher, the token
 #                   mask checked against brute force (src/grammar)
+#   block_file      prefix-cache block file headers, as found in --kv-cache-dir (src/kv/disk_cache)
 #
 #   scripts/fuzz.sh gguf                      # one target, its default number of executions
 #   RUNS=10000000 JOBS=2 scripts/fuzz.sh all  # every target in turn
@@ -24,8 +25,8 @@ BUILD=${BUILD:-$ROOT/build-fuzz}
 JOBS=${JOBS:-1}
 SHARED=${SHARED:-${PEREGRINE_SHARED:-$ROOT/../shared}}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && { sed -n '2,19p' "$0"; exit 2; }
-[ "${TARGETS[0]}" = all ] && TARGETS=(gguf server_request jinja chat_parse grammar)
+[ ${#TARGETS[@]} -eq 0 ] && { sed -n '2,20p' "$0"; exit 2; }
+[ "${TARGETS[0]}" = all ] && TARGETS=(gguf server_request jinja chat_parse grammar block_file)
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ is required (apt-get install clang)" >&2; exit 1; }
 if [ ! -f "$BUILD/build.ninja" ]; then
@@ -69,8 +70,13 @@ for target in "${TARGETS[@]}"; do
       ARGS+=(-max_len=4096 -timeout=10 -len_control=0)
       /usr/bin/python3 "$ROOT/fuzz/seeds_grammar/make_seeds.py" "$SEEDS" "$SHARED"
       ;;
+    block_file)
+      runs=2000000
+      ARGS+=(-max_len=4096 -timeout=5)
+      cp "$ROOT"/fuzz/seeds_kv/*.bin "$SEEDS/"
+      ;;
     *)
-      echo "fuzz: unknown target '$target' (gguf, server_request, jinja, chat_parse, grammar, all)" >&2
+      echo "fuzz: unknown target '$target' (gguf, server_request, jinja, chat_parse, grammar, block_file, all)" >&2
       exit 2
       ;;
   esac

@@ -390,6 +390,39 @@ TEST(PrefixCache, CorruptTruncatedAndForeignFilesAreSkipped) {
   }
 }
 
+// Two servers on one directory (two caches alive at once, writing the same and different chains):
+// every file a third one scans is valid, and each serves the other's chain after a restart.
+TEST(PrefixCache, TwoServersShareOneDirectory) {
+  Env e("tiny-qwen3-f16.gguf");
+  TempDir dir;
+  const auto common = tokens(70, e.V, 1), a_only = tokens(70, e.V, 2), b_only = tokens(70, e.V, 3);
+  {
+    Cached a(*e.model, 1, 256, 4, dir.p.string()), b(*e.model, 1, 256, 4, dir.p.string());
+    std::vector<float> l;
+    for (int round = 0; round < 3; ++round) {
+      for (auto* c : {&a, &b}) {
+        const auto& own = c == &a ? a_only : b_only;
+        for (const auto* p : {&common, &own}) {
+          prefill(*e.model, *c->kv, c->pc.get(), 0, *p, l);
+          c->pc->release(0, *p);
+        }
+      }
+    }
+    a.pc->flush();
+    b.pc->flush();
+  }
+  EXPECT_EQ(block_files(dir.p).size(), 3u);
+  EXPECT_EQ(block_files(dir.p, true).size(), 0u) << "nothing broken";
+  Cached c(*e.model, 1, 256, 4, dir.p.string());
+  EXPECT_EQ(c.pc->stats().disk_files, 3u);
+  std::vector<float> l;
+  for (const auto* p : {&common, &a_only, &b_only}) {
+    const auto q = cat(*p, tokens(5, e.V, 9));
+    EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, q, l).n_disk, 64);
+    c.pc->release(0, q);
+  }
+}
+
 // The disk budget is an LRU over files, and a chain extending an earlier one replaces it.
 TEST(PrefixCache, DiskBudgetAndSupersededFiles) {
   Env e("tiny-qwen3-f16.gguf");
