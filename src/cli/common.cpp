@@ -151,7 +151,8 @@ LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedMode
   std::string draft = f.draft;
   if (draft.empty() && bundled && fs::path(target_path).filename() == kBundledModel) {
     std::error_code ec;
-    const fs::path p = fs::path(target_path).parent_path() / kBundledDraft;
+    const bool want_dflash = !f.type.empty() && spec::parse_spec_type(f.type) == spec::SpecType::kDFlash;
+    const fs::path p = fs::path(target_path).parent_path() / (want_dflash ? kBundledDFlashDraft : kBundledDraft);
     if (fs::exists(p, ec)) draft = p.string();
   }
   spec::SpecType t = f.type.empty() ? (draft.empty() ? spec::SpecType::kNone : spec::SpecType::kDraft) : spec::parse_spec_type(f.type);
