@@ -179,14 +179,23 @@ LoadedDraft load_spec(const SpecFlags& f, const ModelFlags& mf, const LoadedMode
   std::string draft = f.draft;
   if (draft.empty() && bundled && fs::path(target_path).filename() == kBundledModel) {
     std::error_code ec;
-    const fs::path p = fs::path(target_path).parent_path() / kBundledDraft;
+    const bool want_dflash = !f.type.empty() && spec::parse_spec_type(f.type) == spec::SpecType::kDFlash;
+    const fs::path p = fs::path(target_path).parent_path() / (want_dflash ? kBundledDFlashDraft : kBundledDraft);
     if (fs::exists(p, ec)) draft = p.string();
   }
   spec::SpecType t = f.type.empty() ? (draft.empty() ? spec::SpecType::kNone : spec::SpecType::kDraft) : spec::parse_spec_type(f.type);
   PG_CHECK(t != spec::SpecType::kDraft || !draft.empty(), "--spec-type draft needs a draft model (-md FILE)");
   PG_CHECK(t != spec::SpecType::kDFlash || !draft.empty(), "--spec-type dflash needs a DFlash draft model (--draft FILE)");
   // A DFlash draft is recognised by its architecture (dflash, dflash-draft, ...), whatever --spec-type says.
-  const bool dflash_file = (t == spec::SpecType::kDraft || t == spec::SpecType::kDFlash) && is_dflash_arch(gguf::File::open(draft)->architecture());
+  bool dflash_file = false;
+  if (t == spec::SpecType::kDraft || t == spec::SpecType::kDFlash) {
+    try {
+      dflash_file = is_dflash_arch(gguf::File::open(draft)->architecture());
+    } catch (const Error& e) {
+      // An unreadable file: the draft loader below reports it as usual.
+      if (t == spec::SpecType::kDFlash) throw Error("cannot load the DFlash draft '" + draft + "': " + e.what());
+    }
+  }
   PG_CHECK(t != spec::SpecType::kDFlash || dflash_file, "--spec-type dflash: '" + draft + "' is not a DFlash draft (architecture dflash, dflash-draft, qwen35-dflash-draft)");
   if (dflash_file) t = spec::SpecType::kDFlash;
   d.opt.type = t;

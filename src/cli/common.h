@@ -84,6 +84,8 @@ struct SpecFlags {
 
 // The bundled draft (models/), used with the bundled target when no -m is given.
 constexpr const char* kBundledDraft = "peregrine-demo-draft-Q8_0.gguf";
+// The bundled DFlash draft (--spec-type dflash with the bundled target and no --draft).
+constexpr const char* kBundledDFlashDraft = "peregrine-demo-dflash-Q8_0.gguf";
 
 struct LoadedDraft {
   std::unique_ptr<Backend> backend;
