@@ -312,6 +312,10 @@ engine::SpecOptions spec_of(spec::SpecType t, int n_max, int ddtree_budget = 0) 
   s.n_max = n_max;
   s.tree = ddtree_budget > 0;
   if (s.tree) s.budget = ddtree_budget;
+  // Fixed shapes: the adaptive choices would not speculate with a self-draft (it costs what the target
+  // costs), and these tests are about the verification path.
+  s.p_min = 0;
+  s.adaptive = false;
   return s;
 }
 
