@@ -32,6 +32,7 @@
 #include "server/chat_request.h"
 #include "server/json_util.h"
 #include "server/prepare.h"
+#include "server/structured.h"
 #include "tokenizer/tokenizer.h"
 
 #if !defined(PG_FUZZ_CHATML) || !defined(PG_FUZZ_CHATML_THINK_TOOLS)
@@ -130,6 +131,8 @@ void run_chat(const Fixture& fx, const ServerOptions& opt, const ChatRequest& re
   reply(parser.message().to_openai_json());
   engine::RequestSpec spec = make_spec(opt, kNCtx, req.gen, rp.tokens);
   spec.special_text = ChatPrompt::special_text(rp.format);
+  // The grammar of structured output / forced tool calls, and the reasoning budget (ChatRun does this).
+  spec.constraint = chat_constraint(opt, *fx.tok, req, rp);
   check_spec(spec, fx.tok->n_vocab());
   if (g_verbose)
     std::fprintf(stderr, "spec: max_tokens %d, %zu stop strings, logprobs %d\n", spec.max_tokens, spec.stop.size(),

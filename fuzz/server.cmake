@@ -3,6 +3,7 @@
 # engine / output parser it drives are compiled into the fuzzer (instrumented); the tokenizer and
 # GGUF reader come from their libraries. Seeds and dictionary: fuzz/seeds_server/.
 file(GLOB_RECURSE PEREGRINE_FUZZ_CHAT_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/chat/*.cpp)
+file(GLOB PEREGRINE_FUZZ_SERVER_GRAMMAR_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/grammar/*.cpp)
 add_executable(fuzz_server_request
   fuzz_server_request.cpp
   ${PROJECT_SOURCE_DIR}/src/server/json_util.cpp
@@ -10,6 +11,11 @@ add_executable(fuzz_server_request
   ${PROJECT_SOURCE_DIR}/src/server/chat_prompt.cpp
   ${PROJECT_SOURCE_DIR}/src/server/prepare.cpp
   ${PROJECT_SOURCE_DIR}/src/engine/sampler.cpp
+  # Structured output: schema / grammar fields are converted and parsed while the request is parsed.
+  ${PROJECT_SOURCE_DIR}/src/server/structured.cpp
+  ${PROJECT_SOURCE_DIR}/src/engine/constraint.cpp
+  ${PROJECT_SOURCE_DIR}/src/spec/tree.cpp
+  ${PEREGRINE_FUZZ_SERVER_GRAMMAR_SOURCES}
   ${PEREGRINE_FUZZ_CHAT_SOURCES})
 target_include_directories(fuzz_server_request PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_compile_definitions(fuzz_server_request PRIVATE PG_FUZZ_CHATML="${PROJECT_SOURCE_DIR}/tests/server/chatml.jinja"

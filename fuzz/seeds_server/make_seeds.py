@@ -51,6 +51,16 @@ seeds = [
   (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}),
   (CHAT, {"messages": user, "functions": [], "function_call": "auto"}),
   (CHAT, {"messages": user, "response_format": {"type": "json_schema", "json_schema": {}}}),
+  # Structured output and reasoning budgets (server/structured.cpp).
+  (CHAT, {"messages": user, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "strict": True, "schema": {
+      "type": "object", "properties": {"a": {"type": "integer", "minimum": 1}, "b": {"enum": ["x", 1, None]}}, "required": ["a"]}}}}),
+  (CHAT, {"messages": user, "grammar": "root ::= (\"a\" | [0-9]{1,3})+ x\nx ::= [^\"]*"}),
+  (CHAT, {"messages": user, "json_schema": {"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"}}),
+  (CHAT, {"messages": user, "tools": [dict(weather, function=dict(weather["function"], strict=True))], "tool_choice": "required", "reasoning_budget_tokens": 3}),
+  (RESP, {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "string", "pattern": "^a+$"}}}, "reasoning": {"effort": "low"}}),
+  (MSGS, {"model": "m", "max_tokens": 5, "messages": user, "output_format": {"type": "json_schema", "schema": {"type": "boolean"}},
+          "thinking": {"type": "enabled", "budget_tokens": 1}}),
+  (COMPL, {"prompt": "x", "grammar": "root ::= \"1\"", "max_tokens": 2}),
   (CHAT, {"messages": [{"role": "system", "content": "a"}, {"role": "system", "content": "b"}, {"role": "system", "content": "c"}, {"role": "user", "content": "d"}]}),
   (COMPL, {"model": "x", "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "logit_bias": {"2": -100}}),
   (COMPL, {"model": "x", "prompt": [1, 2, 3, 4], "max_tokens": 10, "echo": True, "logprobs": 2}),

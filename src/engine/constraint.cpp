@@ -65,7 +65,13 @@ spec::DraftTree Constraint::prune(spec::DraftTree tree) const {
     const int p = tree.parent[static_cast<size_t>(i)];
     if (p < 0 || remap[static_cast<size_t>(p)] < 0) continue;
     grammar::Matcher m = at[static_cast<size_t>(p)]->clone();
-    if (!m.accept_token(tree.token[static_cast<size_t>(i)])) continue;
+    bool ok = false;
+    try {
+      ok = m.accept_token(tree.token[static_cast<size_t>(i)]);
+    } catch (const Error&) {
+      ok = false;
+    }
+    if (!ok) continue;
     at[static_cast<size_t>(i)].emplace(std::move(m));
     remap[static_cast<size_t>(i)] = out.add(tree.token[static_cast<size_t>(i)], remap[static_cast<size_t>(p)]);
   }
@@ -77,7 +83,11 @@ void Constraint::feed(std::string_view bytes) {
   // A rejection here means text the mask did not choose (a forced token, or the bytes after a
   // trigger inside one token): stop constraining rather than stall; the caller's output checks
   // (and the tests) see it through broken().
-  if (!matcher_->accept_bytes(bytes)) broken_ = true;
+  try {
+    if (!matcher_->accept_bytes(bytes)) broken_ = true;
+  } catch (const Error&) {
+    broken_ = true;  // over the parallel-parse limit (see apply)
+  }
 }
 
 const float* Constraint::apply(const float* logits) {
@@ -90,7 +100,14 @@ const float* Constraint::apply(const float* logits) {
     for (int32_t t : matcher_->vocab()->eog_ids_) masked_[static_cast<size_t>(t)] = kNegInf;
     return masked_.data();
   }
-  matcher_->allowed_tokens(mask_);
+  try {
+    matcher_->allowed_tokens(mask_);
+  } catch (const Error&) {
+    // A grammar over its parallel-parse limit in a state the compile-time warm-up did not reach: the
+    // engine thread must not throw; the sequence goes on unconstrained and reports it (grammar_broken).
+    broken_ = true;
+    return logits;
+  }
   for (int i = 0; i < n; ++i)
     if (!grammar::mask_test(mask_, i)) masked_[static_cast<size_t>(i)] = kNegInf;
   if (at_start_ && open_id_ >= 0) masked_[static_cast<size_t>(open_id_)] = logits[open_id_];
@@ -110,7 +127,7 @@ void Constraint::accept(int32_t t) {
     trigger_ = spec_->think_close;
   } else if (masking() && active_) {
     if (matcher_->vocab()->is_eog(t))
-      (void)matcher_->accept_token(t);
+      (void)matcher_->accept_token(t);  // EOG: no bytes, cannot throw
     else
       feed(matcher_->vocab()->piece(t));
   }

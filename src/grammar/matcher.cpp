@@ -291,6 +291,8 @@ struct Walker {
     if (ids.empty()) return kEmpty;
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    if (ids.size() > 16 * A.max_stacks)  // as in accept_bytes: a state whose parses double with every byte
+      throw Error("grammar: too many parallel parses (over " + std::to_string(16 * A.max_stacks) + "); the grammar is too ambiguous");
     std::string key(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
     auto it = set_index.find(key);
     if (it != set_index.end()) return it->second;
@@ -442,6 +444,12 @@ bool Matcher::accept_bytes(std::string_view bytes) {
         if (std::find(next.begin(), next.end(), *q) == next.end()) next.push_back(*q);
       }
     }
+    // Each expansion is bounded, but their union could still double with every byte (x ::= "a" x "b" |
+    // "a" x "c" | ""): bound the state as a whole, or a 40-byte answer takes 2^40 stacks.
+    // (16x one expansion's bound: a schema with 2 000 optional properties has a few thousand stacks
+    // after `{"p` and is legitimate.)
+    if (next.size() > 16 * A.max_stacks)
+      throw Error("grammar: too many parallel parses (over " + std::to_string(16 * A.max_stacks) + "); the grammar is too ambiguous");
     // An emptied stack (-1) takes no further byte: it only records "may end here".
     cur.clear();
     end = false;

@@ -31,7 +31,9 @@ json base_response(const ResponseShell& s, const char* status) {
   r["reasoning"] = echo("reasoning", json{{"effort", nullptr}, {"summary", nullptr}});
   r["store"] = false;
   r["temperature"] = echo("temperature", nullptr);
-  r["text"] = json{{"format", json{{"type", "text"}}}};
+  // The format the answer was constrained to (structured output), as OpenAI echoes it.
+  r["text"] = b.contains("text") && b["text"].is_object() && b["text"].contains("format") ? json{{"format", b["text"]["format"]}}
+                                                                                          : json{{"format", json{{"type", "text"}}}};
   r["tool_choice"] = echo("tool_choice", "auto");
   r["tools"] = echo("tools", json::array());
   r["top_p"] = echo("top_p", nullptr);

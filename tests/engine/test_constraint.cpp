@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
 #include "engine/constraint.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
@@ -302,6 +303,49 @@ TEST(Constraint, GrammarAfterReasoningAndStopStrings) {
   while (!answer.empty() && (answer[0] == '\n' || answer[0] == ' ')) answer.erase(0, 1);
   auto j = json::parse(answer);
   EXPECT_TRUE(j.contains("answer") && j["answer"].is_number_integer()) << answer;
+}
+
+}  // namespace
+}  // namespace pg::engine
+
+namespace pg::engine {
+namespace {
+
+// A grammar whose parallel parses double with every byte (x ::= "a" x "b" | "a" x "c" | ""): past the
+// limit the matcher throws, which the engine thread must never see — the constraint gives up
+// (grammar_broken) and sampling goes on.
+TEST(Constraint, AmbiguityLimitInTheEngineDoesNotThrow) {
+  CpuBackend be{CpuOptions{}};
+  auto m = Model::load(stories(), be);
+  auto tok = tok::Tokenizer::from_gguf(m->file());
+  auto g = grammar::Grammar::parse("root ::= x\nx ::= \"a\" x \"b\" | \"a\" x \"c\" | \"\"\n");
+  auto spec = std::make_shared<ConstraintSpec>();
+  // Not warmed (compile_cached would refuse it at request time): the state comes up mid-generation.
+  spec->grammar = std::make_shared<grammar::Compiled>(grammar::Compiled{g, grammar::Matcher(g, shared_vocab(*tok))});
+  Constraint c(spec, *tok);
+  std::vector<float> logits(static_cast<size_t>(tok->n_vocab()), 0.0f);
+  // The token whose bytes are exactly "a", 40 times: each one is valid, the parses double.
+  auto v = shared_vocab(*tok);
+  int32_t a = -1;
+  for (int32_t t = 0; t < v->n_vocab() && a < 0; ++t)
+    if (v->piece(t) == "a") a = t;
+  ASSERT_GE(a, 0);
+  const std::vector<int32_t> ids(40, a);
+  bool threw = false;
+  try {
+    for (int32_t t : ids) {
+      (void)c.apply(logits.data());
+      c.accept(t);
+    }
+    (void)c.apply(logits.data());
+  } catch (...) {
+    threw = true;
+  }
+  EXPECT_FALSE(threw);
+  EXPECT_TRUE(c.broken());
+  // The same bytes straight into a matcher do throw: the guard above is what catches it.
+  grammar::Matcher raw(g, v);
+  EXPECT_THROW((void)raw.accept_bytes(std::string(40, 'a')), pg::Error);
 }
 
 }  // namespace
