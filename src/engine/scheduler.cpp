@@ -254,7 +254,9 @@ void Scheduler::draft() {
     in.p_min = opt_.spec.p_min;
     // Sampled chains draw their drafts from the drafter's q (exact min(1, p/q) acceptance); trees
     // are drafted greedily and verified by sample-and-match.
-    in.sampler = !opt_.spec.tree && s.sampled() ? s.draft_sampler() : nullptr;
+    // A constrained sequence (grammar, reasoning budget) takes sample-and-match through choose(): the
+    // mask and the forced tokens live there, and min(1, p/q) would need both p and q masked.
+    in.sampler = !opt_.spec.tree && s.sampled() && !s.constraint() ? s.draft_sampler() : nullptr;
     draft_in_.push_back(in);
     who.push_back(&s);
   }

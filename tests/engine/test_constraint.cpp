@@ -235,6 +235,41 @@ TEST(Constraint, GreedySpeculativeEqualsPlainChainAndDDTree) {
   }
 }
 
+// Sampled requests with a speculating chain (the path that draws drafts from the draft's q and accepts
+// with min(1, p/q) for unconstrained requests) must still end on the grammar and validate.
+TEST(Constraint, SampledSpeculativeChainStaysInTheGrammar) {
+  SpecOptions chain;
+  chain.type = spec::SpecType::kDraft;
+  chain.n_max = 8;
+  chain.p_min = 0;
+  chain.adaptive = false;  // always draft: this test is about the verification path
+  Engine e(demo_target(), demo_draft(), chain);
+  auto schemas = some_schemas(16);
+  std::vector<RequestSpec> reqs;
+  for (size_t i = 0; i < schemas.size(); ++i) {
+    RequestSpec r;
+    r.prompt = e.tok->encode("<|im_start|>user\nGive the arguments of " + schemas[i].first +
+                                 " as JSON.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+                             false, true);
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed = 77 + i;
+    r.max_tokens = 600;
+    r.constraint = schema_constraint(*e.tok, narrowed(schemas[i].second));
+    reqs.push_back(std::move(r));
+  }
+  auto outs = e.run(reqs);
+  std::vector<std::pair<json, std::string>> items;
+  int drafted = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    EXPECT_FALSE(outs[i].last.stats.grammar_broken) << schemas[i].first;
+    EXPECT_EQ(outs[i].last.finish, FinishReason::kEog) << schemas[i].first << ": " << outs[i].text;
+    drafted += outs[i].last.stats.draft_n;
+    items.push_back({schemas[i].second, outs[i].text});
+  }
+  EXPECT_GT(drafted, 0);
+  for (auto& b : validate(items)) ADD_FAILURE() << b;
+}
+
 std::shared_ptr<ConstraintSpec> budget(int n) {
   auto c = std::make_shared<ConstraintSpec>();
   c->reasoning_budget = n;
