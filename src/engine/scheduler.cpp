@@ -389,7 +389,8 @@ void Scheduler::feed_features(int n_first) {
   const int n = batch_.size();
   if (n == 0 || hidden_.empty()) return;
   const size_t fw = hidden_.size() / static_cast<size_t>(n);
-  std::vector<uint8_t> is_verify(static_cast<size_t>(n_first), 0);
+  std::vector<uint8_t>& is_verify = is_verify_;  // (n_first) member: no allocation per step
+  is_verify.assign(static_cast<size_t>(n_first), 0);
   for (const Verify& v : verify_)
     for (int i = 0; i < v.tree.size(); ++i) is_verify[static_cast<size_t>(v.out0 + i)] = 1;
   for (int r = 0; r < n; ++r) {

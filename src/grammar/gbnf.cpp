@@ -312,25 +312,7 @@ class Parser {
 
   // Sorted, merged ranges without surrogates; complemented over all scalar values when neg.
   static std::vector<std::pair<uint32_t, uint32_t>> normalise(std::vector<std::pair<uint32_t, uint32_t>> r, bool neg) {
-    std::sort(r.begin(), r.end());
-    std::vector<std::pair<uint32_t, uint32_t>> m;
-    for (auto& x : r) {
-      if (!m.empty() && x.first <= m.back().second + 1) {
-        m.back().second = std::max(m.back().second, x.second);
-      } else {
-        m.push_back(x);
-      }
-    }
-    if (neg) {
-      std::vector<std::pair<uint32_t, uint32_t>> c;
-      uint32_t next = 0;
-      for (auto& x : m) {
-        if (x.first > next) c.push_back({next, x.first - 1});
-        next = x.second + 1;
-      }
-      if (next <= kMaxCp) c.push_back({next, kMaxCp});
-      m = std::move(c);
-    }
+    const std::vector<std::pair<uint32_t, uint32_t>> m = merge_code_ranges(std::move(r), neg);
     std::vector<std::pair<uint32_t, uint32_t>> out;
     for (auto& x : m) {
       if (x.first <= 0xDFFF && x.second >= 0xD800) {
@@ -593,6 +575,27 @@ struct Grammar::Builder {
     }
   }
 };
+
+std::vector<std::pair<uint32_t, uint32_t>> merge_code_ranges(std::vector<std::pair<uint32_t, uint32_t>> r, bool complement) {
+  std::sort(r.begin(), r.end());
+  std::vector<std::pair<uint32_t, uint32_t>> m;
+  for (auto& x : r) {
+    if (!m.empty() && x.first <= m.back().second + 1) {
+      m.back().second = std::max(m.back().second, x.second);
+    } else {
+      m.push_back(x);
+    }
+  }
+  if (!complement) return m;
+  std::vector<std::pair<uint32_t, uint32_t>> c;
+  uint32_t next = 0;
+  for (auto& x : m) {
+    if (x.first > next) c.push_back({next, x.first - 1});
+    next = x.second + 1;
+  }
+  if (next <= kMaxCp) c.push_back({next, kMaxCp});
+  return c;
+}
 
 std::shared_ptr<const Grammar> Grammar::parse(std::string_view gbnf, const Limits& limits, std::string_view start_rule) {
   if (gbnf.size() > limits.max_text_bytes) throw Error("grammar: text over " + std::to_string(limits.max_text_bytes) + " bytes");

@@ -88,6 +88,10 @@ class Grammar {
 // JSON Schema -> GBNF text (root rule `root`). Throws pg::Error "json_schema: ..." naming the keyword
 // for an unsupported or malformed construct. See docs/structured-output.md for the covered subset and
 // the whitespace policy.
+// Code point ranges sorted and merged (adjacent ones joined), complemented over 0..0x10FFFF when
+// `complement`: the shared step of GBNF character classes and JSON Schema pattern classes.
+std::vector<std::pair<uint32_t, uint32_t>> merge_code_ranges(std::vector<std::pair<uint32_t, uint32_t>> r, bool complement);
+
 std::string json_schema_to_gbnf(std::string_view schema_json);
 // {"type":"json_object"}: any JSON object.
 std::string json_object_gbnf();

@@ -602,25 +602,7 @@ struct Converter {
   }
   // A class as code point ranges -> GBNF: the JSON-safe part as [..], plus escapes for the rest.
   static std::string class_gbnf(std::vector<std::pair<uint32_t, uint32_t>> r, bool neg) {
-    std::sort(r.begin(), r.end());
-    std::vector<std::pair<uint32_t, uint32_t>> m;
-    for (auto& x : r) {
-      if (!m.empty() && x.first <= m.back().second + 1) {
-        m.back().second = std::max(m.back().second, x.second);
-      } else {
-        m.push_back(x);
-      }
-    }
-    if (neg) {
-      std::vector<std::pair<uint32_t, uint32_t>> c;
-      uint32_t next = 0;
-      for (auto& x : m) {
-        if (x.first > next) c.push_back({next, x.first - 1});
-        next = x.second + 1;
-      }
-      if (next <= 0x10FFFF) c.push_back({next, 0x10FFFF});
-      m = c;
-    }
+    const std::vector<std::pair<uint32_t, uint32_t>> m = merge_code_ranges(std::move(r), neg);
     auto in = [&](uint32_t c) {
       for (auto& x : m) {
         if (c >= x.first && c <= x.second) return true;
