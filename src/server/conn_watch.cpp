@@ -10,7 +10,7 @@ namespace pg::server {
 bool ConnWatch::gone() {
   if (gone_ || fd_ < 0) return gone_;
   const auto now = std::chrono::steady_clock::now();
-  if (now - last_check_ < std::chrono::milliseconds(20)) return false;
+  if (now - last_check_ < std::chrono::milliseconds(1)) return false;
   last_check_ = now;
   pollfd p{};
   p.fd = fd_;
