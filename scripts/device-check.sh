@@ -58,6 +58,9 @@ BENCH_ROWS=${BENCH_ROWS:-1}        # 0: skip bench -p ROWS -n 0 (chain forwards,
 TG_ONLY=${TG_ONLY:-0}              # 1: the per-model bench is tg128 at depths 0 and 4096 only (no pp)
 RPW=${RPW:-}                       # other CudaOptions::gemv_rows_per_warp values to time tg128 with (e.g. "2")
 TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_GEMV_RPW=2 (tests-rpw2.log)
+DFLASH_TRAIN=${DFLASH_TRAIN:-0}    # N > 0: train the bundled target's DFlash draft on the GPU for N minutes (tools/train/dflash_train.py),
+                                   # then its acceptance vs the bundled one on the CPU  → $OUT/dflash/, dflash.log
+DFLASH_ARGS=${DFLASH_ARGS:---prompts 24000 --max-new 192 --bs 32 --anchors 12}  # the training run's data/batch flags
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
 if [ ! -d "$DEPS/usr" ] && [ -f "$ROOT/.deps/debs.tar.xz" ]; then tar xJf "$ROOT/.deps/debs.tar.xz" -C "$ROOT/.deps"; fi
@@ -167,6 +170,24 @@ if ((CLI_OK && SPEC)); then
   run_step "bundled pair: AR vs chain vs DDTree" "$OUT/spec.log" 150 "$BUILD/src/cli/peregrine" bench --device cuda \
     -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --draft "$ROOT/models/peregrine-demo-draft-Q8_0.gguf" --ddtree -n 128 -r 3
   grep -E "^\||model:" "$OUT/spec.log" >>"$SUMMARY"
+fi
+
+# ---- 3c. the bundled target's DFlash draft trained on the GPU, its served acceptance on the CPU ---------------
+# The CPU-trained draft of models/ saw 74 k tokens (docs/dflash.md); this trains the same shape on ~10x the
+# data. The new file and its reference logits land in $OUT/dflash/ for the development machine to test and
+# commit (tests/model/test_dflash.cpp checks the .ref_logits against Peregrine's forward).
+if ((CLI_OK && DFLASH_TRAIN > 0)); then
+  mkdir -p "$OUT/dflash"
+  # shellcheck disable=SC2086
+  run_step "DFlash draft training (${DFLASH_TRAIN} min on the GPU)" "$OUT/dflash.log" $((DFLASH_TRAIN * 60 + 240)) \
+    python3 "$ROOT/tools/train/dflash_train.py" --device cuda --peregrine "$BUILD/src/cli/peregrine" --minutes "$DFLASH_TRAIN" \
+    --target "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --out "$OUT/dflash/peregrine-demo-dflash-Q8_0.gguf" $DFLASH_ARGS
+  grep -E "final held-out|steps|generated:" "$OUT/dflash.log" | tail -4 >>"$SUMMARY"
+  for f in "$ROOT/models/peregrine-demo-dflash-Q8_0.gguf" "$OUT/dflash/peregrine-demo-dflash-Q8_0.gguf"; do
+    [ -f "$f" ] && run_step "DFlash acceptance, CPU: $(dirname "$f" | xargs basename)" "$OUT/dflash.log" 120 "$BUILD/src/cli/peregrine" bench \
+      -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --draft "$f" --ddtree -n 128 -t 8 -r 1 &&
+      grep -E "^\|" "$OUT/dflash.log" | tail -4 >>"$SUMMARY"
+  done
 fi
 
 # ---- 4. whole-model speed on synthetic models -------------------------------------------------------------

@@ -121,7 +121,7 @@ def target_features(target: Qwen3, ids: torch.Tensor, layers: List[int]) -> torc
     """ids (B, T) -> (B, T, len(layers)·dim): the residual stream leaving each listed layer (0-based),
     concatenated in list order — what Peregrine's ForwardOptions::hidden_layers returns."""
     B, T = ids.shape
-    pos = torch.arange(T).unsqueeze(0).expand(B, T)
+    pos = torch.arange(T, device=ids.device).unsqueeze(0).expand(B, T)
     cos, sin = target.cos[pos].unsqueeze(1), target.sin[pos].unsqueeze(1)
     x = target.embed(ids)
     out = {}

@@ -77,12 +77,15 @@ def tokenize_all(peregrine, model, texts, sep_id):
 
 
 def make_batch(seqs, feats, plen, idx, c: DFlashConfig, n_anchor, rng, embed):
-    """Packed DFlash batch: N blocks per sequence over one shared context (dflash-ddtree.md §2.1)."""
+    """Packed DFlash batch: N blocks per sequence over one shared context (dflash-ddtree.md §2.1).
+    Index tensors are built on the host and moved once; features and the embedding table stay on
+    the training device."""
     B = c.block
     S = max(len(seqs[i]) for i in idx)
     nf_d = feats[idx[0]].shape[1]
     bs, Q = len(idx), n_anchor * B
-    fe = torch.zeros(bs, S, nf_d)
+    dev = embed.device
+    fe = torch.zeros(bs, S, nf_d, device=dev)
     ids = torch.full((bs, Q), c.mask_id, dtype=torch.long)
     qpos = torch.zeros(bs, Q, dtype=torch.long)
     labels = torch.full((bs, Q), -100, dtype=torch.long)
@@ -104,8 +107,9 @@ def make_batch(seqs, feats, plen, idx, c: DFlashConfig, n_anchor, rng, embed):
             for k in range(1, B):
                 if a + k < len(s):
                     labels[r, q0 + k] = s[a + k]
+    ids, qpos, mask, labels = ids.to(dev), qpos.to(dev), mask.to(dev), labels.to(dev)
     noise = embed[ids]
-    return noise, qpos, fe, torch.arange(S).unsqueeze(0).expand(bs, S), mask, labels
+    return noise, qpos, fe, torch.arange(S, device=dev).unsqueeze(0).expand(bs, S), mask, labels
 
 
 def main():
@@ -126,12 +130,19 @@ def main():
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--cache", default="", help="JSON file keeping the target's generations between runs")
+    ap.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when PyTorch sees a GPU)")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True  # training only; the reference logits are computed on the CPU in FP32
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
 
     target, tcfg, tfile = load_target(args.target)
+    target = target.to(dev)
+    log(f"device {dev}")
     vocab = tfile.meta["tokenizer.ggml.tokens"]
     tid = {t: i for i, t in enumerate(vocab)}
     eot, im_end = tid["<|endoftext|>"], tid["<|im_end|>"]
@@ -150,8 +161,9 @@ def main():
         log(f"responses from {args.cache}")
     else:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        for b0 in range(0, len(order), 64):
-            chunk = [prompts[i] for i in order[b0:b0 + 64]]
+        gen_bs = 64 if dev.type == "cpu" else 512
+        for b0 in range(0, len(order), gen_bs):
+            chunk = [prompts[i] for i in order[b0:b0 + gen_bs]]
             gens = generate_greedy(target, chunk, args.max_new, {im_end, eot}, eot)
             for p, g in zip(chunk, gens):
                 seqs.append(p + g)
@@ -163,7 +175,7 @@ def main():
     # 2. Mask token: an id the data never uses (the draft must not confuse it with real input) whose
     #    embedding row has a typical norm (a never-trained row decays toward 0 under weight decay).
     used = set(t for s in seqs for t in s)
-    norms = target.embed.weight.norm(dim=1)
+    norms = target.embed.weight.norm(dim=1).cpu()
     med = float(norms.median())
     cands = [i for i in range(len(vocab)) if i not in used and i not in (eot, im_end) and not vocab[i].startswith("<")]
     mask_id = min(cands, key=lambda i: (abs(float(norms[i]) - med), i))
@@ -182,9 +194,9 @@ def main():
         ids = torch.full((len(idx), T), eot, dtype=torch.long)
         for r, i in enumerate(idx):
             ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
-        f = target_features(target, ids, layers)  # causal: right padding does not touch real rows
+        f = target_features(target, ids.to(dev), layers)  # causal: right padding does not touch real rows
         for r, i in enumerate(idx):
-            feats[i] = f[r, : len(seqs[i])].half()
+            feats[i] = f[r, : len(seqs[i])].half()  # kept on the training device (~2 bytes × 3·dim per position)
     log("features captured")
     n_hold = max(32, len(seqs) // 20)
     perm = list(range(len(seqs)))
@@ -192,11 +204,11 @@ def main():
     hold, train = perm[:n_hold], perm[n_hold:]
 
     # 4. Train.
-    draft = DFlashDraft(c)
+    draft = DFlashDraft(c).to(dev)
     log(f"draft: {c.to_dict()}, {draft.n_params()} parameters")
     embed = target.embed.weight.detach()
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    wk = torch.tensor([0.0] + [math.exp(-(k - 1) / args.gamma) for k in range(1, c.block)])
+    wk = torch.tensor([0.0] + [math.exp(-(k - 1) / args.gamma) for k in range(1, c.block)], device=dev)
 
     def loss_of(batch, want_acc=False):
         noise, qpos, fe, cpos, mask, labels = batch
@@ -276,7 +288,8 @@ def main():
     ref = load_stored(c, stored)
     r = hold[0]
     ids, p0 = seqs[r], plen[r] + 3
-    logits = reference_block_logits(target, ref, ids[: p0 + 1], p0)
+    target_cpu, _, _ = load_target(args.target)  # the reference runs on the CPU in FP32, like the CI test's tolerance assumes
+    logits = reference_block_logits(target_cpu, ref, ids[: p0 + 1], p0)
     base = args.out[: -len(".gguf")]
     logits.astype("<f4").tofile(base + ".ref_logits.f32")
     json.dump({"token_ids": ids[: p0 + 1], "anchor": p0, "block": c.block, "mask_token_id": mask_id,

@@ -157,20 +157,23 @@ def generate_greedy(model: Qwen3, prompts, max_new: int, stop_ids, pad_id: int):
     mask = mask | torch.eye(L, dtype=torch.bool, device=dev).view(1, 1, L, L)  # padded rows attend to themselves
     caches = [dict() for _ in model.blocks]
     logits = model(ids, pos, mask, caches)
-    out = [[] for _ in range(B)]
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     next_pos = pos[:, -1] + 1
     stop = torch.tensor(sorted(stop_ids), device=dev)
-    for _ in range(max_new):
+    # Tokens and "already done before this step" flags stay on the device until the end: reading them
+    # per step would synchronise the GPU once per prompt and token.
+    steps, was_done = [], []
+    for i in range(max_new):
         nxt = logits[:, -1].argmax(-1)
-        for i in range(B):
-            if not done[i]:
-                out[i].append(int(nxt[i]))
+        steps.append(nxt)
+        was_done.append(done.clone())
         done |= torch.isin(nxt, stop)
-        if bool(done.all()):
+        if i % 16 == 15 and bool(done.all()):
             break
         valid = torch.cat([valid, torch.ones((B, 1), dtype=torch.bool, device=dev)], dim=1)
         m = valid.view(B, 1, 1, -1)
         logits = model(nxt.view(B, 1), next_pos.view(B, 1), m, caches)
         next_pos = next_pos + 1
-    return out
+    toks = torch.stack(steps, 1).cpu().tolist()
+    skip = torch.stack(was_done, 1).cpu().tolist()
+    return [[t for t, d in zip(toks[b], skip[b]) if not d] for b in range(B)]
