@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <barrier>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -264,6 +266,32 @@ TEST(CudaKvCodecs, Tq3RotationIdentities) {
     EXPECT_LE(std::sqrt(num / den), 1e-6);
     // The padding of a 64-wide head un-rotates to (numerically) zero: the output keeps only hd values.
     for (int d = hd; d < w; ++d) EXPECT_LE(std::fabs(wsum_rot[static_cast<size_t>(d)]), 1e-4) << d;
+  }
+}
+
+// The shared-memory rotation the attention kernel applies to queries (TQ3_0 K) and outputs (TQ3_0 V), run
+// serially (one thread, no-op barrier): bit-identical to core's tq3_rotate / tq3_rotate_inverse over
+// several groups, which pins the butterfly index mapping that the parallel form distributes.
+TEST(CudaKvCodecs, SharedMemoryRotationBitExact) {
+  for (bool inverse : {false, true}) {
+    const int n = 128 * 5;
+    const auto x = kv_test_row(static_cast<size_t>(n), inverse ? 3 : 4);
+    std::vector<float> want(x), got(x);
+    if (inverse)
+      tq3_rotate_inverse(want.data(), n);
+    else
+      tq3_rotate(want.data(), n);
+    cuda::tq3_rotate_par(got.data(), n, inverse, 0, 1, [] {});
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * static_cast<size_t>(n)), 0) << "inverse " << inverse;
+    // Three real threads with a barrier between phases, as the block / warp forms run (uneven split of
+    // the 320 butterflies per stage): the same bits.
+    std::vector<float> par(x);
+    std::barrier<> bar(3);
+    std::vector<std::thread> th;
+    for (int tid = 0; tid < 3; ++tid)
+      th.emplace_back([&, tid] { cuda::tq3_rotate_par(par.data(), n, inverse, tid, 3, [&] { bar.arrive_and_wait(); }); });
+    for (auto& t : th) t.join();
+    EXPECT_EQ(std::memcmp(par.data(), want.data(), sizeof(float) * static_cast<size_t>(n)), 0) << "3 threads, inverse " << inverse;
   }
 }
 

@@ -19,6 +19,7 @@
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
 #include "core/error.h"
@@ -321,47 +322,12 @@ __device__ __forceinline__ void kvq_load(DType t, const uint8_t* head, int u, fl
   }
 }
 
-// In place over x (n floats in shared memory, n % 128 == 0), per 128-group: R (inverse = false:
-// s2 ⊙ H(s1 ⊙ x)/√128) or R⁻¹ (s1 ⊙ H(s2 ⊙ x)/√128), operation by operation as core's rotate_group.
-// The whole block calls it (it synchronises); the warp form below serves one warp's own buffer.
-__device__ void tq3_rotate_block(float* x, int n, bool inverse) {
-  const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
-  for (int i = tid; i < n; i += nt)
-    if (tq3_sign_neg(inverse ? 1 : 0, i & 127)) x[i] = -x[i];
-  __syncthreads();
-  for (int len = 1; len < 128; len <<= 1) {
-    for (int b = tid; b < n / 2; b += nt) {
-      const int t = b & 63, j = (b >> 6) * 128 + (t / len) * 2 * len + t % len;
-      const float a = x[j], c = x[j + len];
-      x[j] = __fadd_rn(a, c);
-      x[j + len] = __fsub_rn(a, c);
-    }
-    __syncthreads();
-  }
-  for (int i = tid; i < n; i += nt) {
-    const float v = __fmul_rn(x[i], kTq3InvSqrt128);
-    x[i] = tq3_sign_neg(inverse ? 0 : 1, i & 127) ? -v : v;
-  }
-  __syncthreads();
+// TQ3_0 rotations of shared-memory vectors by the whole block / one warp: kv_quant.cuh's tq3_rotate_par.
+__device__ __forceinline__ void tq3_rotate_block(float* x, int n, bool inverse) {
+  tq3_rotate_par(x, n, inverse, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), [] { __syncthreads(); });
 }
-__device__ void tq3_rotate_warp(float* x, int n, bool inverse, int lane) {
-  for (int i = lane; i < n; i += 32)
-    if (tq3_sign_neg(inverse ? 1 : 0, i & 127)) x[i] = -x[i];
-  __syncwarp();
-  for (int len = 1; len < 128; len <<= 1) {
-    for (int b = lane; b < n / 2; b += 32) {
-      const int t = b & 63, j = (b >> 6) * 128 + (t / len) * 2 * len + t % len;
-      const float a = x[j], c = x[j + len];
-      x[j] = __fadd_rn(a, c);
-      x[j + len] = __fsub_rn(a, c);
-    }
-    __syncwarp();
-  }
-  for (int i = lane; i < n; i += 32) {
-    const float v = __fmul_rn(x[i], kTq3InvSqrt128);
-    x[i] = tq3_sign_neg(inverse ? 0 : 1, i & 127) ? -v : v;
-  }
-  __syncwarp();
+__device__ __forceinline__ void tq3_rotate_warp(float* x, int n, bool inverse, int lane) {
+  tq3_rotate_par(x, n, inverse, lane, 32, [] { __syncwarp(); });
 }
 
 template <int DMAX>

@@ -298,4 +298,32 @@ __device__ __forceinline__ void kvq_encode_unit(DType t, const float* src, int h
   }
 }
 
+// ---- TQ3_0 rotation of a vector in shared memory, by nt cooperating threads ------------------------------
+// In place over x (n floats, n % 128 == 0), per 128-group: R (inverse = false: s2 ⊙ H(s1 ⊙ x)/√128) or R⁻¹
+// (s1 ⊙ H(s2 ⊙ x)/√128), operation by operation as core's rotate_group, so the result is bit-identical to
+// tq3_rotate / tq3_rotate_inverse. Thread tid of nt takes butterflies tid, tid + nt, …; sync() must be a
+// barrier over the nt threads (__syncthreads for a block, __syncwarp for a warp), and every one of them calls
+// this. With nt = 1 and a no-op sync it runs serially (the host test does that).
+template <class Sync>
+__device__ __forceinline__ void tq3_rotate_par(float* x, int n, bool inverse, int tid, int nt, Sync sync) {
+  for (int i = tid; i < n; i += nt)
+    if (tq3_sign_neg(inverse ? 1 : 0, i & 127)) x[i] = -x[i];
+  sync();
+  for (int len = 1; len < 128; len <<= 1) {
+    for (int b = tid; b < n / 2; b += nt) {
+      // Butterfly t (0..63) of group b / 64 pairs j and j + len, j = the t-th index whose bit `len` is clear.
+      const int t = b & 63, j = (b >> 6) * 128 + (t / len) * 2 * len + t % len;
+      const float a = x[j], c = x[j + len];
+      x[j] = __fadd_rn(a, c);
+      x[j + len] = __fsub_rn(a, c);
+    }
+    sync();
+  }
+  for (int i = tid; i < n; i += nt) {
+    const float v = __fmul_rn(x[i], kTq3InvSqrt128);
+    x[i] = tq3_sign_neg(inverse ? 0 : 1, i & 127) ? -v : v;
+  }
+  sync();
+}
+
 }  // namespace pg::cuda
