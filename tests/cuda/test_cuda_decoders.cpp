@@ -295,5 +295,36 @@ TEST(CudaKvCodecs, SharedMemoryRotationBitExact) {
   }
 }
 
+// The attention kernel's tile decoder (kvq_load: 8 values per step for F32/F16/BF16, 16 for block types)
+// over every step of a head reproduces core's kv_dequantize_head bit for bit (storage domain: rotated for
+// TQ3_0), for every KV type and head size, padding included.
+TEST(CudaKvCodecs, TileDecoderMatchesDequantizeHead) {
+  const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::TQ3_0};
+  for (DType t : types)
+    for (int hd : {8, 64, 80, 128, 256}) {
+      SCOPED_TRACE(kv_type_name(t) + " head_dim " + std::to_string(hd));
+      const int nh = 3, w = kv_head_width(t, hd);
+      const size_t hb = kv_head_bytes(t, hd);
+      const auto f = kv_test_row(static_cast<size_t>(nh * hd), 17u + static_cast<uint32_t>(hd));
+      std::vector<uint8_t> store(kv_row_bytes(t, nh, hd) + 16);
+      uint8_t* row = store.data() + (16 - reinterpret_cast<uintptr_t>(store.data()) % 16) % 16;
+      kv_quantize_row(t, f.data(), nh, hd, row);
+      const int e = cuda::kvq_plain(t) ? 8 : 16;
+      ASSERT_EQ(w % e, 0);
+      size_t mismatches = 0;
+      for (int h = 0; h < nh; ++h) {
+        std::vector<float> want(static_cast<size_t>(w));
+        kv_dequantize_head(t, row + h * hb, hd, want.data());
+        for (int u = 0; u < w / e; ++u) {
+          float got[16];
+          std::fill(std::begin(got), std::end(got), std::nanf(""));  // a value the decoder does not write stays NaN
+          cuda::kvq_load(t, row + h * hb, u, got);
+          for (int i = 0; i < e; ++i) mismatches += std::memcmp(&got[i], &want[static_cast<size_t>(u * e + i)], 4) != 0;
+        }
+      }
+      EXPECT_EQ(mismatches, 0u);
+    }
+}
+
 }  // namespace
 }  // namespace pg

@@ -286,41 +286,7 @@ struct KvqParams {
   float* part_ml;                  // (n_splits, n, n_head, 2)
 };
 
-__device__ __forceinline__ bool kvq_plain(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
-
-// Stored values [e·u, e·u + e) of one head (e = 8 for F32/F16/BF16, 16 for block types) → f[0..e).
-// head: the head's first byte; F32/F16/BF16 heads are 16-byte aligned (head_dim % 8 == 0).
-__device__ __forceinline__ void kvq_load(DType t, const uint8_t* head, int u, float (&f)[16]) {
-  switch (t) {
-    case DType::F32: {
-      const float4* p = reinterpret_cast<const float4*>(head) + 2 * u;
-      const float4 x = p[0], y = p[1];
-      f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
-      break;
-    }
-    case DType::F16:
-    case DType::BF16: {
-      const uint4 v = reinterpret_cast<const uint4*>(head)[u];
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      const bool bf = t == DType::BF16;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        f[2 * i] = bf ? bf2f(w[i]) : h2f(w[i]);
-        f[2 * i + 1] = bf ? bf2f(w[i] >> 16) : h2f(w[i] >> 16);
-      }
-      break;
-    }
-    case DType::Q8_0: QQ8_0::run(head + QQ8_0::kBytes * (u >> 1), u & 1, f); break;
-    case DType::Q4_0: QQ4_0::run(head + QQ4_0::kBytes * (u >> 1), u & 1, f); break;
-    case DType::Q4_1: QQ4_1::run(head + QQ4_1::kBytes * (u >> 1), u & 1, f); break;
-    case DType::Q5_0: QQ5_0::run(head + QQ5_0::kBytes * (u >> 1), u & 1, f); break;
-    case DType::Q5_1: QQ5_1::run(head + QQ5_1::kBytes * (u >> 1), u & 1, f); break;
-    case DType::TQ3_0: QTQ3_0::run(head + QTQ3_0::kBytes * (u >> 1), u & 1, f); break;
-    default:
-#pragma unroll
-      for (int i = 0; i < 16; ++i) f[i] = 0.0f;
-  }
-}
+// kvq_plain / kvq_load (the per-type tile decoders): kv_quant.cuh.
 
 // TQ3_0 rotations of shared-memory vectors by the whole block / one warp: kv_quant.cuh's tq3_rotate_par.
 __device__ __forceinline__ void tq3_rotate_block(float* x, int n, bool inverse) {
