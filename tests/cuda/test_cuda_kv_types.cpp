@@ -409,5 +409,35 @@ INSTANTIATE_TEST_SUITE_P(
                     ModelCase{"tiny-qwen35moe-f16", DType::Q8_0, DType::TQ3_0}),
     model_case_name);
 
+// Decode steps with a typed cache recorded as CUDA graphs and replayed, against the same steps run eagerly
+// (CudaGraphs.ReplayMatchesEager's check for F16 caches): the typed kv_store / attention launch with shapes
+// fixed by the tensors and the KV bucket, so a replay must equal eager execution up to the split-K grid,
+// which eager attention sizes for the exact length (≤ 1e-4).
+class CudaKvGraphs : public testing::TestWithParam<ModelCase> {};
+
+TEST_P(CudaKvGraphs, ReplayMatchesEager) {
+  PG_REQUIRE_GPU();
+  const ModelCase c = GetParam();
+  const std::string path = test::shared_path(std::string("golden/models/") + c.stem + ".gguf").string();
+  auto gpu = test::make_cuda(false);
+  CudaOptions o;
+  o.graphs = false;
+  gpu->set_options(o);
+  std::vector<int32_t> feed;
+  const auto eager = run_model(*gpu, path, c.k, c.v, {}, &feed);
+  o.graphs = true;
+  gpu->set_options(o);
+  const auto replay = run_model(*gpu, path, c.k, c.v, feed, nullptr);
+  const double d = max_diff(replay, eager);
+  std::printf("%s K %s V %s: graphs vs eager max %.2e\n", c.stem, kv_type_name(c.k).c_str(), kv_type_name(c.v).c_str(), d);
+  EXPECT_LE(d, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Decode, CudaKvGraphs,
+                         testing::Values(ModelCase{"tiny-qwen3-Q4_K_M", DType::Q8_0, DType::Q8_0},
+                                         ModelCase{"tiny-qwen3-Q4_K_M", DType::TQ3_0, DType::TQ3_0},
+                                         ModelCase{"tiny-qwen35-f16", DType::Q4_0, DType::TQ3_0}),
+                         model_case_name);
+
 }  // namespace
 }  // namespace pg
