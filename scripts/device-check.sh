@@ -28,7 +28,7 @@
 #
 # Environment: OUT (set by the device tool), BUDGET_S (seconds this script may use, default 570; steps
 # that would not fit are skipped and say so), JOBS (default 16), ARCHS (default 90), MODELS, ROWS, LANES, MMQ_MIN_ROWS,
-# GRAPHS_OFF, TESTS, KERNELS, KERNEL_TYPES (see their defaults below). A packed .deps/debs.tar.xz (smaller
+# GRAPHS_OFF, TESTS, KERNELS, KERNEL_TYPES, KVTYPES, LONGCTX (see their defaults below). A packed .deps/debs.tar.xz (smaller
 # to carry) is unpacked into .deps/debs first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +57,9 @@ RETRY_PDL_OFF=${RETRY_PDL_OFF:-0}  # 1: when the CUDA tests fail, run them again
 BENCH_ROWS=${BENCH_ROWS:-1}        # 0: skip bench -p ROWS -n 0 (chain forwards, last row's logits only)
 TG_ONLY=${TG_ONLY:-0}              # 1: the per-model bench is tg128 at depths 0 and 4096 only (no pp)
 RPW=${RPW:-}                       # other CudaOptions::gemv_rows_per_warp values to time tg128 with (e.g. "2")
+KVTYPES=${KVTYPES:-}               # KV cache types (e.g. "f16 q8_0 q4_0 tq3_0"): tg128 at depths 4096 and 32768 with -ctk T -ctv T, first model of MODELS
+LONGCTX=${LONGCTX:-0}              # 1: qwen35-27b of MODELS with a 262144-token tq3_0 cache (run: allocation + decode), then tg32 at depth LONGCTX_DEPTH
+LONGCTX_DEPTH=${LONGCTX_DEPTH:-65536}
 TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_GEMV_RPW=2 (tests-rpw2.log)
 DFLASH_TRAIN=${DFLASH_TRAIN:-0}    # N > 0: train the bundled target's DFlash draft on the GPU for N minutes (tools/train/dflash_train.py),
                                    # then its acceptance vs the bundled one on the CPU  → $OUT/dflash/, dflash.log
@@ -134,7 +137,7 @@ if run_step "configure" "$OUT/build.log" 120 cmake -S "$ROOT" -B "$BUILD" -G Nin
   # that a broken file elsewhere in the tree does not hide the backend's results.
   # One build of everything the later steps need (-k 0: a broken file does not stop the other targets).
   run_step "build CUDA tests, pg_cuda_bench, peregrine" "$OUT/build.log" 420 \
-    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model test_cuda_spec pg_cuda_bench pg_cuda_verify_bench peregrine -- -k 0
+    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model test_cuda_spec test_cuda_kv_types pg_cuda_bench pg_cuda_verify_bench peregrine -- -k 0
   [ -x "$BUILD/tests/cuda/test_cuda_ops" ] && [ -x "$BUILD/tests/cuda/test_cuda_model" ] && [ -x "$BUILD/src/backend/cuda/pg_cuda_bench" ] && BUILD_OK=1
   [ -x "$BUILD/src/cli/peregrine" ] && CLI_OK=1
 fi
@@ -149,7 +152,7 @@ if ((BUILD_OK && TESTS)); then
     grep -E "tests passed|tests failed|\(Failed\)" "$OUT/tests-pdl-off.log" | sed -E 's/^[0-9]+: //' | head -20 >>"$SUMMARY"
   fi
   # The model tests print one line per model (max/RMS logit differences) and per greedy run.
-  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|exact: max|greedy|identical|fused chunk|tree vs chain|diverges" "$OUT/tests.log" |
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|exact: max|greedy|identical|fused chunk|tree vs chain|diverges|CUDA vs CPU max|worst relative error" "$OUT/tests.log" |
     sed -E 's/^[0-9]+: //' | head -160 >>"$SUMMARY"
 fi
 
@@ -201,6 +204,7 @@ bench_one() {  # LOG NAME ARGS...
   run_step "$name" "$log" 200 "$PG" bench "$@" --device cuda --bandwidth "$BANDWIDTH"
 }
 if ((CLI_OK)); then
+  FIRST_MODEL=1
   for spec in $MODELS; do
     preset=${spec%%:*} type=${spec##*:}
     MODEL=/tmp/peregrine-$preset-$type.gguf
@@ -227,6 +231,24 @@ if ((CLI_OK)); then
       # Verification forwards shaped as the scheduler's DDTree verify (argmax of every row on the device).
       if ((VERIFY)) && [ -x "$BUILD/tests/cuda/pg_cuda_verify_bench" ]; then
         run_step "$preset $type verify forwards (tree rows ${ROWS})" "$LOG" 120 "$BUILD/tests/cuda/pg_cuda_verify_bench" -m "$MODEL" --rows "$ROWS" --depth 512 --reps 5
+      fi
+      # KV cache types (issue 12): decode at depth per type on the first model. The typed CUDA path
+      # (quantized / mixed KV) was written without a GPU; this is its first speed measurement.
+      if ((FIRST_MODEL)); then
+        for kvt in $KVTYPES; do
+          bench_one "$LOG" "$preset $type KV $kvt tg128 at depths 4096 and 32768" -m "$MODEL" -ctk "$kvt" -ctv "$kvt" -p 0 -n 128 -d 4096,32768 -r 1
+        done
+      fi
+      FIRST_MODEL=0
+      # 262144-token context with a tq3_0 cache on the 27B hybrid: `run` allocates the whole cache at start
+      # (it logs the per-token KV bytes and the total) and decodes; bench then decodes at a real depth
+      # (bench fills the depth by prefill, twice: a 262144-token prefill does not fit one device call).
+      if ((LONGCTX)) && [ "$preset" = qwen35-27b ]; then
+        run_step "$preset $type run -c 262144 tq3_0" "$LOG" 200 "$PG" run --device cuda -m "$MODEL" -c 262144 -ctk tq3_0 -ctv tq3_0 \
+          -p "The quick brown fox" -n 32 --stats
+        command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=memory.total,memory.used --format=csv >>"$LOG" 2>&1
+        bench_one "$LOG" "$preset $type tq3_0 tg32 at depth $LONGCTX_DEPTH" -m "$MODEL" -ctk tq3_0 -ctv tq3_0 -p 0 -n 32 -d "$LONGCTX_DEPTH" -r 1
+        grep -E "KV cache|bytes per token" "$LOG" | head -5 >>"$SUMMARY"
       fi
       ((BENCH)) || { grep -E "^\||model:|AR step" "$LOG" >>"$SUMMARY"; rm -f "$MODEL"; continue; }
       if command -v nsys >/dev/null 2>&1 && (($(left) > 120)) && ((NSYS)); then

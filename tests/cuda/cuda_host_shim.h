@@ -45,6 +45,28 @@ inline float __fsub_rn(float a, float b) {
   return r;
 }
 
+inline uint32_t __float_as_uint(float f) { return pg::f32_to_bits(f); }
+inline float __fdiv_rn(float a, float b) {
+  volatile float r = a / b;
+  return r;
+}
+inline double __dadd_rn(double a, double b) {
+  volatile double r = a + b;
+  return r;
+}
+inline double __dmul_rn(double a, double b) {
+  volatile double r = a * b;
+  return r;
+}
+inline double __ddiv_rn(double a, double b) {
+  volatile double r = a / b;
+  return r;
+}
+inline double __dsqrt_rn(double a) { return std::sqrt(a); }
+inline float __double2float_rn(double a) { return static_cast<float>(a); }
+inline int __float2int_rz(float a) { return static_cast<int>(a); }  // callers keep |a| < 1e9
+inline int min(int a, int b) { return a < b ? a : b; }
+
 // Byte k of the 8-byte value {y:x} for each selector nibble (mode bits ignored: the decoders use none).
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
   const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;

@@ -8,7 +8,8 @@
 // dimension j (+32i) for the output accumulator. Rows of different sequences in one tile are handled in
 // separate passes. Positions, sequence slots and the block table are read on the device, so a decode
 // step's launches do not depend on host-side lengths except through the grid size (README.md: graphs).
-// The KV element type is a template parameter (F32, F16 now; quantized KV later).
+// The KV element type is a template parameter (F32, F16); every other KV type pair (core/kv_quant.h) takes
+// attn_kvq_kernel below, which decodes the cache's own blocks into the same tiles.
 // Token trees (speculative verification): a row with a tree mask sees [begin, kv_len[r]) plus the draft
 // positions kv_len[r] + j of its mask bits (backend.h: AttentionBatch); the same tiles and softmax serve
 // it, keys outside the row's set are masked like keys past a causal row's end.
@@ -18,9 +19,11 @@
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
 #include "core/error.h"
+#include "core/kv_quant.h"
 
 namespace pg::cuda {
 namespace {
@@ -260,6 +263,264 @@ __global__ void attn_combine_kernel(const float* part_acc, const float* part_ml,
   }
 }
 
+// ---- typed caches: any pair of KV types (core/kv_quant.h) ------------------------------------------------
+// The same blocking, tiling, masking and online softmax as attn_kernel, with three differences (the F32/F32
+// and F16/F16 pairs never come here: they keep attn_kernel):
+//  - K and V tiles are decoded from the cache's own bytes (16 values per thread and step for the block types
+//    with common.cuh's decoders, bit-identical to core's dequantizers; 8 for F32/F16/BF16) straight into the
+//    FP32 shared-memory tiles: no dequantized copy of the cache exists anywhere.
+//  - Widths: each head is stored as wk (K) / wv (V) values, head_dim rounded up to the type's block (32) or
+//    TQ3_0 group (128). The query is zero-padded to wk, so padding keys contribute nothing; outputs keep
+//    head_dim values.
+//  - TQ3_0 stores values in the rotated domain R(x). A TQ3_0 K rotates the query once per block (q·k =
+//    R(q)·R(k), R orthogonal); a TQ3_0 V accumulates Σ p·R(v) = R(Σ p·v) and un-rotates the final output
+//    once (in this kernel with one split, else in attn_kvq_combine_kernel after the merge).
+// Not yet run on a GPU (written without device access; tests/cuda/test_cuda_kv_types.cpp checks it).
+
+struct KvqParams {
+  AttentionArgs a;
+  int bq, hp, head_splits, n_splits, chunk;
+  int wk, wv;                      // stored values per K / V head
+  size_t k_head_bytes, v_head_bytes;
+  float* part_acc;                 // (n_splits, n, n_head, wv), rotated domain for a TQ3_0 V
+  float* part_ml;                  // (n_splits, n, n_head, 2)
+};
+
+// kvq_plain / kvq_load (the per-type tile decoders): kv_quant.cuh.
+
+// TQ3_0 rotations of shared-memory vectors by the whole block / one warp: kv_quant.cuh's tq3_rotate_par.
+__device__ __forceinline__ void tq3_rotate_block(float* x, int n, bool inverse) {
+  tq3_rotate_par(x, n, inverse, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), [] { __syncthreads(); });
+}
+__device__ __forceinline__ void tq3_rotate_warp(float* x, int n, bool inverse, int lane) {
+  tq3_rotate_par(x, n, inverse, lane, 32, [] { __syncwarp(); });
+}
+
+template <int DMAX>
+__global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
+  const AttentionArgs& p = P.a;
+  constexpr int NI = DMAX / 32;  // accumulator elements per lane (over the wv stored V values)
+  extern __shared__ __align__(16) float sm[];
+  __shared__ int sh_seq[kMaxP], sh_pos[kMaxP], sh_end[kMaxP], sh_hi[kMaxP], sh_cell[kKeys];
+  __shared__ uint32_t sh_mask[kMaxP][kAttnMaskWords];
+
+  const int hd = p.head_dim, wk = P.wk, wv = P.wv;
+  const DType kt = p.k_type, vt = p.v_type;
+  const bool rot_v = vt == DType::TQ3_0;
+  const int nw = static_cast<int>(blockDim.x >> 5), warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int r0 = static_cast<int>(blockIdx.x) * P.bq;
+  const int nr = min(P.bq, p.n - r0);
+  const int group = p.n_head / p.n_head_kv;
+  const int kvh = static_cast<int>(blockIdx.y) / P.head_splits;
+  const int h0 = kvh * group + (static_cast<int>(blockIdx.y) % P.head_splits) * P.hp;
+  const int npairs = nr * P.hp;
+  const int z = static_cast<int>(blockIdx.z);
+  const int split_lo = z * P.chunk, split_hi = split_lo + P.chunk;
+
+  float* qs = sm;                     // (bq·hp, wk): zero-padded queries, rotated for a TQ3_0 K
+  float* ks = qs + P.bq * P.hp * wk;  // (kKeys, wk + 1)
+  float* vs = ks + kKeys * (wk + 1);  // (kKeys, wv)
+  float* os = vs + kKeys * wv;        // (nw, wv), TQ3_0 V only: a warp's output before un-rotation
+
+  for (int i = static_cast<int>(threadIdx.x); i < nr; i += blockDim.x) {
+    sh_seq[i] = p.seq[r0 + i];
+    const int pos = p.positions[r0 + i];
+    sh_pos[i] = pos;
+    const int end = p.tree_mask ? p.kv_len[r0 + i] : pos + 1;
+    int hi = end;
+#pragma unroll
+    for (int w = 0; w < kAttnMaskWords; ++w) {
+      const uint32_t m = p.tree_mask ? p.tree_mask[static_cast<int64_t>(r0 + i) * kAttnMaskWords + w] : 0u;
+      sh_mask[i][w] = m;
+      if (m) hi = end + 32 * w + 32 - __clz(static_cast<int>(m));
+    }
+    sh_end[i] = end;
+    sh_hi[i] = hi;
+  }
+  for (int idx = static_cast<int>(threadIdx.x); idx < npairs * wk; idx += blockDim.x) {
+    const int pi = idx / wk, d = idx % wk;
+    const int r = pi / P.hp, hh = pi % P.hp;
+    qs[idx] = d < hd ? p.q[static_cast<int64_t>(r0 + r) * p.q_stride + static_cast<int64_t>(h0 + hh) * hd + d] : 0.0f;
+  }
+  __syncthreads();
+  if (kt == DType::TQ3_0) tq3_rotate_block(qs, npairs * wk, false);  // uniform over the block
+
+  float m[kMaxPW], l[kMaxPW], acc[kMaxPW][NI];
+#pragma unroll
+  for (int j = 0; j < kMaxPW; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NI; ++i) acc[j][i] = 0.0f;
+  }
+
+  const auto* kc = static_cast<const uint8_t*>(p.k);
+  const auto* vc = static_cast<const uint8_t*>(p.v);
+  const int ek = kvq_plain(kt) ? 8 : 16, ev = kvq_plain(vt) ? 8 : 16;  // values per decode step
+  const int uk = wk / ek, uv = wv / ev, upk = uk + uv;                  // decode steps per key
+
+  uint32_t remaining = nr >= 32 ? 0xffffffffu : ((1u << nr) - 1u);
+  while (remaining) {
+    const int s = sh_seq[__ffs(remaining) - 1];
+    uint32_t pass = 0;
+    int lo = 0x7fffffff, hi = 0;
+    for (int i = 0; i < nr; ++i)
+      if (((remaining >> i) & 1) && sh_seq[i] == s) {
+        pass |= 1u << i;
+        const int begin = p.sliding_window > 0 ? max(0, sh_pos[i] + 1 - p.sliding_window) : 0;
+        lo = min(lo, begin);
+        hi = max(hi, sh_hi[i]);
+      }
+    remaining &= ~pass;
+    lo = max(lo, split_lo);
+    hi = min(hi, split_hi);
+    const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks;
+    for (int kt0 = lo; kt0 < hi; kt0 += kKeys) {
+      __syncthreads();
+      if (threadIdx.x < kKeys) {
+        const int kp = kt0 + static_cast<int>(threadIdx.x);
+        sh_cell[threadIdx.x] = kp < hi ? table[kp / p.block_size] * p.block_size + kp % p.block_size : -1;
+      }
+      __syncthreads();
+      for (int idx = static_cast<int>(threadIdx.x); idx < kKeys * upk; idx += blockDim.x) {
+        const int key = idx / upk, u0 = idx % upk;
+        const bool is_v = u0 >= uk;
+        const int u = is_v ? u0 - uk : u0, e = is_v ? ev : ek;
+        const int cell = sh_cell[key];
+        float f[16];
+        if (cell >= 0) {
+          const uint8_t* head = is_v ? vc + static_cast<size_t>(cell) * p.v_row_bytes + static_cast<size_t>(kvh) * P.v_head_bytes
+                                     : kc + static_cast<size_t>(cell) * p.k_row_bytes + static_cast<size_t>(kvh) * P.k_head_bytes;
+          kvq_load(is_v ? vt : kt, head, u, f);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) f[i] = 0.0f;
+        }
+        float* dst = is_v ? vs + key * wv + u * e : ks + key * (wk + 1) + u * e;
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          if (i < e) dst[i] = f[i];
+      }
+      __syncthreads();
+
+      const int kp = kt0 + lane;
+#pragma unroll
+      for (int j = 0; j < kMaxPW; ++j) {
+        const int pi = warp + nw * j;
+        if (pi >= npairs) break;
+        const int ri = pi / P.hp;
+        if (!((pass >> ri) & 1)) continue;
+        const int end = sh_end[ri];
+        const int begin = p.sliding_window > 0 ? max(0, sh_pos[ri] + 1 - p.sliding_window) : 0;
+        bool valid = kp < hi && kp >= begin;
+        if (valid && kp >= end) {
+          const int jj = kp - end;
+          valid = jj < 32 * kAttnMaskWords && ((sh_mask[ri][jj >> 5] >> (jj & 31)) & 1u);
+        }
+        const float* qv = qs + pi * wk;
+        const float* kv = ks + lane * (wk + 1);
+        float sc = 0.0f;
+        for (int d = 0; d < wk; ++d) sc = fmaf(qv[d], kv[d], sc);
+        sc *= p.scale;
+        if (p.softcap > 0.0f) sc = p.softcap * tanhf(sc / p.softcap);
+        sc = valid ? sc : -INFINITY;
+        const float mt = warp_max(sc);
+        if (mt == -INFINITY) continue;
+        const float mn = fmaxf(m[j], mt);
+        const float corr = expf(m[j] - mn);
+        const float pr = valid ? expf(sc - mn) : 0.0f;
+        l[j] = l[j] * corr + warp_sum(pr);
+#pragma unroll
+        for (int i = 0; i < NI; ++i) acc[j][i] *= corr;
+        for (int jj = 0; jj < kKeys; ++jj) {
+          const float pj = __shfl_sync(0xffffffffu, pr, jj);
+          if (pj == 0.0f) continue;
+          const float* vr = vs + jj * wv;
+#pragma unroll
+          for (int i = 0; i < NI; ++i) {
+            const int d = lane + 32 * i;
+            if (d < wv) acc[j][i] = fmaf(pj, vr[d], acc[j][i]);
+          }
+        }
+        m[j] = mn;
+      }
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < kMaxPW; ++j) {
+    const int pi = warp + nw * j;
+    if (pi >= npairs) break;
+    const int r = r0 + pi / P.hp, h = h0 + pi % P.hp;
+    if (P.n_splits == 1) {
+      const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
+      float* o = p.out + static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(h) * hd;
+      if (rot_v) {  // warp-uniform
+        float* y = os + warp * wv;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+          const int d = lane + 32 * i;
+          if (d < wv) y[d] = acc[j][i] * inv;
+        }
+        __syncwarp();
+        tq3_rotate_warp(y, wv, true, lane);
+        for (int d = lane; d < hd; d += 32) o[d] = y[d];
+        __syncwarp();
+      } else {
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+          const int d = lane + 32 * i;
+          if (d < hd) o[d] = acc[j][i] * inv;
+        }
+      }
+    } else {
+      const int64_t slot = (static_cast<int64_t>(z) * p.n + r) * p.n_head + h;
+      float* o = P.part_acc + slot * wv;
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        const int d = lane + 32 * i;
+        if (d < wv) o[d] = acc[j][i];
+      }
+      if (lane == 0) {
+        P.part_ml[2 * slot] = m[j];
+        P.part_ml[2 * slot + 1] = l[j];
+      }
+    }
+  }
+}
+
+// Merges the split partials (wv values each) of one (row, head) per block, un-rotates them for a TQ3_0 V,
+// and writes the first hd values. Dynamic shared memory: wv floats.
+__global__ void attn_kvq_combine_kernel(const float* part_acc, const float* part_ml, int n_splits, int n, int n_head, int hd, int wv,
+                                        bool rot_v, float* out, int64_t out_stride) {
+  extern __shared__ __align__(16) float y[];  // (wv)
+  const int64_t rh = blockIdx.x;
+  const int r = static_cast<int>(rh / n_head), h = static_cast<int>(rh % n_head);
+  const int64_t per_split = static_cast<int64_t>(n) * n_head;
+  float M = -INFINITY;
+  for (int z = 0; z < n_splits; ++z) {
+    const float mz = part_ml[2 * (z * per_split + rh)], lz = part_ml[2 * (z * per_split + rh) + 1];
+    if (lz > 0.0f) M = fmaxf(M, mz);
+  }
+  float L = 0.0f;
+  for (int z = 0; z < n_splits; ++z) {
+    const float lz = part_ml[2 * (z * per_split + rh) + 1];
+    if (lz > 0.0f) L += lz * expf(part_ml[2 * (z * per_split + rh)] - M);
+  }
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  for (int d = static_cast<int>(threadIdx.x); d < wv; d += blockDim.x) {
+    float s = 0.0f;
+    for (int z = 0; z < n_splits; ++z) {
+      const float lz = part_ml[2 * (z * per_split + rh) + 1];
+      if (lz > 0.0f) s += part_acc[(z * per_split + rh) * wv + d] * expf(part_ml[2 * (z * per_split + rh)] - M);
+    }
+    y[d] = s * inv;
+  }
+  __syncthreads();
+  if (rot_v) tq3_rotate_block(y, wv, true);
+  for (int d = static_cast<int>(threadIdx.x); d < hd; d += blockDim.x) out[static_cast<int64_t>(r) * out_stride + static_cast<int64_t>(h) * hd + d] = y[d];
+}
+
 struct Plan {
   int hp, head_splits, bq, nw, n_row_tiles, n_splits, chunk, dmax;
   size_t smem;
@@ -310,9 +571,84 @@ void launch(const AttnParams& P, const Plan& pl, cudaStream_t stream) {
   check_launch("attention");
 }
 
+// The typed path's widths and shared memory on top of make_plan's blocking (which depends only on the
+// head counts, rows and lengths).
+struct KvqPlan {
+  Plan pl;
+  int wk, wv;
+};
+KvqPlan make_kvq_plan(const AttentionArgs& a, int n_sm) {
+  KvqPlan kp{make_plan(a, n_sm), 0, 0};
+  PG_CHECK(is_kv_type(a.k_type) && is_kv_type(a.v_type), "attention: " + kv_type_name(a.k_type) + "/" + kv_type_name(a.v_type) +
+                                                            " is not a KV cache type pair (accepted: " + kv_type_list() + ")");
+  kp.wk = kv_head_width(a.k_type, a.head_dim);
+  kp.wv = kv_head_width(a.v_type, a.head_dim);
+  PG_CHECK(kp.wk <= 256 && kp.wv <= 256, "attention: head_dim " + std::to_string(a.head_dim) + " stores more than 256 values per head as " +
+                                             kv_type_name(a.k_type) + "/" + kv_type_name(a.v_type) + " (the CUDA limit)");
+  PG_CHECK(a.k_row_bytes == kv_row_bytes(a.k_type, a.n_head_kv, a.head_dim) && a.v_row_bytes == kv_row_bytes(a.v_type, a.n_head_kv, a.head_dim),
+           "attention: cache row bytes do not match the KV layout of n_head_kv·head_dim");
+  const int w = std::max(kp.wk, kp.wv);
+  kp.pl.dmax = w <= 64 ? 64 : w <= 128 ? 128 : 256;
+  const int pairs = kp.pl.bq * kp.pl.hp;
+  kp.pl.smem = static_cast<size_t>(pairs * kp.wk + kKeys * (kp.wk + 1) + kKeys * kp.wv + (a.v_type == DType::TQ3_0 ? kp.pl.nw * kp.wv : 0)) *
+               sizeof(float);
+  return kp;
+}
+
+template <int DMAX>
+void launch_kvq(const KvqParams& P, const Plan& pl, cudaStream_t stream) {
+  auto kernel = attn_kvq_kernel<DMAX>;
+  static SmemOptIn opt_in;
+  opt_in.ensure(reinterpret_cast<const void*>(kernel), static_cast<int>(pl.smem));
+  const dim3 grid(static_cast<unsigned>(pl.n_row_tiles), static_cast<unsigned>(P.a.n_head_kv * pl.head_splits),
+                  static_cast<unsigned>(pl.n_splits));
+  kernel<<<grid, pl.nw * 32, pl.smem, stream>>>(P);
+  check_launch("attention (typed KV)");
+}
+
+void attention_kvq(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream) {
+  const KvqPlan kp = make_kvq_plan(a, n_sm);
+  const Plan& pl = kp.pl;
+  PG_CHECK(pl.n_row_tiles <= 0x7fffffff && pl.n_splits <= 65535 && a.n_head_kv * pl.head_splits <= 65535, "attention: batch too large");
+  KvqParams P{};
+  P.a = a;
+  P.bq = pl.bq;
+  P.hp = pl.hp;
+  P.head_splits = pl.head_splits;
+  P.n_splits = pl.n_splits;
+  P.chunk = pl.chunk;
+  P.wk = kp.wk;
+  P.wv = kp.wv;
+  P.k_head_bytes = kv_head_bytes(a.k_type, a.head_dim);
+  P.v_head_bytes = kv_head_bytes(a.v_type, a.head_dim);
+  if (pl.n_splits > 1) {
+    PG_CHECK(scratch != nullptr, "attention: missing split scratch");
+    P.part_acc = static_cast<float*>(scratch);
+    P.part_ml = P.part_acc + static_cast<size_t>(pl.n_splits) * a.n * a.n_head * kp.wv;
+  }
+  switch (pl.dmax) {
+    case 64: launch_kvq<64>(P, pl, stream); break;
+    case 128: launch_kvq<128>(P, pl, stream); break;
+    default: launch_kvq<256>(P, pl, stream); break;
+  }
+  if (pl.n_splits > 1) {
+    const int threads = std::min(256, ceil_div(kp.wv, 32) * 32);
+    attn_kvq_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head), threads, static_cast<size_t>(kp.wv) * sizeof(float),
+                              stream>>>(P.part_acc, P.part_ml, pl.n_splits, a.n, a.n_head, a.head_dim, kp.wv, a.v_type == DType::TQ3_0, a.out,
+                                        a.out_stride);
+    check_launch("attention combine (typed KV)");
+  }
+}
+
 }  // namespace
 
 size_t attention_scratch_bytes(const AttentionArgs& a, int n_sm) {
+  if (a.typed) {
+    const KvqPlan kp = make_kvq_plan(a, n_sm);
+    if (kp.pl.n_splits <= 1) return 0;
+    return static_cast<size_t>(kp.pl.n_splits) * static_cast<size_t>(a.n) * static_cast<size_t>(a.n_head) *
+           static_cast<size_t>(kp.wv + 2) * sizeof(float);
+  }
   const Plan pl = make_plan(a, n_sm);
   if (pl.n_splits <= 1) return 0;
   return static_cast<size_t>(pl.n_splits) * static_cast<size_t>(a.n) * static_cast<size_t>(a.n_head) *
@@ -321,6 +657,7 @@ size_t attention_scratch_bytes(const AttentionArgs& a, int n_sm) {
 
 void attention(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream) {
   if (a.n <= 0) return;
+  if (a.typed) return attention_kvq(a, scratch, n_sm, stream);
   const Plan pl = make_plan(a, n_sm);
   PG_CHECK(pl.n_row_tiles <= 0x7fffffff && pl.n_splits <= 65535 && a.n_head_kv * pl.head_splits <= 65535, "attention: batch too large");
   AttnParams P{};

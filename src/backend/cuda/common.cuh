@@ -665,6 +665,46 @@ struct QQ6_K {
   }
 };
 
+// ---- KV-cache block types (core/kv_quant.h) ---------------------------------------------------------
+// TQ3_0: 14-byte blocks of 32 values (fp16 norm, qs[8] low 2 bits, signs[4] high bit of each 3-bit index),
+// decoded in the *rotated* domain (centroid · norm), bit-identical to core's tq3_dequantize. Only the KV
+// kernels (attention over a TQ3_0 cache) use it; it is no weight type, so dispatch_type does not list it.
+
+// The 8 Lloyd–Max centroids of core/kv_quant.cpp (kTq3Centroids), by index, without a memory table:
+// index k = low2 + 4·hi; the negative half (hi = 0) mirrors the positive one, so |c| is chosen by
+// m = low2 (hi = 1) or 3 − low2 (hi = 0) and the sign by hi (negation is exact).
+__device__ __forceinline__ float tq3_centroid(uint32_t k) {
+  const uint32_t m = (k & 4) ? (k & 3) : (3 - (k & 3));
+  const float a = (m & 1) ? ((m & 2) ? 0.190685f : 0.065717f) : ((m & 2) ? 0.117832f : 0.021460f);
+  return (k & 4) ? a : -a;
+}
+
+// The fixed TQ3_0 sign vectors as bit words (bit b of word w set = entry 32w + b is −1): s1 (which = 0)
+// and s2 (which = 1). tests/cuda/test_cuda_decoders.cpp checks them against core's tq3_signs().
+__device__ __forceinline__ uint32_t tq3_sign_word(int which, int w) {
+  const uint32_t s1 = w == 0 ? 0x6eaf644eu : w == 1 ? 0x4feb7d1cu : w == 2 ? 0xb96fcbaau : 0xdf863153u;
+  const uint32_t s2 = w == 0 ? 0x300de63du : w == 1 ? 0x5ad0ef84u : w == 2 ? 0x8213e45fu : 0x4a57c6a6u;
+  return which ? s2 : s1;
+}
+// True when entry i (0..127) of sign vector `which` is −1.
+__device__ __forceinline__ bool tq3_sign_neg(int which, int i) { return (tq3_sign_word(which, (i >> 5) & 3) >> (i & 31)) & 1u; }
+// 1/√128 as core's kInvSqrt128 (the rotation's only scaling).
+constexpr float kTq3InvSqrt128 = 0.08838834764831845f;
+
+struct QTQ3_0 {
+  static constexpr int kBytes = 14, kElems = 32, kAlign = 2;
+  static constexpr bool kPlain = false;
+  static constexpr bool kDot = false;
+  // Elements [16r, 16r + 16): their 2-bit parts are bytes 4r..4r+3 of qs, their high bits bytes 2r, 2r+1 of signs.
+  __device__ static void run(const uint8_t* b, int r, float (&w)[16]) {
+    const float d = h2f(ld16(b));
+    const uint32_t q = ld32a2(b + 2 + 4 * r);
+    const uint32_t s = ld16(b + 10 + 2 * r);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i] = __fmul_rn(tq3_centroid(((q >> (2 * i)) & 3) | (((s >> i) & 1) << 2)), d);
+  }
+};
+
 // Plain types: a chunk is the whole 32-element virtual block.
 template <class Q>
 __device__ __forceinline__ void plain_chunk(const uint8_t* b, float (&w)[32], int& off0, int& off1) {

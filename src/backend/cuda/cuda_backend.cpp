@@ -9,6 +9,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
+#include "core/kv_quant.h"
 
 namespace pg {
 namespace cuda {
@@ -542,6 +543,20 @@ void CudaBackend::rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, 
              style == RopeStyle::Neox, as_stream(stream_));
 }
 
+bool CudaBackend::supports_kv_type(DType t) const { return is_kv_type(t); }
+
+namespace {
+// The original F32/F16 kernels serve caches whose K and V are both F32 or both F16; every other pair of
+// KV types takes the typed store and attention (kv_quant.cu, attention.cu's attn_kvq_kernel).
+bool plain_kv_pair(const KvLayer& kv) { return kv.k.type == kv.v.type && (kv.k.type == DType::F16 || kv.k.type == DType::F32); }
+// Head count and head sizes of a typed cache (KvLayer's 0 = "the row is one head", as the CPU backend reads it).
+void typed_kv_shape(const KvLayer& kv, int64_t k_cols, int& n_head_kv, int& head_dim, int& head_dim_v) {
+  n_head_kv = kv.n_head_kv > 0 ? kv.n_head_kv : 1;
+  head_dim = kv.head_dim > 0 ? kv.head_dim : static_cast<int>(k_cols / n_head_kv);
+  head_dim_v = kv.head_dim_v > 0 ? kv.head_dim_v : head_dim;
+}
+}  // namespace
+
 void CudaBackend::kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const AttentionBatch& batch) {
   activate(device_);
   check_own(kv.k, "kv_store");
@@ -549,6 +564,37 @@ void CudaBackend::kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const 
   check_own(k, "kv_store");
   check_own(v, "kv_store");
   check_own(batch.cells, "kv_store");
+  if (!plain_kv_pair(kv)) {
+    int nh = 0, hd = 0, hd_v = 0;
+    typed_kv_shape(kv, k.cols(), nh, hd, hd_v);
+    check_kv_types(kv.k.type, kv.v.type, std::max(hd, hd_v));
+    PG_CHECK(k.type == DType::F32 && v.type == DType::F32, "kv_store: K/V rows must be F32");
+    PG_CHECK(k.cols() == static_cast<int64_t>(nh) * hd && v.cols() == static_cast<int64_t>(nh) * hd_v && k.rows() >= batch.n_tokens &&
+                 v.rows() >= batch.n_tokens,
+             "kv_store: K/V rows are not (n_tokens, n_head_kv·head_dim)");
+    PG_CHECK(kv.k.row_bytes() == kv_row_bytes(kv.k.type, nh, hd) && kv.v.row_bytes() == kv_row_bytes(kv.v.type, nh, hd_v),
+             "kv_store: cache rows do not hold n_head_kv heads of the cache type's layout");
+    cuda::KvStoreArgs a;
+    a.k_type = kv.k.type;
+    a.v_type = kv.v.type;
+    a.k_cache = kv.k.data;
+    a.v_cache = kv.v.data;
+    a.k_row_bytes = kv.k.row_bytes();
+    a.v_row_bytes = kv.v.row_bytes();
+    a.k_cells = kv.k.rows();
+    a.v_cells = kv.v.rows();
+    a.k = k.as<float>();
+    a.v = v.as<float>();
+    a.k_stride = k.cols();
+    a.v_stride = v.cols();
+    a.n_head_kv = nh;
+    a.head_dim = hd;
+    a.head_dim_v = hd_v;
+    a.cells = batch.cells.as<int32_t>();
+    a.n = batch.n_tokens;
+    cuda::kv_store_typed(a, as_stream(stream_));
+    return;
+  }
   PG_CHECK(kv.k.type == kv.v.type && (kv.k.type == DType::F16 || kv.k.type == DType::F32), "kv_store: cache must be F16 or F32");
   PG_CHECK(k.cols() == kv.k.cols() && v.cols() == kv.v.cols(), "kv_store: row width mismatch");
   cuda::kv_store(kv.k.data, kv.v.data, kv.k.type == DType::F16, k.as<float>(), v.as<float>(), k.cols(), v.cols(),
@@ -564,9 +610,18 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   check_own(batch.positions, "attention");
   check_own(batch.seq, "attention");
   check_own(batch.block_table, "attention");
-  PG_CHECK(kv.k.type == kv.v.type && (kv.k.type == DType::F16 || kv.k.type == DType::F32), "attention: cache must be F16 or F32");
-  PG_CHECK(kv.k.cols() == static_cast<int64_t>(p.n_head_kv) * p.head_dim && kv.v.cols() == kv.k.cols(),
-           "attention: cache row width != n_head_kv·head_dim");
+  const bool typed = !plain_kv_pair(kv);
+  if (typed) {
+    PG_CHECK(kv.head_dim_v <= 0 || kv.head_dim_v == p.head_dim,
+             "attention: a V head size other than the K head size is not supported on CUDA (" + std::to_string(kv.head_dim_v) + " vs " +
+                 std::to_string(p.head_dim) + ")");
+    PG_CHECK(kv.k.row_bytes() == kv_row_bytes(kv.k.type, p.n_head_kv, p.head_dim) &&
+                 kv.v.row_bytes() == kv_row_bytes(kv.v.type, p.n_head_kv, p.head_dim),
+             "attention: cache rows do not hold n_head_kv heads of head_dim in the cache types' layout");
+  } else {
+    PG_CHECK(kv.k.cols() == static_cast<int64_t>(p.n_head_kv) * p.head_dim && kv.v.cols() == kv.k.cols(),
+             "attention: cache row width != n_head_kv·head_dim");
+  }
   PG_CHECK(q.cols() >= static_cast<int64_t>(p.n_head) * p.head_dim && out.cols() >= static_cast<int64_t>(p.n_head) * p.head_dim,
            "attention: q/out narrower than n_head·head_dim");
   PG_CHECK(batch.block_size > 0 && batch.max_blocks > 0, "attention: invalid block table");
@@ -576,6 +631,11 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   a.k = kv.k.data;
   a.v = kv.v.data;
   a.kv_f16 = kv.k.type == DType::F16;
+  a.typed = typed;
+  a.k_type = kv.k.type;
+  a.v_type = kv.v.type;
+  a.k_row_bytes = kv.k.row_bytes();
+  a.v_row_bytes = kv.v.row_bytes();
   a.positions = batch.positions.as<int32_t>();
   a.seq = batch.seq.as<int32_t>();
   a.block_table = batch.block_table.as<int32_t>();

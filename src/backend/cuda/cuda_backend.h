@@ -98,6 +98,9 @@ class CudaBackend final : public Backend {
   void scale(Tensor& x, float s) override;
   void glu(const Tensor& gate, const Tensor& up, Tensor& y, Activation act) override;
   void rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, int n_rot, float base, RopeStyle style) override;
+  // Every KV type of core/kv_quant.h. F32/F32 and F16/F16 caches keep their original kernels; any other
+  // pair stores through kv_quant.cu and attends through attention.cu's typed kernel (not yet run on a GPU).
+  bool supports_kv_type(DType t) const override;
   void kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const AttentionBatch& batch) override;
   void attention(const Tensor& q, const KvLayer& kv, const AttentionBatch& batch, const AttentionParams& p,
                  Tensor& out) override;

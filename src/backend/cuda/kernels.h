@@ -124,6 +124,25 @@ void rope(float* x, int64_t x_stride, const int32_t* pos, int n, int n_heads, in
 void kv_store(void* k_cache, void* v_cache, bool kv_f16, const float* k, const float* v, int64_t k_width, int64_t v_width,
               const int32_t* cells, int n, cudaStream_t stream);
 
+// Any pair of KV types (core/kv_quant.h's layout: each head in whole blocks of its type, zero-padded):
+// rows r of k (n, n_head_kv·head_dim, k_stride floats apart) and v (n, n_head_kv·head_dim_v) are encoded
+// into cache rows cells[r] (k_row_bytes / v_row_bytes each, k_cells / v_cells rows), bytes identical to
+// the CPU backend's kv_quantize_row (kv_quant.cuh). Cells outside the cache are skipped.
+struct KvStoreArgs {
+  DType k_type = DType::F16, v_type = DType::F16;
+  void* k_cache = nullptr;  // (k_cells, k_row_bytes) bytes
+  void* v_cache = nullptr;  // (v_cells, v_row_bytes) bytes
+  size_t k_row_bytes = 0, v_row_bytes = 0;
+  int64_t k_cells = 0, v_cells = 0;
+  const float* k = nullptr;  // (n, n_head_kv·head_dim)
+  const float* v = nullptr;  // (n, n_head_kv·head_dim_v)
+  int64_t k_stride = 0, v_stride = 0;
+  int n_head_kv = 1, head_dim = 0, head_dim_v = 0;
+  const int32_t* cells = nullptr;  // (n)
+  int n = 0;
+};
+void kv_store_typed(const KvStoreArgs& a, cudaStream_t stream);
+
 constexpr int kAttnMaskWords = 4;  // = backend.h's kTreeMaskWords (checked in cuda_backend.cpp)
 struct AttentionArgs {
   const float* q = nullptr;  // (n, n_head·head_dim)
@@ -131,6 +150,12 @@ struct AttentionArgs {
   const void* k = nullptr;  // cache (cells, n_head_kv·head_dim)
   const void* v = nullptr;
   bool kv_f16 = true;
+  // Typed caches (any KV-type pair other than F32/F32 or F16/F16; attention.cu's kvq kernel): the element
+  // types and row bytes of K and V, each head in whole blocks of its type (core/kv_quant.h). A TQ3_0 K
+  // rotates the query once per head; a TQ3_0 V un-rotates the output once. Not yet run on a GPU.
+  bool typed = false;
+  DType k_type = DType::F16, v_type = DType::F16;
+  size_t k_row_bytes = 0, v_row_bytes = 0;
   const int32_t* positions = nullptr;  // (n)
   const int32_t* seq = nullptr;        // (n)
   const int32_t* block_table = nullptr;
