@@ -605,7 +605,8 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
     a.tree_mask = static_cast<const uint32_t*>(batch.tree_mask.data);
   }
   // Prefill batches on tensor cores (attention_prefill.cu) when enabled and the shape is one it takes.
-  if (opt_.fa_prefill_min_rows > 0 && a.n >= opt_.fa_prefill_min_rows && cuda::attention_prefill_supported(a)) {
+  // Not in exact mode (a validation mode: FP32 arithmetic throughout; this kernel rounds q and p to FP16).
+  if (opt_.fa_prefill_min_rows > 0 && !opt_.exact_f32 && a.n >= opt_.fa_prefill_min_rows && cuda::attention_prefill_supported(a)) {
     const size_t fb = cuda::attention_prefill_scratch_bytes(a, n_sm_);
     cuda::attention_prefill(a, fb ? scratch(kSlotAttention, fb) : nullptr, n_sm_, as_stream(stream_));
     return;
