@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include "backend/cuda/kernels.h"
@@ -37,8 +38,9 @@ struct FaCase {
 
 std::string case_name(const testing::TestParamInfo<FaCase>& i) {
   const FaCase& c = i.param;
-  return "h" + std::to_string(c.n_head) + "_kv" + std::to_string(c.n_head_kv) + "_d" + std::to_string(c.head_dim) + "_w" +
-         std::to_string(c.window) + "_cap" + std::to_string(static_cast<int>(c.softcap));
+  char buf[96];  // (not std::string operator+: gcc 12's -Wrestrict false positive on "h" + to_string)
+  std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d", c.n_head, c.n_head_kv, c.head_dim, c.window, static_cast<int>(c.softcap));
+  return buf;
 }
 
 CudaOptions fa_options(int min_rows) {
@@ -138,7 +140,9 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
   std::vector<FaBatch> batches;
   // A prefill chunk of `rows` rows of sequence sq after `depth` cached tokens.
   auto chunk = [&](int sq, int depth, int rows) {
-    FaBatch b{"seq " + std::to_string(sq) + " depth " + std::to_string(depth) + " rows " + std::to_string(rows), {}, {}};
+    char what[64];
+    std::snprintf(what, sizeof what, "seq %d depth %d rows %d", sq, depth, rows);
+    FaBatch b{what, {}, {}};
     for (int i = 0; i < rows; ++i) b.pos.push_back(depth + i), b.seq.push_back(sq);
     return b;
   };
