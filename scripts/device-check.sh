@@ -16,6 +16,7 @@
 #      also when TESTS=0) → $OUT/tests-fa.log, the model/greedy tests with it on for batches of ≥ 16 rows
 #      → $OUT/tests-fa-models.log, and per model of $MODELS the prefill bench (-p 512,4096 -d 0,4096 -n 0)
 #      with it off and on (PEREGRINE_CUDA_FA_PREFILL=$FA_PREFILL_ROWS)                          → $OUT/model-*.log
+#      and pg_cuda_attn_bench (the attention kernels alone, off vs on)                         → $OUT/kernels-attn.log
 #   and a short summary (one line per step, plus the tables) last on stdout and in $OUT/summary.txt.
 #
 # One-time preparation on the development machine, in the repository root (the device machine has
@@ -137,7 +138,7 @@ if run_step "configure" "$OUT/build.log" 120 cmake -S "$ROOT" -B "$BUILD" -G Nin
   # that a broken file elsewhere in the tree does not hide the backend's results.
   # One build of everything the later steps need (-k 0: a broken file does not stop the other targets).
   run_step "build CUDA tests, pg_cuda_bench, peregrine" "$OUT/build.log" 420 \
-    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model test_cuda_spec test_cuda_attention_prefill test_cuda_fa_layout pg_cuda_bench pg_cuda_verify_bench peregrine -- -k 0
+    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model test_cuda_spec test_cuda_attention_prefill test_cuda_fa_layout pg_cuda_attn_bench pg_cuda_bench pg_cuda_verify_bench peregrine -- -k 0
   [ -x "$BUILD/tests/cuda/test_cuda_ops" ] && [ -x "$BUILD/tests/cuda/test_cuda_model" ] && [ -x "$BUILD/src/backend/cuda/pg_cuda_bench" ] && BUILD_OK=1
   [ -x "$BUILD/src/cli/peregrine" ] && CLI_OK=1
 fi
@@ -155,6 +156,12 @@ if ((BUILD_OK && FA_PREFILL)); then
   PEREGRINE_CUDA_FA_PREFILL=16 run_step "model tests with prefill attention on (≥ 16 rows)" \
     "$OUT/tests-fa-models.log" 240 ctest --test-dir "$BUILD" -R "CudaModel|CudaGreedy" -V -j 4 --timeout 220
   grep -E "tests passed|tests failed|\(Failed\)|exact: max" "$OUT/tests-fa-models.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
+  # The attention kernels alone (qwen3-8b 32/8×128, qwen35-27b 24/4×256, 16/8×64), off vs on.
+  if [ -x "$BUILD/tests/cuda/pg_cuda_attn_bench" ]; then
+    run_step "attention kernels alone, FP32 vs tensor cores" "$OUT/kernels-attn.log" 150 "$BUILD/tests/cuda/pg_cuda_attn_bench" \
+      --rows 512,4096 --depth 0,4096 --reps 5
+    grep -E "^\||device:" "$OUT/kernels-attn.log" >>"$SUMMARY"
+  fi
 fi
 if ((BUILD_OK && TESTS)); then
   if ! run_step "CUDA tests (ctest -L cuda)" "$OUT/tests.log" 300 \
