@@ -24,18 +24,31 @@
 // Numerics vs the FP32 kernel: q and p rounded to FP16 (relative 2⁻¹¹ each, random), l summed from the
 // rounded p (so the weights used and the normalisation agree), exp2 of base-2 scores. Expected relative
 // output error ~3e-4, bounded at 2e-3 by the tests.
-#include <cuda_fp16.h>
-
+//
+// Host emulation: with PG_CUDA_HOST_SHIM this file compiles with the host compiler against
+// tests/cuda/cuda_thread_shim.h (one host thread per CUDA thread, the warp intrinsics, ldmatrix, mma and
+// cp.async emulated per their PTX definitions, cp.async copies landing only at cp.async.wait_group), so
+// tests/cuda/test_cuda_fa_emulated.cpp runs this kernel code itself — passes, masks, pipeline, softmax,
+// split-K and the host plan — against the CPU backend without a GPU. Only the intrinsics differ.
 #include <algorithm>
 
-#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention_prefill.cuh"
-#include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/launch.h"
 #include "core/error.h"
+#ifdef PG_CUDA_HOST_SHIM
+#include "cuda_thread_shim.h"  // namespace pg::cuda::host_emu: the emulated intrinsics
+#define PG_FA_NAMESPACE pg::cuda::host_emu
+#define PG_FA_LAUNCH(kernel, grid, block, smem, stream, ...) ::pg::cuda::host_emu::shim::launch(grid, block, smem, [&] { kernel(__VA_ARGS__); })
+#else
+#include <cuda_fp16.h>
 
-namespace pg::cuda {
+#include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/launch.h"
+#define PG_FA_NAMESPACE pg::cuda
+#define PG_FA_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#endif
+
+namespace PG_FA_NAMESPACE {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -48,6 +61,7 @@ struct FaParams {
   float* part_ml;   // (n_splits, n, n_head, 2): running max (base 2) and sum of each split
 };
 
+#ifndef PG_CUDA_HOST_SHIM
 // 16 bytes global → shared through cp.async; src_bytes = 0 writes 16 zero bytes and reads nothing.
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
@@ -75,6 +89,7 @@ __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 __device__ __forceinline__ float2 unpack_h2(uint32_t u) { return __half22float2(*reinterpret_cast<const __half2*>(&u)); }
+#endif  // the host shim defines the same helpers
 
 // D: head size; BN: keys per tile. Grid (row tiles, n_head_kv, n_splits), 128 threads.
 template <int D, int BN>
@@ -86,8 +101,12 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
   constexpr int DT = D / 8;               // output n-tiles (8 dims each)
   constexpr int CPR = D / 8;              // 16-byte chunks per K/V row
   static_assert(fa::smem_bytes(D) == 2 * 2 * BN * LD * 2, "smem accounting");
-  extern __shared__ __align__(16) uint16_t fa_sm[];
   // [stage][K | V] tiles, each (BN keys, LD halves).
+#ifdef PG_CUDA_HOST_SHIM
+  uint16_t* const fa_sm = shim::dynamic_smem<uint16_t>();
+#else
+  extern __shared__ __align__(16) uint16_t fa_sm[];
+#endif
   __shared__ int sh_seq[fa::kTileM], sh_begin[fa::kTileM], sh_end[fa::kTileM];  // per local batch row
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
@@ -359,7 +378,7 @@ FaPlan fa_plan(const AttentionArgs& a, int n_sm) {
   FaPlan pl{};
   const int group = a.n_head / a.n_head_kv;
   pl.br = fa::rows_per_block(group);
-  pl.n_row_tiles = ceil_div(a.n, pl.br);
+  pl.n_row_tiles = (a.n + pl.br - 1) / pl.br;
   pl.bn = fa::keys_per_tile(a.head_dim);
   int max_kv = std::max(1, a.max_kv_len);
   if (a.kv_capacity > 0) {  // graph-captured shapes: the grid serves every length up to the capacity
@@ -375,24 +394,30 @@ template <int D>
 void fa_launch(const FaParams& P, const FaPlan& pl, cudaStream_t stream) {
   constexpr int BN = fa::keys_per_tile(D);
   auto kernel = fa_prefill_kernel<D, BN>;
-  static SmemOptIn opt_in;
   constexpr int smem = fa::smem_bytes(D);
+#ifndef PG_CUDA_HOST_SHIM
+  static SmemOptIn opt_in;
   opt_in.ensure(reinterpret_cast<const void*>(kernel), smem);
+#endif
   const dim3 grid(static_cast<unsigned>(pl.n_row_tiles), static_cast<unsigned>(P.a.n_head_kv), static_cast<unsigned>(pl.split.n_splits));
-  kernel<<<grid, fa::kThreads, smem, stream>>>(P);
+  PG_FA_LAUNCH(kernel, grid, fa::kThreads, smem, stream, P);
   check_launch("attention_prefill");
 }
 
-}  // namespace
-
-bool attention_prefill_supported(const AttentionArgs& a) {
+// (Named apart from attention_prefill_supported so that the host emulation's copy of this file, in
+// another namespace, never meets the CUDA library's through argument-dependent lookup.)
+bool fa_supported(const AttentionArgs& a) {
   if (!a.kv_f16 || a.tree_mask != nullptr || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return false;
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
   return a.n_head / a.n_head_kv <= fa::kMaxGroup;
 }
 
+}  // namespace
+
+bool attention_prefill_supported(const AttentionArgs& a) { return fa_supported(a); }
+
 size_t attention_prefill_scratch_bytes(const AttentionArgs& a, int n_sm) {
-  if (a.n <= 0 || !attention_prefill_supported(a)) return 0;
+  if (a.n <= 0 || !fa_supported(a)) return 0;
   const FaPlan pl = fa_plan(a, n_sm);
   if (pl.split.n_splits <= 1) return 0;
   // part_acc (n_splits, n, n_head, head_dim) + part_ml (n_splits, n, n_head, 2), FP32.
@@ -402,7 +427,7 @@ size_t attention_prefill_scratch_bytes(const AttentionArgs& a, int n_sm) {
 
 void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream) {
   if (a.n <= 0) return;
-  PG_CHECK(attention_prefill_supported(a), "attention_prefill: unsupported shape (F16 KV, head_dim 64/128/256, GQA ≤ 64, no tree)");
+  PG_CHECK(fa_supported(a), "attention_prefill: unsupported shape (F16 KV, head_dim 64/128/256, GQA ≤ 64, no tree)");
   const FaPlan pl = fa_plan(a, n_sm);
   PG_CHECK(a.n_head_kv <= 65535 && pl.split.n_splits <= 65535, "attention_prefill: batch too large");
   FaParams P{};
@@ -421,11 +446,12 @@ void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStre
     default: fa_launch<256>(P, pl, stream); break;
   }
   if (P.n_splits > 1) {
-    const int threads = std::min(256, ceil_div(a.head_dim, 32) * 32);
-    fa_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head), threads, 0, stream>>>(
-        P.part_acc, P.part_ml, P.n_splits, a.n, a.n_head, a.head_dim, a.out, a.out_stride);
+    const int threads = std::min(256, (a.head_dim + 31) / 32 * 32);
+    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head));
+    PG_FA_LAUNCH(fa_combine_kernel, grid, threads, 0, stream, P.part_acc, P.part_ml, P.n_splits, a.n, a.n_head, a.head_dim, a.out,
+                 a.out_stride);
     check_launch("attention_prefill combine");
   }
 }
 
-}  // namespace pg::cuda
+}  // namespace PG_FA_NAMESPACE
