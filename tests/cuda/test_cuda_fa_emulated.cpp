@@ -169,10 +169,10 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaEmulated,
-                         testing::Values(EmuCase{4, 2, 64, 0, 0.0f, 1},       // GQA 2 (the tiny models), no split (one "SM")
-                                         EmuCase{4, 2, 64, 0, 0.0f, 64},      // the same with split-K
-                                         EmuCase{8, 1, 64, 50, 20.0f, 1},     // GQA 8, window, softcap
-                                         EmuCase{6, 2, 128, 0, 0.0f, 64},     // GQA 3 (partial 64-row tile), D 128, split
+                         testing::Values(EmuCase{4, 2, 64, 0, 0.0f, 64},      // GQA 2 (the tiny models), split-K
+                                         EmuCase{8, 1, 64, 50, 20.0f, 1},     // GQA 8, window, softcap, no split (one "SM")
+                                         EmuCase{6, 2, 64, 0, 0.0f, 1},       // GQA 3: 63 of the 64 query rows of a block
+                                         EmuCase{2, 1, 128, 0, 0.0f, 64},     // D 128, split-K
                                          EmuCase{2, 2, 256, 37, 0.0f, 1}),    // D 256 (32-key tiles), window
                          [](const testing::TestParamInfo<EmuCase>& i) {
                            char buf[64];
