@@ -1,7 +1,7 @@
 // Host emulation of the CUDA execution model for one kernel file, backend/cuda/attention_prefill.cu, so
 // that its kernels run on the CPU (tests/cuda/test_cuda_fa_emulated.cpp). Each CUDA thread of a block is
 // a host thread; blocks run one after another. Implemented:
-//  - threadIdx / blockIdx / blockDim (thread-local), __syncthreads (a barrier of the block's threads),
+//  - threadIdx / blockIdx / blockDim / gridDim (thread-local), __syncthreads (a barrier of the block's threads),
 //    __shared__ as function statics (shared by the block's threads; blocks do not overlap), the dynamic
 //    shared memory (filled with 0xFF bytes — FP16 NaN — so a read of a never-written element shows);
 //  - the warp intrinsics the kernel uses, __shfl_xor_sync and __all_sync, through a per-warp exchange
@@ -43,7 +43,7 @@
 struct PgShimDim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local PgShimDim3 threadIdx, blockIdx, blockDim;
+inline thread_local PgShimDim3 threadIdx, blockIdx, blockDim, gridDim;
 
 // Everything lives in pg::cuda::host_emu, where the emulated attention_prefill.cu puts its kernels and
 // launchers (so they never clash with the real ones of the CUDA library the test also links).
@@ -101,6 +101,7 @@ inline void launch(dim3 grid, dim3 block, size_t dyn_bytes, const std::function<
             threadIdx = {static_cast<unsigned>(t), 0, 0};
             blockIdx = {x, y, z};
             blockDim = {static_cast<unsigned>(threads), 1, 1};
+            gridDim = {grid.x, grid.y, grid.z};
             t_open.clear();
             t_groups.clear();
             body();

@@ -112,7 +112,9 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int group = p.n_head / p.n_head_kv;
   const int br = P.br;
-  const int r0 = static_cast<int>(blockIdx.x) * br;
+  // Row tiles in reverse launch order: the last rows of a causal chunk see the most keys, so starting them
+  // first leaves the short blocks for the tail of the grid (longest-first scheduling).
+  const int r0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * br;
   const int nr = min(br, p.n - r0);
   const int kvh = static_cast<int>(blockIdx.y);
   const int z = static_cast<int>(blockIdx.z);
