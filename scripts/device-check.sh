@@ -12,6 +12,11 @@
 #      shaped steps), optionally tg128 without CUDA graphs and with other GEMV lane counts, and an nsys
 #      kernel breakdown of 32 decode steps when nsys is installed, and pg_cuda_verify_bench (tree-shaped
 #      verification forwards of $ROWS rows vs one AR step)                     → $OUT/model-*.log, nsys-*.csv
+#   5. with FA_PREFILL=1: the tensor-core prefill attention's tests (test_cuda_attention_prefill, test_cuda_fa_layout;
+#      also when TESTS=0) → $OUT/tests-fa.log, the model/greedy tests with it on for batches of ≥ 16 rows
+#      → $OUT/tests-fa-models.log, and per model of $MODELS the prefill bench (-p 512,4096 -d 0,4096 -n 0)
+#      with it off and on (PEREGRINE_CUDA_FA_PREFILL=$FA_PREFILL_ROWS)                          → $OUT/model-*.log
+#      and pg_cuda_attn_bench (the attention kernels alone, off vs on)                         → $OUT/kernels-attn.log
 #   and a short summary (one line per step, plus the tables) last on stdout and in $OUT/summary.txt.
 #
 # One-time preparation on the development machine, in the repository root (the device machine has
@@ -64,6 +69,8 @@ TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_G
 DFLASH_TRAIN=${DFLASH_TRAIN:-0}    # N > 0: train the bundled target's DFlash draft on the GPU for N minutes (tools/train/dflash_train.py),
                                    # then its acceptance vs the bundled one on the CPU  → $OUT/dflash/, dflash.log
 DFLASH_ARGS=${DFLASH_ARGS:---prompts 24000 --max-new 192 --bs 32 --anchors 12}  # the training run's data/batch flags
+FA_PREFILL=${FA_PREFILL:-0}        # 1: tensor-core prefill attention: its tests, model tests with it on, prefill bench off vs on
+FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
 if [ ! -d "$DEPS/usr" ] && [ -f "$ROOT/.deps/debs.tar.xz" ]; then tar xJf "$ROOT/.deps/debs.tar.xz" -C "$ROOT/.deps"; fi
@@ -137,13 +144,31 @@ if run_step "configure" "$OUT/build.log" 120 cmake -S "$ROOT" -B "$BUILD" -G Nin
   # that a broken file elsewhere in the tree does not hide the backend's results.
   # One build of everything the later steps need (-k 0: a broken file does not stop the other targets).
   run_step "build CUDA tests, pg_cuda_bench, peregrine" "$OUT/build.log" 420 \
-    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model test_cuda_spec test_cuda_kv_types pg_cuda_bench pg_cuda_verify_bench peregrine -- -k 0
+    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model test_cuda_spec test_cuda_kv_types test_cuda_attention_prefill test_cuda_fa_layout pg_cuda_attn_bench pg_cuda_bench pg_cuda_verify_bench peregrine -- -k 0
   [ -x "$BUILD/tests/cuda/test_cuda_ops" ] && [ -x "$BUILD/tests/cuda/test_cuda_model" ] && [ -x "$BUILD/src/backend/cuda/pg_cuda_bench" ] && BUILD_OK=1
   [ -x "$BUILD/src/cli/peregrine" ] && CLI_OK=1
 fi
 grep -E "error|FAILED" "$OUT/build.log" | head -20 >>"$SUMMARY"
 
 # ---- 2. tests -----------------------------------------------------------------------------------------
+# The tensor-core prefill attention first (its own log, so a failure there is visible at a glance), then
+# the model and greedy tests with it routed for every attention call of ≥ FA_PREFILL_ROWS rows.
+if ((BUILD_OK && FA_PREFILL)); then
+  run_step "prefill attention tests (CudaAttentionPrefill*, CudaFaLayout)" "$OUT/tests-fa.log" 300 \
+    ctest --test-dir "$BUILD" -R "CudaAttentionPrefill|CudaFaLayout" -V -j 4 --timeout 280
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|max \|fa|on vs off|Failure|Expected|Which is" "$OUT/tests-fa.log" |
+    sed -E 's/^[0-9]+: //' | head -80 >>"$SUMMARY"
+  # 16 rows: the golden prompt of test_cuda_model.cpp has 24.
+  PEREGRINE_CUDA_FA_PREFILL=16 run_step "model tests with prefill attention on (≥ 16 rows)" \
+    "$OUT/tests-fa-models.log" 240 ctest --test-dir "$BUILD" -R "CudaModel|CudaGreedy" -V -j 4 --timeout 220
+  grep -E "tests passed|tests failed|\(Failed\)|exact: max" "$OUT/tests-fa-models.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
+  # The attention kernels alone (qwen3-8b 32/8×128, qwen35-27b 24/4×256, 16/8×64), off vs on.
+  if [ -x "$BUILD/tests/cuda/pg_cuda_attn_bench" ]; then
+    run_step "attention kernels alone, FP32 vs tensor cores" "$OUT/kernels-attn.log" 150 "$BUILD/tests/cuda/pg_cuda_attn_bench" \
+      --rows 512,4096 --depth 0,4096 --reps 5
+    grep -E "^\||device:" "$OUT/kernels-attn.log" >>"$SUMMARY"
+  fi
+fi
 if ((BUILD_OK && TESTS)); then
   if ! run_step "CUDA tests (ctest -L cuda)" "$OUT/tests.log" 300 \
     ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -V -j 4 --timeout 280 && ((RETRY_PDL_OFF)); then
@@ -210,6 +235,11 @@ if ((CLI_OK)); then
     MODEL=/tmp/peregrine-$preset-$type.gguf
     LOG=$OUT/model-$preset-$type.log
     if run_step "gguf synth $preset $type" "$LOG" 240 "$PG" gguf synth --preset "$preset" --type "$type" -o "$MODEL"; then
+      if ((FA_PREFILL)); then  # prefill speed with the tensor-core attention off, then on
+        PEREGRINE_CUDA_FA_PREFILL=0 bench_one "$LOG" "$preset $type prefill, FA prefill off" -m "$MODEL" -p 512,4096 -d 0,4096 -n 0 -r 2
+        PEREGRINE_CUDA_FA_PREFILL=$FA_PREFILL_ROWS bench_one "$LOG" "$preset $type prefill, FA prefill on (≥ $FA_PREFILL_ROWS rows)" \
+          -m "$MODEL" -p 512,4096 -d 0,4096 -n 0 -r 2
+      fi
       if ((BENCH && TG_ONLY)); then
         bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
       elif ((BENCH)); then

@@ -74,6 +74,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
   if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) opt.gemv_rows_per_warp = std::atoi(e);
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) opt.fa_prefill_min_rows = std::atoi(e);
   return create_cuda_backend(index, opt);
 }
 
@@ -89,6 +90,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.gemv_lanes == 32 || opt_.gemv_lanes == 16 || opt_.gemv_lanes == 8, "CudaOptions::gemv_lanes must be 32, 16 or 8");
   PG_CHECK(opt_.mmq_min_rows >= 0 && opt_.mmq_min_rows <= cuda::kMmqMaxRows, "CudaOptions::mmq_min_rows must be 0..64");
   PG_CHECK(opt_.gemv_rows_per_warp == 1 || opt_.gemv_rows_per_warp == 2, "CudaOptions::gemv_rows_per_warp must be 1 or 2");
+  PG_CHECK(opt_.fa_prefill_min_rows >= 0, "CudaOptions::fa_prefill_min_rows must be ≥ 0 (0 = off)");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -661,6 +663,13 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
              "attention: tree_mask must be I32 (n_tokens, kTreeMaskWords) and kv_len I32 (n_tokens)");
     a.kv_len = batch.kv_len.as<int32_t>();
     a.tree_mask = static_cast<const uint32_t*>(batch.tree_mask.data);
+  }
+  // Prefill batches on tensor cores (attention_prefill.cu) when enabled and the shape is one it takes.
+  // Not in exact mode (a validation mode: FP32 arithmetic throughout; this kernel rounds q and p to FP16).
+  if (opt_.fa_prefill_min_rows > 0 && !opt_.exact_f32 && a.n >= opt_.fa_prefill_min_rows && cuda::attention_prefill_supported(a)) {
+    const size_t fb = cuda::attention_prefill_scratch_bytes(a, n_sm_);
+    cuda::attention_prefill(a, fb ? scratch(kSlotAttention, fb) : nullptr, n_sm_, as_stream(stream_));
+    return;
   }
   const size_t sb = cuda::attention_scratch_bytes(a, n_sm_);
   void* s = sb ? scratch(kSlotAttention, sb) : nullptr;

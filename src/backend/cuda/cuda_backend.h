@@ -55,6 +55,13 @@ struct CudaOptions {
   // tg128 196.1 → 207.8 tok/s, Q4_K 151936×4096 52 → 62 % of copy bandwidth) or 1; bit-identical results.
   // Environment: PEREGRINE_GEMV_RPW (factory).
   int gemv_rows_per_warp = 2;
+  // Prefill attention on tensor cores (attention_prefill.cu, FA2 form: mma.m16n8k16 FP16, cp.async double-
+  // buffered K/V tiles) for attention calls of at least this many rows, when it applies (F16 cache, head_dim
+  // 64/128/256, GQA ratio ≤ 64, no token tree; not in exact_f32 mode); other calls keep attention.cu. 0 = off (default: the kernel
+  // was written without device time and has not yet run on a GPU; the device session that passes
+  // tests/cuda/test_cuda_attention_prefill.cpp and measures it sets the default, e.g. 32). Environment:
+  // PEREGRINE_CUDA_FA_PREFILL=<rows> (factory), e.g. PEREGRINE_CUDA_FA_PREFILL=32; 0 turns it off.
+  int fa_prefill_min_rows = 0;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).

@@ -1,0 +1,177 @@
+// pg_cuda_attn_bench — prefill attention alone on the GPU: the FP32 kernel (attention.cu) vs the tensor-core
+// kernel (attention_prefill.cu, CudaOptions::fa_prefill_min_rows), per head shape × rows × depth.
+//
+//   pg_cuda_attn_bench [--shapes 32:8:128,24:4:256,16:8:64] [--rows 512,4096] [--depth 0,4096] [--reps 5]
+//                      [--window 0] [--softcap 0]
+//
+// One sequence, F16 cache in blocks of 64 cells (block table in order), random K/V written by kv_store;
+// the batch is `rows` consecutive causal rows after `depth` cached tokens (a prefill chunk). Times one
+// attention call (median of reps after a warm-up, stream-synchronised; no other kernel) with the option off
+// and on, and prints ms, TFLOP/s (4·Σ_rows visible keys·head_dim·n_head: the q·k and p·v multiply-adds) and the
+// max relative difference between the two outputs (a sanity check; the tests bound it properly).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+
+using namespace pg;
+
+namespace {
+
+std::vector<int> int_list(const std::string& s, char sep = ',') {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) v.push_back(std::stoi(item));
+  return v;
+}
+
+Tensor upload(Backend& be, DType t, int64_t cols, int64_t rows, const void* data) {
+  Tensor x = be.alloc(t, cols, rows);
+  be.upload(x, data, x.nbytes());
+  return x;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shapes_s = "32:8:128,24:4:256,16:8:64", rows_s = "512,4096", depth_s = "0,4096";
+  int reps = 5, window = 0;
+  float softcap = 0.0f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "error: %s needs a value\n", a.c_str());
+        std::exit(1);
+      }
+      return argv[++i];
+    };
+    if (a == "--shapes") shapes_s = val();
+    else if (a == "--rows") rows_s = val();
+    else if (a == "--depth") depth_s = val();
+    else if (a == "--reps") reps = std::max(1, std::stoi(val()));
+    else if (a == "--window") window = std::stoi(val());
+    else if (a == "--softcap") softcap = std::stof(val());
+    else {
+      std::fprintf(stderr, "usage: %s [--shapes H:KV:D,...] [--rows N,...] [--depth D,...] [--reps R] [--window W] [--softcap C]\n", argv[0]);
+      return 1;
+    }
+  }
+  try {
+    if (cuda_device_count() == 0) throw Error("no CUDA device");
+    CudaOptions off, on;
+    on.fa_prefill_min_rows = 1;
+    CudaBackend be(0, off);
+    std::printf("device: %s, %d SMs\n", be.device_name().c_str(), be.multiprocessor_count());
+    std::printf("| heads/kv × dim | rows | depth | FP32 kernel ms | TFLOP/s | tensor-core ms | TFLOP/s | speed-up | rel L2 diff |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::stringstream shapes(shapes_s);
+    std::string shape;
+    while (std::getline(shapes, shape, ',')) {
+      const std::vector<int> hkd = int_list(shape, ':');
+      PG_CHECK(hkd.size() == 3, "--shapes: H:KV:D");
+      const int n_head = hkd[0], n_kv = hkd[1], hd = hkd[2];
+      for (int depth : int_list(depth_s))
+        for (int rows : int_list(rows_s)) {
+          const int len = depth + rows, bs = 64, max_blocks = (len + bs - 1) / bs;
+          const int64_t kvw = static_cast<int64_t>(n_kv) * hd, qw = static_cast<int64_t>(n_head) * hd;
+          KvLayer kv;
+          kv.k = be.alloc(DType::F16, kvw, static_cast<int64_t>(max_blocks) * bs);
+          kv.v = be.alloc(DType::F16, kvw, static_cast<int64_t>(max_blocks) * bs);
+          std::vector<int32_t> table(static_cast<size_t>(max_blocks));
+          for (int b = 0; b < max_blocks; ++b) table[static_cast<size_t>(b)] = b;
+          Tensor tt = upload(be, DType::I32, max_blocks, 1, table.data());
+          // Fill [0, len) in pieces of ≤ 4096 rows through kv_store (cells = positions: table in order).
+          for (int p0 = 0; p0 < len; p0 += 4096) {
+            const int n = std::min(4096, len - p0);
+            std::vector<float> k(static_cast<size_t>(n * kvw)), v(k.size());
+            for (auto& x : k) x = nd(rng);
+            for (auto& x : v) x = nd(rng);
+            std::vector<int32_t> cells(static_cast<size_t>(n));
+            for (int i = 0; i < n; ++i) cells[static_cast<size_t>(i)] = p0 + i;
+            AttentionBatch b;
+            b.n_tokens = n;
+            b.cells = upload(be, DType::I32, n, 1, cells.data());
+            Tensor kt = upload(be, DType::F32, kvw, n, k.data()), vt = upload(be, DType::F32, kvw, n, v.data());
+            be.kv_store(kv, kt, vt, b);
+            be.synchronize();
+            be.free(kt);
+            be.free(vt);
+            be.free(b.cells);
+          }
+          std::vector<int32_t> pos(static_cast<size_t>(rows)), seq(static_cast<size_t>(rows), 0);
+          double work = 0;  // Σ visible keys
+          for (int i = 0; i < rows; ++i) {
+            pos[static_cast<size_t>(i)] = depth + i;
+            const int vis = window > 0 ? std::min(window, depth + i + 1) : depth + i + 1;
+            work += vis;
+          }
+          std::vector<float> q(static_cast<size_t>(rows * qw));
+          for (auto& x : q) x = nd(rng);
+          AttentionBatch b;
+          b.n_tokens = rows;
+          b.positions = upload(be, DType::I32, rows, 1, pos.data());
+          b.seq = upload(be, DType::I32, rows, 1, seq.data());
+          b.block_table = tt;
+          b.block_size = bs;
+          b.max_blocks = max_blocks;
+          b.max_kv_len = len;
+          AttentionParams ap;
+          ap.n_head = n_head;
+          ap.n_head_kv = n_kv;
+          ap.head_dim = hd;
+          ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+          ap.sliding_window = window;
+          ap.logit_softcap = softcap;
+          Tensor qt = upload(be, DType::F32, qw, rows, q.data());
+          Tensor ot = be.alloc(DType::F32, qw, rows);
+          double ms[2] = {0, 0};
+          std::vector<float> out[2];
+          for (int side = 0; side < 2; ++side) {
+            be.set_options(side ? on : off);
+            be.attention(qt, kv, b, ap, ot);  // warm-up (scratch sizing, opt-in)
+            be.synchronize();
+            std::vector<double> t;
+            for (int r = 0; r < reps; ++r) {
+              const auto t0 = std::chrono::steady_clock::now();
+              be.attention(qt, kv, b, ap, ot);
+              be.synchronize();
+              t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            }
+            std::sort(t.begin(), t.end());
+            ms[side] = t[t.size() / 2];
+            out[side].resize(static_cast<size_t>(rows * qw));
+            be.download(ot, out[side].data(), out[side].size() * sizeof(float));
+          }
+          double num = 0, den = 0, worst = 0;
+          for (size_t i = 0; i < out[0].size(); ++i) {
+            const double d = std::fabs(static_cast<double>(out[1][i]) - out[0][i]);
+            worst = std::max(worst, d);
+            num += d * d;
+            den += static_cast<double>(out[0][i]) * out[0][i];
+          }
+          const double flop = 4.0 * work * hd * n_head;
+          std::printf("| %d/%d × %d | %d | %d | %.3f | %.1f | %.3f | %.1f | %.2f× | %.2e (max abs %.2e) |\n", n_head, n_kv, hd, rows, depth, ms[0],
+                      flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9, ms[0] / ms[1], den > 0 ? std::sqrt(num / den) : 0.0, worst);
+          std::fflush(stdout);
+          for (Tensor* t : {&kv.k, &kv.v, &tt, &b.positions, &b.seq, &qt, &ot}) be.free(*t);
+        }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

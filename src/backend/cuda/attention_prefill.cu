@@ -1,0 +1,459 @@
+// Prefill attention on tensor cores (FA2 form) over the paged F16 KV cache. NOT YET RUN ON A GPU: written
+// in a session without device time; CudaOptions::fa_prefill_min_rows (default 0 = off) selects it, and
+// tests/cuda/test_cuda_attention_prefill.cpp is what proves it on the device (README.md: Attention).
+//
+// Contract (attention_prefill): out (n, n_head·head_dim) FP32 = softmax(scale·q·kᵀ, soft-capped, masked)·v
+// for causal rows — row r sees the keys of its sequence at logical positions [begin, positions[r]] with
+// begin = 0 or, with a sliding window w, positions[r] + 1 − w — read through the block table exactly as
+// attention.cu does (cell = table[seq][p / block_size]·block_size + p % block_size). No tree masks (those
+// batches keep attention.cu). KV F16 only; head_dim 64, 128 or 256; n_head / n_head_kv ≤ 64.
+//
+// Layout: one block = 4 warps = 64 query rows of one KV head, a query row being a (batch row, head)
+// pair: rows_per_block(g) = 64 / g consecutive batch rows × the g query heads of the KV head (GQA: the
+// K/V tiles are read once for all of them). Warp w owns query rows 16w..16w+15 (one m16 tile): its Q
+// fragments (FP32 → ×scale → FP16) stay in registers for the whole key loop. K and V tiles of BN keys
+// (64; 32 at head 256, for registers) stream through shared memory with cp.async, double-buffered: the
+// copy of tile t+1 is in flight while tile t is multiplied. Per tile and warp: S (16×BN) = Q·Kᵀ with
+// mma.m16n8k16 (FP16 in, FP32 accumulate; K fragments by ldmatrix), then soft-cap, mask, online softmax
+// in FP32 in base 2 (running max m and sum l per row; a quad of lanes shares a row), P rounded to FP16
+// straight from the score registers into A fragments, O (16×D) += P·V (V fragments by ldmatrix.trans).
+// Rows of different sequences in one tile run as separate passes over their own keys (rows outside the
+// pass are masked), like attention.cu. When the grid is small (few rows at long depth) the key range is
+// split over blockIdx.z and a combine kernel merges (m, l, O) partials.
+//
+// Numerics vs the FP32 kernel: q and p rounded to FP16 (relative 2⁻¹¹ each, random), l summed from the
+// rounded p (so the weights used and the normalisation agree), exp2 of base-2 scores. Expected relative
+// output error ~3e-4, bounded at 2e-3 by the tests.
+//
+// Host emulation: with PG_CUDA_HOST_SHIM this file compiles with the host compiler against
+// tests/cuda/cuda_thread_shim.h (one host thread per CUDA thread, the warp intrinsics, ldmatrix, mma and
+// cp.async emulated per their PTX definitions, cp.async copies landing only at cp.async.wait_group), so
+// tests/cuda/test_cuda_fa_emulated.cpp runs this kernel code itself — passes, masks, pipeline, softmax,
+// split-K and the host plan — against the CPU backend without a GPU. Only the intrinsics differ.
+#include <algorithm>
+
+#include "backend/cuda/attention_prefill.cuh"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+#ifdef PG_CUDA_HOST_SHIM
+#include "cuda_thread_shim.h"  // namespace pg::cuda::host_emu: the emulated intrinsics
+#define PG_FA_NAMESPACE pg::cuda::host_emu
+#define PG_FA_LAUNCH(kernel, grid, block, smem, stream, ...) ::pg::cuda::host_emu::shim::launch(grid, block, smem, [&] { kernel(__VA_ARGS__); })
+#else
+#include <cuda_fp16.h>
+
+#include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/launch.h"
+#define PG_FA_NAMESPACE pg::cuda
+#define PG_FA_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#endif
+
+namespace PG_FA_NAMESPACE {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct FaParams {
+  AttentionArgs a;
+  int br;          // batch rows per block (fa::rows_per_block)
+  int n_splits, chunk;
+  float* part_acc;  // (n_splits, n, n_head, head_dim) unnormalised O of each split
+  float* part_ml;   // (n_splits, n, n_head, 2): running max (base 2) and sum of each split
+};
+
+#ifndef PG_CUDA_HOST_SHIM
+// 16 bytes global → shared through cp.async; src_bytes = 0 writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);  // .x (low 16 bits) = lo: the lower column
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ float2 unpack_h2(uint32_t u) { return __half22float2(*reinterpret_cast<const __half2*>(&u)); }
+#endif  // the host shim defines the same helpers
+
+// D: head size; BN: keys per tile. Grid (row tiles, n_head_kv, n_splits), 128 threads.
+template <int D, int BN>
+__global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams P) {
+  const AttentionArgs& p = P.a;
+  constexpr int LD = fa::tile_pitch(D);  // halves per K/V tile row
+  constexpr int KS = D / 16;              // k-steps of Q·Kᵀ
+  constexpr int NT = BN / 8;              // score n-tiles (8 keys each)
+  constexpr int DT = D / 8;               // output n-tiles (8 dims each)
+  constexpr int CPR = D / 8;              // 16-byte chunks per K/V row
+  static_assert(fa::smem_bytes(D) == 2 * 2 * BN * LD * 2, "smem accounting");
+  // [stage][K | V] tiles, each (BN keys, LD halves).
+#ifdef PG_CUDA_HOST_SHIM
+  uint16_t* const fa_sm = shim::dynamic_smem<uint16_t>();
+#else
+  extern __shared__ __align__(16) uint16_t fa_sm[];
+#endif
+  __shared__ int sh_seq[fa::kTileM], sh_begin[fa::kTileM], sh_end[fa::kTileM];  // per local batch row
+
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int group = p.n_head / p.n_head_kv;
+  const int br = P.br;
+  // Row tiles in reverse launch order: the last rows of a causal chunk see the most keys, so starting them
+  // first leaves the short blocks for the tail of the grid (longest-first scheduling).
+  const int r0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * br;
+  const int nr = min(br, p.n - r0);
+  const int kvh = static_cast<int>(blockIdx.y);
+  const int z = static_cast<int>(blockIdx.z);
+  const int split_lo = z * P.chunk, split_hi = split_lo + P.chunk;
+
+  for (int i = tid; i < nr; i += fa::kThreads) {
+    sh_seq[i] = p.seq[r0 + i];
+    fa::row_bounds(p.positions[r0 + i], p.sliding_window, sh_begin[i], sh_end[i]);
+  }
+
+  // This lane's two query rows (C rows g and g+8 of the warp's tile): batch row, head, validity.
+  int q_row[2], q_head[2], q_lrow[2];
+  bool q_ok[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int m = warp * fa::kRowsPerWarp + fa::c_row(lane, 2 * i);
+    int rl = 0, g = 0;
+    fa::pair_of(m, group, rl, g);
+    q_ok[i] = m < br * group && rl < nr;
+    q_lrow[i] = rl;
+    q_row[i] = r0 + rl;
+    q_head[i] = kvh * group + g;
+  }
+  // Q fragments (A operand, rows a_row = C rows), pre-scaled: scores come out as scale·q·k.
+  uint32_t qf[KS][4];
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = r & 1;  // a_row(lane, r) is C row g (r even) or g+8 (r odd)
+      float v0 = 0.0f, v1 = 0.0f;
+      if (q_ok[i]) {
+        const float* qp = p.q + static_cast<int64_t>(q_row[i]) * p.q_stride + static_cast<int64_t>(q_head[i]) * D + ks * 16;
+        v0 = qp[fa::a_col(lane, r, 0)] * p.scale;
+        v1 = qp[fa::a_col(lane, r, 1)] * p.scale;
+      }
+      qf[ks][r] = pack_h2(v0, v1);
+    }
+
+  float o[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  __syncthreads();
+
+  const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * D;  // halves per cache row
+  const auto* kc = static_cast<const uint16_t*>(p.k) + static_cast<int64_t>(kvh) * D;
+  const auto* vc = static_cast<const uint16_t*>(p.v) + static_cast<int64_t>(kvh) * D;
+  uint16_t* const ks_base = fa_sm;  // stage s: K at (2s)·BN·LD, V at (2s+1)·BN·LD
+
+  uint64_t remaining = nr >= 64 ? ~0ull : ((1ull << nr) - 1ull);
+  while (remaining) {
+    const int s = sh_seq[__ffsll(static_cast<long long>(remaining)) - 1];
+    uint64_t pass = 0;
+    int lo = 0x7fffffff, hi = 0;
+    for (int i = 0; i < nr; ++i)
+      if (((remaining >> i) & 1ull) && sh_seq[i] == s) {
+        pass |= 1ull << i;
+        lo = min(lo, sh_begin[i]);
+        hi = max(hi, sh_end[i]);
+      }
+    remaining &= ~pass;
+    lo = max(lo, split_lo);
+    hi = min(hi, split_hi);
+    if (lo >= hi) continue;  // uniform over the block: every thread computed the same lo, hi
+
+    // Per lane row: visible [rb, re) inside this pass and split (empty for rows outside the pass).
+    int rb[2], re[2];
+    bool in_pass[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      in_pass[i] = q_ok[i] && ((pass >> q_lrow[i]) & 1ull);
+      rb[i] = in_pass[i] ? max(sh_begin[q_lrow[i]], lo) : 0;
+      re[i] = in_pass[i] ? min(sh_end[q_lrow[i]], hi) : 0;
+      if (re[i] <= rb[i]) rb[i] = re[i] = 0, in_pass[i] = false;
+    }
+    // Warp bounds: tiles outside [wlo, whi) are skipped; inside [wfull_lo, wfull_hi) no mask is needed
+    // when every row of the warp is in the pass.
+    int wlo = 0x7fffffff, whi = 0, wfb = 0, wfe = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      if (in_pass[i]) wlo = min(wlo, rb[i]), whi = max(whi, re[i]), wfb = max(wfb, rb[i]), wfe = min(wfe, re[i]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, off));
+      whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, off));
+      wfb = max(wfb, __shfl_xor_sync(0xffffffffu, wfb, off));
+      wfe = min(wfe, __shfl_xor_sync(0xffffffffu, wfe, off));
+    }
+    const bool warp_all = __all_sync(0xffffffffu, in_pass[0] && in_pass[1]);
+
+    const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks;
+    // Issues the cp.async copies of the K and V rows of keys kt..kt+BN−1 into stage st (zeros past hi).
+    auto load_tile = [&](int kt, int st) {
+      uint16_t* kd = ks_base + (2 * st) * BN * LD;
+      uint16_t* vd = kd + BN * LD;
+      static_assert(BN * CPR % fa::kThreads == 0, "whole copy rounds");
+#pragma unroll
+      for (int it = 0; it < BN * CPR / fa::kThreads; ++it) {
+        const int idx = tid + it * fa::kThreads;
+        const int key = idx / CPR, c = idx - key * CPR;
+        const int kp = kt + key;
+        const bool ok = kp < hi;
+        const int64_t cell = ok ? static_cast<int64_t>(table[kp / p.block_size]) * p.block_size + kp % p.block_size : 0;
+        const int64_t off = cell * kv_w + c * 8;
+        cp_async16_zfill(kd + key * LD + c * 8, kc + off, ok ? 16 : 0);
+        cp_async16_zfill(vd + key * LD + c * 8, vc + off, ok ? 16 : 0);
+      }
+      cp_async_commit();
+    };
+
+    const int n_tiles = (hi - lo + BN - 1) / BN;
+    load_tile(lo, 0);
+    for (int t = 0; t < n_tiles; ++t) {
+      const int kt = lo + t * BN;
+      if (t + 1 < n_tiles) {
+        load_tile(kt + BN, (t + 1) & 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // tile t visible to every warp
+      if (kt < whi && kt + BN > wlo) {
+        const uint16_t* kt_s = ks_base + (2 * (t & 1)) * BN * LD;
+        const uint16_t* vt_s = kt_s + BN * LD;
+        // S = (scale·Q)·Kᵀ: 16 rows × BN keys.
+        float sc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+          for (int nj = 0; nj < NT / 2; ++nj) {
+            uint32_t b[4];
+            ldsm_x4(b, kt_s + (nj * 16 + fa::k_ld_key(lane)) * LD + ks * 16 + fa::k_ld_dim(lane));
+            mma_f16(sc[2 * nj], qf[ks], b[0], b[1]);
+            mma_f16(sc[2 * nj + 1], qf[ks], b[2], b[3]);
+          }
+        // Soft-cap, base 2, mask; online softmax per row (the quad of lanes 4g..4g+3 holds row g).
+        const bool full = warp_all && kt >= wfb && kt + BN <= wfe;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float v = sc[j][e];
+            if (p.softcap > 0.0f) v = p.softcap * tanhf(v / p.softcap);
+            v *= kLog2e;
+            if (!full) {
+              const int i = e >> 1, kp = kt + 8 * j + fa::c_col(lane, e);
+              if (kp < rb[i] || kp >= re[i]) v = -INFINITY;
+            }
+            sc[j][e] = v;
+          }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * i], sc[j][2 * i + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float mn = fmaxf(m_run[i], mx);
+          const float ref = mn == -INFINITY ? 0.0f : mn;  // a row with nothing visible yet stays at 0
+          const float corr = exp2f(m_run[i] - ref);
+          m_run[i] = mn;
+          l_run[i] *= corr;
+#pragma unroll
+          for (int d = 0; d < DT; ++d) o[d][2 * i] *= corr, o[d][2 * i + 1] *= corr;
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            sc[j][2 * i] = exp2f(sc[j][2 * i] - ref);
+            sc[j][2 * i + 1] = exp2f(sc[j][2 * i + 1] - ref);
+          }
+        }
+        // O += P·V, P in FP16 from the score registers; l sums the rounded weights that are used.
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          uint32_t pa[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float* t4 = sc[fa::p_tile(kk, r)];
+            pa[r] = pack_h2(t4[fa::p_elem(r, 0)], t4[fa::p_elem(r, 1)]);
+            const float2 back = unpack_h2(pa[r]);
+            l_run[r & 1] += back.x + back.y;  // register r holds row g (r even) or g+8 (r odd)
+          }
+#pragma unroll
+          for (int dj = 0; dj < D / 16; ++dj) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, vt_s + (kk * 16 + fa::v_ld_key(lane)) * LD + dj * 16 + fa::v_ld_dim(lane));
+            mma_f16(o[2 * dj], pa, b[0], b[1]);
+            mma_f16(o[2 * dj + 1], pa, b[2], b[3]);
+          }
+        }
+      }
+      __syncthreads();  // stage t & 1 fully consumed before iteration t + 1 refills it
+    }
+  }
+
+  // Results: the row sum over the quad, then the final output (one split) or this split's partial.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = l_run[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (!q_ok[i]) continue;
+    if (P.n_splits == 1) {
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float* out = p.out + static_cast<int64_t>(q_row[i]) * p.out_stride + static_cast<int64_t>(q_head[i]) * D;
+#pragma unroll
+      for (int d = 0; d < DT; ++d) {
+        out[8 * d + fa::c_col(lane, 0)] = o[d][2 * i] * inv;
+        out[8 * d + fa::c_col(lane, 1)] = o[d][2 * i + 1] * inv;
+      }
+    } else {
+      const int64_t slot = (static_cast<int64_t>(z) * p.n + q_row[i]) * p.n_head + q_head[i];
+      float* out = P.part_acc + slot * D;
+#pragma unroll
+      for (int d = 0; d < DT; ++d) {
+        out[8 * d + fa::c_col(lane, 0)] = o[d][2 * i];
+        out[8 * d + fa::c_col(lane, 1)] = o[d][2 * i + 1];
+      }
+      if ((lane & 3) == 0) {
+        P.part_ml[2 * slot] = m_run[i];
+        P.part_ml[2 * slot + 1] = l;
+      }
+    }
+  }
+}
+
+// Merges the split partials of one (row, head) per block (base-2 maxima).
+__global__ void fa_combine_kernel(const float* part_acc,  // (n_splits, n, n_head, hd)
+                                  const float* part_ml,   // (n_splits, n, n_head, 2)
+                                  int n_splits, int n, int n_head, int hd,
+                                  float* out,  // (n, out_stride), heads at h·hd
+                                  int64_t out_stride) {
+  const int64_t rh = blockIdx.x;
+  const int r = static_cast<int>(rh / n_head), h = static_cast<int>(rh % n_head);
+  const int64_t per_split = static_cast<int64_t>(n) * n_head;
+  float M = -INFINITY;
+  for (int z = 0; z < n_splits; ++z)
+    if (part_ml[2 * (z * per_split + rh) + 1] > 0.0f) M = fmaxf(M, part_ml[2 * (z * per_split + rh)]);
+  float L = 0.0f;
+  for (int z = 0; z < n_splits; ++z) {
+    const float lz = part_ml[2 * (z * per_split + rh) + 1];
+    if (lz > 0.0f) L += lz * exp2f(part_ml[2 * (z * per_split + rh)] - M);
+  }
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  for (int d = static_cast<int>(threadIdx.x); d < hd; d += blockDim.x) {
+    float s = 0.0f;
+    for (int z = 0; z < n_splits; ++z) {
+      const float lz = part_ml[2 * (z * per_split + rh) + 1];
+      if (lz > 0.0f) s += part_acc[(z * per_split + rh) * hd + d] * exp2f(part_ml[2 * (z * per_split + rh)] - M);
+    }
+    out[static_cast<int64_t>(r) * out_stride + static_cast<int64_t>(h) * hd + d] = s * inv;
+  }
+}
+
+struct FaPlan {
+  int br, n_row_tiles, bn;
+  fa::SplitPlan split;
+};
+
+FaPlan fa_plan(const AttentionArgs& a, int n_sm) {
+  FaPlan pl{};
+  const int group = a.n_head / a.n_head_kv;
+  pl.br = fa::rows_per_block(group);
+  pl.n_row_tiles = (a.n + pl.br - 1) / pl.br;
+  pl.bn = fa::keys_per_tile(a.head_dim);
+  int max_kv = std::max(1, a.max_kv_len);
+  if (a.kv_capacity > 0) {  // graph-captured shapes: the grid serves every length up to the capacity
+    int cap = 64;
+    while (cap < a.kv_capacity) cap *= 2;
+    max_kv = std::max(max_kv, cap);
+  }
+  pl.split = fa::split_plan(pl.n_row_tiles * a.n_head_kv, max_kv, n_sm, pl.bn);
+  return pl;
+}
+
+template <int D>
+void fa_launch(const FaParams& P, const FaPlan& pl, cudaStream_t stream) {
+  constexpr int BN = fa::keys_per_tile(D);
+  auto kernel = fa_prefill_kernel<D, BN>;
+  constexpr int smem = fa::smem_bytes(D);
+#ifndef PG_CUDA_HOST_SHIM
+  static SmemOptIn opt_in;
+  opt_in.ensure(reinterpret_cast<const void*>(kernel), smem);
+#endif
+  const dim3 grid(static_cast<unsigned>(pl.n_row_tiles), static_cast<unsigned>(P.a.n_head_kv), static_cast<unsigned>(pl.split.n_splits));
+  PG_FA_LAUNCH(kernel, grid, fa::kThreads, smem, stream, P);
+  check_launch("attention_prefill");
+}
+
+// (Named apart from attention_prefill_supported so that the host emulation's copy of this file, in
+// another namespace, never meets the CUDA library's through argument-dependent lookup.)
+bool fa_supported(const AttentionArgs& a) {
+  if (!a.kv_f16 || a.typed || a.tree_mask != nullptr || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return false;
+  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
+  return a.n_head / a.n_head_kv <= fa::kMaxGroup;
+}
+
+}  // namespace
+
+bool attention_prefill_supported(const AttentionArgs& a) { return fa_supported(a); }
+
+size_t attention_prefill_scratch_bytes(const AttentionArgs& a, int n_sm) {
+  if (a.n <= 0 || !fa_supported(a)) return 0;
+  const FaPlan pl = fa_plan(a, n_sm);
+  if (pl.split.n_splits <= 1) return 0;
+  // part_acc (n_splits, n, n_head, head_dim) + part_ml (n_splits, n, n_head, 2), FP32.
+  return static_cast<size_t>(pl.split.n_splits) * static_cast<size_t>(a.n) * static_cast<size_t>(a.n_head) *
+         static_cast<size_t>(a.head_dim + 2) * sizeof(float);
+}
+
+void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream) {
+  if (a.n <= 0) return;
+  PG_CHECK(fa_supported(a), "attention_prefill: unsupported shape (F16 KV, head_dim 64/128/256, GQA ≤ 64, no tree)");
+  const FaPlan pl = fa_plan(a, n_sm);
+  PG_CHECK(a.n_head_kv <= 65535 && pl.split.n_splits <= 65535, "attention_prefill: batch too large");
+  FaParams P{};
+  P.a = a;
+  P.br = pl.br;
+  P.n_splits = pl.split.n_splits;
+  P.chunk = pl.split.chunk;
+  if (P.n_splits > 1) {
+    PG_CHECK(scratch != nullptr, "attention_prefill: missing split scratch");
+    P.part_acc = static_cast<float*>(scratch);
+    P.part_ml = P.part_acc + static_cast<size_t>(P.n_splits) * a.n * a.n_head * a.head_dim;
+  }
+  switch (a.head_dim) {
+    case 64: fa_launch<64>(P, pl, stream); break;
+    case 128: fa_launch<128>(P, pl, stream); break;
+    default: fa_launch<256>(P, pl, stream); break;
+  }
+  if (P.n_splits > 1) {
+    const int threads = std::min(256, (a.head_dim + 31) / 32 * 32);
+    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head));
+    PG_FA_LAUNCH(fa_combine_kernel, grid, threads, 0, stream, P.part_acc, P.part_ml, P.n_splits, a.n, a.n_head, a.head_dim, a.out,
+                 a.out_stride);
+    check_launch("attention_prefill combine");
+  }
+}
+
+}  // namespace PG_FA_NAMESPACE

@@ -1,0 +1,101 @@
+// Index arithmetic of the tensor-core prefill attention (attention_prefill.cu), shared with a host test.
+//
+// Everything here is __host__ __device__ and free of CUDA types, so tests/cuda/test_cuda_fa_layout.cpp
+// compiles it with the host compiler and checks, without a GPU, that the fragment maps compose into
+// S = Q·Kᵀ and O = P·V under the PTX definitions of ldmatrix and mma.m16n8k16, and that the tile plan
+// covers every (row, head) pair once. The kernel uses these functions and no private copy of them.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define PG_FA_HD __host__ __device__ __forceinline__
+#else
+#define PG_FA_HD inline
+#endif
+
+namespace pg::cuda::fa {
+
+constexpr int kWarps = 4;                 // warps per block
+constexpr int kThreads = 32 * kWarps;     // 128
+constexpr int kRowsPerWarp = 16;          // query rows ((batch row, head) pairs) per warp: one m16 tile
+constexpr int kTileM = kWarps * kRowsPerWarp;  // 64 query rows per block
+constexpr int kMaxGroup = kTileM;         // query heads per KV head the kernel takes (GQA ratio)
+
+// Keys per shared-memory tile: 64 for head sizes ≤ 128, 32 for 256 (register budget: a thread holds
+// D/2 FP32 output accumulators + D/4 Q fragment words + BN/2 score registers; at D = 256 and BN = 64
+// that is 128 + 64 + 32 = 224 before addresses, which spills).
+constexpr int keys_per_tile(int head_dim) { return head_dim > 128 ? 32 : 64; }
+// Row pitch of the K/V tiles in 16-bit elements: head_dim + 8 (16 bytes of padding), so the 8 rows an
+// ldmatrix reads start 4 banks apart (pitch/4 bytes ≡ 4 mod 32 banks for head_dim a multiple of 64).
+constexpr int tile_pitch(int head_dim) { return head_dim + 8; }
+// Dynamic shared memory of one block: 2 stages × (K tile + V tile) × BN keys × pitch × 2 bytes.
+//   D = 64:  2·2·64·72·2  = 36 864 B;  D = 128: 2·2·64·136·2 = 69 632 B;  D = 256: 2·2·32·264·2 = 67 584 B.
+// (+ 768 B static row data.) H100/H200 (228 KB/SM) fit 3 blocks of any of them; sm_86/89/120 (99 KB
+// per block, 100 KB/SM) one block at D ≥ 128.
+constexpr int smem_bytes(int head_dim) { return 2 * 2 * keys_per_tile(head_dim) * tile_pitch(head_dim) * 2; }
+
+// Batch rows per block for a GQA ratio g (≤ kMaxGroup): the block's kTileM query rows are the pairs
+// (batch row r0 + m / g, head kvh·g + m % g), m < rows·g; heads of one KV head share its K/V tiles.
+PG_FA_HD int rows_per_block(int group) { return kTileM / group; }
+// Query row m of a block (0..kTileM−1) → local batch row and head within the group.
+PG_FA_HD void pair_of(int m, int group, int& row, int& head) {
+  row = m / group;
+  head = m - row * group;
+}
+// Visible key range [begin, end) of a causal row at logical position pos (sliding window w, 0 = none).
+PG_FA_HD void row_bounds(int pos, int window, int& begin, int& end) {
+  end = pos + 1;
+  begin = window > 0 && pos + 1 - window > 0 ? pos + 1 - window : 0;
+}
+
+// ---- mma.m16n8k16 fragment maps (PTX ISA, "Matrix fragments for mma.m16n8k16", 16-bit A/B, f32 C) ----
+// C/D (16×8, 4 floats per lane): element e of lane l is (row c_row(l, e), column c_col(l, e)).
+PG_FA_HD int c_row(int lane, int e) { return (lane >> 2) + 8 * (e >> 1); }
+PG_FA_HD int c_col(int lane, int e) { return 2 * (lane & 3) + (e & 1); }
+// A (16×16, 4 registers of two halves): half h of register r of lane l is (a_row(l, r), a_col(l, r, h)).
+PG_FA_HD int a_row(int lane, int r) { return (lane >> 2) + 8 * (r & 1); }
+PG_FA_HD int a_col(int lane, int r, int h) { return 2 * (lane & 3) + 8 * (r >> 1) + h; }
+// B (16×8, 2 registers): half h of register r of lane l is (k = b_k(l, r, h), n = b_n(l)).
+PG_FA_HD int b_k(int lane, int r, int h) { return 2 * (lane & 3) + 8 * r + h; }
+PG_FA_HD int b_n(int lane) { return lane >> 2; }
+
+// ---- ldmatrix addresses ------------------------------------------------------------------------------
+// ldmatrix.x4: lane l supplies the start of row (l & 7) of 8×8 matrix l >> 3; register i receives
+// matrix i (non-transposed: elements (l >> 2, 2(l & 3) + h); .trans: (2(l & 3) + h, l >> 2)).
+//
+// Scores: K tile stored [key][dim]. For 16 keys n0.. and dims k0..k0+15 the four matrices are
+// (keys n0+0..7, dims k0), (n0+0..7, k0+8), (n0+8..15, k0), (n0+8..15, k0+8): registers 0,1 are B's
+// b0,b1 for keys n0..n0+7, registers 2,3 for keys n0+8..15. Lane l's row start: (key, dim) offset.
+PG_FA_HD int k_ld_key(int lane) { return (lane & 7) + ((lane >> 4) << 3); }
+PG_FA_HD int k_ld_dim(int lane) { return ((lane >> 3) & 1) * 8; }
+// Output: V tile stored [key][dim], read transposed. For keys k0..k0+15 and dims n0..n0+15 the four
+// matrices are (keys k0+0..7, dims n0), (k0+8..15, n0), (k0+0..7, n0+8), (k0+8..15, n0+8): registers 0,1
+// are b0,b1 for dims n0..n0+7, registers 2,3 for dims n0+8..15.
+PG_FA_HD int v_ld_key(int lane) { return (lane & 7) + ((lane >> 3) & 1) * 8; }
+PG_FA_HD int v_ld_dim(int lane) { return (lane >> 4) * 8; }
+
+// Score fragment → A fragment of P for the P·V product: keys 16kk..16kk+15 are score tiles 2kk and
+// 2kk+1; A register r takes tile 2kk + (r >> 1), elements 2(r & 1) and 2(r & 1) + 1 (rows g / g+8 pairs).
+PG_FA_HD int p_tile(int kk, int r) { return 2 * kk + (r >> 1); }
+PG_FA_HD int p_elem(int r, int h) { return 2 * (r & 1) + h; }
+
+// Split-K plan: the key range [0, max_kv) is cut into n_splits chunks of `chunk` keys (a multiple of bn)
+// when the grid of row tiles × KV heads would leave SMs idle (small prefill batches at long depth).
+struct SplitPlan {
+  int n_splits = 1, chunk = 0;
+};
+PG_FA_HD SplitPlan split_plan(int base_blocks, int max_kv, int n_sm, int bn) {
+  SplitPlan s;
+  const int want = base_blocks >= 2 * n_sm ? 1 : (2 * n_sm + base_blocks - 1) / base_blocks;
+  const int most = (max_kv + 255) / 256;  // each split keeps ≥ 256 keys (4 tiles of 64)
+  s.n_splits = want < most ? want : most;
+  if (s.n_splits < 1) s.n_splits = 1;
+  const int per = (max_kv + s.n_splits - 1) / s.n_splits;
+  s.chunk = (per + bn - 1) / bn * bn;
+  if (s.chunk < bn) s.chunk = bn;
+  s.n_splits = (max_kv + s.chunk - 1) / s.chunk;
+  if (s.n_splits < 1) s.n_splits = 1;
+  return s;
+}
+
+}  // namespace pg::cuda::fa

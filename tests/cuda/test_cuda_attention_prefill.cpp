@@ -1,0 +1,339 @@
+// The tensor-core prefill attention (backend/cuda/attention_prefill.cu, CudaOptions::fa_prefill_min_rows)
+// against the CPU reference (exact mode, F16 cache) and against the CUDA FP32 kernel (attention.cu) on the
+// same device cache: head sizes 64/128/256, GQA ratios 1..64 (7: partial row tiles of the 64-row block),
+// 1..300 rows (partial tiles), prefill chunks after 0/100/3000 cached tokens (split-K at long depth),
+// sliding window, soft-capping, several sequences in one batch; and whole tiny golden models with the
+// option on vs off vs the CPU, prompts in one batch and in chunks.
+//
+// Written without device time: these run for the first time on the GPU (label `cuda`). Bounds: the new
+// kernel rounds q and the softmax weights to FP16 (relative 2⁻¹¹ each, random), so op outputs are
+// expected within ~5e-4 relative of the FP32 result; the bound is 2e-3. The FP32 kernel itself stays at
+// its 2e-5 (test_cuda_ops.cpp) and is checked here as well, so a failure says which side moved.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "backend/cuda/kernels.h"
+#include "cuda_test_util.h"
+#include "model/model.h"
+#include "testutil.h"
+
+namespace pg {
+namespace {
+
+using test::compare;
+using test::ErrStats;
+using test::fetch;
+using test::make_tensor;
+using test::randn;
+
+struct FaCase {
+  int n_head, n_head_kv, head_dim;
+  int window;
+  float softcap;
+};
+
+std::string case_name(const testing::TestParamInfo<FaCase>& i) {
+  const FaCase& c = i.param;
+  char buf[96];  // (not std::string operator+: gcc 12's -Wrestrict false positive on "h" + to_string)
+  std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d", c.n_head, c.n_head_kv, c.head_dim, c.window, static_cast<int>(c.softcap));
+  return buf;
+}
+
+CudaOptions fa_options(int min_rows) {
+  CudaOptions o;
+  o.fa_prefill_min_rows = min_rows;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::string(e) == "0") o.pdl = false;
+  return o;
+}
+
+class CudaAttentionPrefill : public testing::TestWithParam<FaCase> {};
+
+TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
+  PG_REQUIRE_GPU();
+  const FaCase c = GetParam();
+  auto cpu = test::make_cpu_exact();
+  auto gpu = std::make_unique<CudaBackend>(0, fa_options(0));
+  // Sequences: 0 holds 3000 cached tokens + a 300-row chunk, 1 holds 100 + 300, 2 holds 300.
+  const int n_seq = 3, block_size = 64;
+  const int lens[n_seq] = {3300, 400, 300};
+  const int max_blocks = (3300 + block_size - 1) / block_size;
+  const int n_blocks = n_seq * max_blocks;
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(7));  // physical blocks in a shuffled order
+  auto cell = [&](int s, int p) { return table[static_cast<size_t>(s * max_blocks + p / block_size)] * block_size + p % block_size; };
+  const int64_t kvw = static_cast<int64_t>(c.n_head_kv) * c.head_dim, qw = static_cast<int64_t>(c.n_head) * c.head_dim;
+
+  struct Side {
+    Backend* be;
+    KvLayer kv;
+    Tensor table;
+  };
+  Side sides[2] = {{cpu.get(), {}, {}}, {gpu.get(), {}, {}}};
+  for (auto& s : sides) {
+    s.kv.k = s.be->alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
+    s.kv.v = s.be->alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
+    s.table = make_tensor(*s.be, DType::I32, max_blocks, n_seq, table.data());
+  }
+  auto make_batch = [&](Side& s, const std::vector<int32_t>& pos, const std::vector<int32_t>& seq, std::vector<Tensor>& keep) {
+    AttentionBatch b;
+    const int n = static_cast<int>(pos.size());
+    std::vector<int32_t> cells(pos.size());
+    int mx = 0;
+    for (size_t i = 0; i < pos.size(); ++i) {
+      cells[i] = cell(seq[i], pos[i]);
+      mx = std::max(mx, pos[i] + 1);
+    }
+    b.n_tokens = n;
+    b.positions = make_tensor(*s.be, DType::I32, n, 1, pos.data());
+    b.seq = make_tensor(*s.be, DType::I32, n, 1, seq.data());
+    b.cells = make_tensor(*s.be, DType::I32, n, 1, cells.data());
+    keep.insert(keep.end(), {b.positions, b.seq, b.cells});
+    b.block_table = s.table;
+    b.block_size = block_size;
+    b.max_blocks = max_blocks;
+    b.max_kv_len = mx;
+    return b;
+  };
+  for (int sq = 0; sq < n_seq; ++sq)
+    for (int p0 = 0; p0 < lens[sq]; p0 += 512) {
+      std::vector<int32_t> pos, seq;
+      for (int p = p0; p < std::min(lens[sq], p0 + 512); ++p) pos.push_back(p), seq.push_back(sq);
+      const int n = static_cast<int>(pos.size());
+      const auto k = randn(static_cast<size_t>(n * kvw), static_cast<uint32_t>(1000 + sq * 31 + p0));
+      const auto v = randn(static_cast<size_t>(n * kvw), static_cast<uint32_t>(2000 + sq * 31 + p0));
+      for (auto& s : sides) {
+        std::vector<Tensor> keep;
+        AttentionBatch b = make_batch(s, pos, seq, keep);
+        Tensor kt = make_tensor(*s.be, DType::F32, kvw, n, k.data()), vt = make_tensor(*s.be, DType::F32, kvw, n, v.data());
+        s.be->kv_store(s.kv, kt, vt, b);
+        s.be->synchronize();
+        for (auto& t : keep) s.be->free(t);
+        s.be->free(kt);
+        s.be->free(vt);
+      }
+    }
+  AttentionParams ap;
+  ap.n_head = c.n_head;
+  ap.n_head_kv = c.n_head_kv;
+  ap.head_dim = c.head_dim;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ap.sliding_window = c.window;
+  ap.logit_softcap = c.softcap;
+
+  // The shape must be one the new kernel takes, else the "on" runs below would silently test attention.cu.
+  cuda::AttentionArgs probe;
+  probe.kv_f16 = true;
+  probe.n_head = c.n_head;
+  probe.n_head_kv = c.n_head_kv;
+  probe.head_dim = c.head_dim;
+  ASSERT_TRUE(cuda::attention_prefill_supported(probe));
+
+  struct FaBatch {
+    std::string what;
+    std::vector<int32_t> pos, seq;
+  };
+  std::vector<FaBatch> batches;
+  // A prefill chunk of `rows` rows of sequence sq after `depth` cached tokens.
+  auto chunk = [&](int sq, int depth, int rows) {
+    char what[64];
+    std::snprintf(what, sizeof what, "seq %d depth %d rows %d", sq, depth, rows);
+    FaBatch b{what, {}, {}};
+    for (int i = 0; i < rows; ++i) b.pos.push_back(depth + i), b.seq.push_back(sq);
+    return b;
+  };
+  for (int rows : {1, 2, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 128, 129, 255, 300}) batches.push_back(chunk(2, 0, rows));
+  for (int rows : {1, 9, 64, 65, 200, 300}) batches.push_back(chunk(1, 100, rows));
+  for (int rows : {1, 17, 64, 129, 300}) batches.push_back(chunk(0, 3000, rows));
+  {
+    // Several sequences in one batch, runs of consecutive positions (rows of different sequences share
+    // row tiles: separate passes), as the server's mixed prefill batches.
+    FaBatch b{"mixed", {}, {}};
+    for (int p = 3000; p < 3070; ++p) b.pos.push_back(p), b.seq.push_back(0);
+    for (int p = 0; p < 45; ++p) b.pos.push_back(p), b.seq.push_back(1);
+    b.pos.push_back(299), b.seq.push_back(2);
+    for (int p = 100; p < 140; ++p) b.pos.push_back(p), b.seq.push_back(2);
+    for (int p = 350; p < 400; ++p) b.pos.push_back(p), b.seq.push_back(1);
+    batches.push_back(b);
+    // Interleaved rows (every row starts a new pass) and non-consecutive positions.
+    FaBatch il{"interleaved", {}, {}};
+    for (int i = 0; i < 90; ++i) il.pos.push_back(i % 3 == 0 ? 3299 - 7 * i : i % 3 == 1 ? 399 - i : 3 * i), il.seq.push_back(i % 3);
+    batches.push_back(il);
+  }
+
+  double worst_fa_vs_fp32 = 0;
+  for (const FaBatch& fb : batches) {
+    SCOPED_TRACE(fb.what);
+    const int n = static_cast<int>(fb.pos.size());
+    const auto q = randn(static_cast<size_t>(n * qw), static_cast<uint32_t>(77 + n));
+    // 0: CPU, 1: CUDA FP32 kernel, 2: CUDA tensor-core kernel.
+    std::vector<float> out[3];
+    for (int run = 0; run < 3; ++run) {
+      Side& s = sides[run == 0 ? 0 : 1];
+      if (run > 0) gpu->set_options(fa_options(run == 2 ? 1 : 0));
+      std::vector<Tensor> keep;
+      AttentionBatch b = make_batch(s, fb.pos, fb.seq, keep);
+      Tensor qt = make_tensor(*s.be, DType::F32, qw, n, q.data());
+      const std::vector<float> poison(static_cast<size_t>(n * qw), std::nanf(""));
+      Tensor ot = make_tensor(*s.be, DType::F32, qw, n, poison.data());
+      s.be->attention(qt, s.kv, b, ap, ot);
+      out[run] = fetch(*s.be, ot);
+      for (auto& t : keep) s.be->free(t);
+      s.be->free(qt);
+      s.be->free(ot);
+    }
+    const ErrStats e32 = compare(out[1], out[0]);
+    EXPECT_EQ(e32.bad, 0u);
+    EXPECT_LE(e32.rel, 2e-5) << "FP32 kernel vs CPU, max_abs " << e32.max_abs;
+    const ErrStats efa = compare(out[2], out[0]);
+    EXPECT_EQ(efa.bad, 0u) << "tensor-core kernel: NaN/Inf or unwritten outputs";
+    EXPECT_LE(efa.rel, 2e-3) << "tensor-core kernel vs CPU, max_abs " << efa.max_abs;
+    const ErrStats ex = compare(out[2], out[1]);
+    EXPECT_LE(ex.rel, 2e-3) << "tensor-core vs FP32 kernel, max_abs " << ex.max_abs;
+    worst_fa_vs_fp32 = std::max(worst_fa_vs_fp32, ex.max_abs);
+  }
+  // FP16 rounding makes the two kernels differ somewhere: identical outputs would mean the option did
+  // not route any batch to the new kernel.
+  EXPECT_GT(worst_fa_vs_fp32, 0.0) << "fa_prefill_min_rows = 1 gave bit-identical results: the tensor-core kernel did not run";
+  std::printf("h%d/kv%d d%d w%d cap%g: max |fa − fp32| %.3g\n", c.n_head, c.n_head_kv, c.head_dim, c.window, c.softcap, worst_fa_vs_fp32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPrefill,
+                         testing::Values(FaCase{4, 4, 64, 0, 0.0f},      // GQA 1
+                                         FaCase{16, 4, 64, 0, 30.0f},    // GQA 4, softcap
+                                         FaCase{64, 1, 64, 0, 0.0f},     // GQA 64: one batch row per block
+                                         FaCase{32, 8, 128, 0, 0.0f},    // qwen3-8b
+                                         FaCase{32, 4, 128, 100, 0.0f},  // GQA 8, sliding window
+                                         FaCase{28, 4, 128, 0, 0.0f},    // GQA 7: 63 of 64 query rows used
+                                         FaCase{8, 8, 128, 37, 0.0f},    // GQA 1, window not a tile multiple
+                                         FaCase{24, 4, 256, 0, 0.0f},    // qwen35-27b
+                                         FaCase{8, 4, 256, 1024, 50.0f}, // gemma3: 256, window, softcap
+                                         FaCase{16, 2, 256, 0, 0.0f}),   // GQA 8 at 256
+                         case_name);
+
+TEST(CudaAttentionPrefillOptions, ShapesOutsideTheKernelKeepTheFp32Kernel) {
+  // Host-side predicate only (no GPU needed to evaluate it, but it lives in the CUDA library).
+  cuda::AttentionArgs a;
+  a.kv_f16 = true;
+  a.n_head = 32, a.n_head_kv = 8, a.head_dim = 128;
+  EXPECT_TRUE(cuda::attention_prefill_supported(a));
+  a.head_dim = 80;
+  EXPECT_FALSE(cuda::attention_prefill_supported(a)) << "head 80";
+  a.head_dim = 128;
+  a.kv_f16 = false;
+  EXPECT_FALSE(cuda::attention_prefill_supported(a)) << "F32 cache";
+  a.kv_f16 = true;
+  const uint32_t mask[4] = {};
+  a.tree_mask = mask;
+  EXPECT_FALSE(cuda::attention_prefill_supported(a)) << "token tree";
+  a.tree_mask = nullptr;
+  a.n_head = 128, a.n_head_kv = 1;
+  EXPECT_FALSE(cuda::attention_prefill_supported(a)) << "GQA 128";
+}
+
+// ---- whole models ---------------------------------------------------------------------------------------
+
+// Random prompt tokens of the tiny vocabulary (512), fixed seed.
+std::vector<int32_t> prompt_tokens(int n) {
+  std::mt19937 rng(5);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng() % 500) + 3;
+  return t;
+}
+
+// All logits of a prompt of `tokens`, fed in chunks of `chunk` rows (later chunks attend to the cached
+// earlier ones), plus 8 decode steps feeding fixed tokens.
+std::vector<float> run_prompt(Backend& be, const std::string& path, const std::vector<int32_t>& tokens, int chunk) {
+  auto model = Model::load(path, be);
+  auto cache = model->make_cache({1, 512, DType::F16, 16});
+  std::vector<float> all, out;
+  Batch b;
+  const int n = static_cast<int>(tokens.size());
+  for (int p0 = 0; p0 < n; p0 += chunk) {
+    b.clear();
+    for (int p = p0; p < std::min(n, p0 + chunk); ++p) b.add(tokens[static_cast<size_t>(p)], p, 0, true);
+    model->forward(b, *cache, out);
+    all.insert(all.end(), out.begin(), out.end());
+  }
+  for (int s = 0; s < 8; ++s) {
+    b.clear();
+    b.add(static_cast<int32_t>(10 + 37 * s), n + s, 0, true);
+    model->forward(b, *cache, out);
+    all.insert(all.end(), out.begin(), out.end());
+  }
+  return all;
+}
+
+struct LogitDiff {
+  double max = 0, rms = 0;
+};
+LogitDiff logit_diff(const std::vector<float>& a, const std::vector<float>& ref) {
+  LogitDiff d;
+  double sq = 0;
+  for (size_t i = 0; i < a.size() && i < ref.size(); ++i) {
+    const double e = std::isfinite(a[i]) ? std::fabs(static_cast<double>(a[i]) - ref[i]) : INFINITY;
+    d.max = std::max(d.max, e);
+    sq += e * e;
+  }
+  d.rms = a.empty() ? 0 : std::sqrt(sq / static_cast<double>(a.size()));
+  if (a.size() != ref.size()) d.max = INFINITY;
+  return d;
+}
+
+class CudaAttentionPrefillModel : public testing::TestWithParam<std::string> {};
+
+// F16 files, CUDA default mode vs the CPU's exact mode (both F16 KV), option on vs off: on vs off within the
+// F16-file bound of test_cuda_model.cpp (max 0.05; the attention is the only difference), on vs CPU within
+// that bound on top of off vs CPU. Measured values are printed for the device log.
+TEST_P(CudaAttentionPrefillModel, LogitsOnVsOffVsCpu) {
+  PG_REQUIRE_GPU();
+  const std::string stem = GetParam();
+  const std::string path = test::shared_path("golden/models/" + stem + ".gguf").string();
+  CpuOptions co;
+  co.n_threads = 2;
+  co.exact_f32 = true;
+  CpuBackend cpu(co);
+  for (int len : {24, 300}) {
+    const auto tokens = prompt_tokens(len);
+    for (int chunk : {len, 64}) {
+      if (chunk == 64 && len <= 64) continue;
+      SCOPED_TRACE(stem + ": prompt " + std::to_string(len) + " in chunks of " + std::to_string(chunk));
+      const auto ref = run_prompt(cpu, path, tokens, chunk);
+      CudaBackend off(0, fa_options(0));
+      const auto l_off = run_prompt(off, path, tokens, chunk);
+      CudaBackend on(0, fa_options(16));
+      const auto l_on = run_prompt(on, path, tokens, chunk);
+      ASSERT_EQ(l_on.size(), ref.size());
+      const LogitDiff d_on = logit_diff(l_on, ref), d_off = logit_diff(l_off, ref), d_x = logit_diff(l_on, l_off);
+      // Long prompts in one batch take the FP16 GEMM (activations rounded to FP16), so the FP32 kernel's own
+      // distance to the CPU is the baseline: the option may add at most the F16-file bound to it.
+      EXPECT_LE(d_on.max, 0.05 + d_off.max) << "on vs CPU";
+      EXPECT_LE(d_on.rms, 0.01 + d_off.rms) << "on vs CPU";
+      EXPECT_LE(d_x.max, 0.05) << "on vs off";
+      EXPECT_GT(d_x.max, 0.0) << "on and off bit-identical: the tensor-core kernel did not run";
+      std::printf("%-18s len %3d chunk %3d | off vs cpu max %.2e rms %.2e | on vs cpu max %.2e rms %.2e | on vs off max %.2e\n",
+                  stem.c_str(), len, chunk, d_off.max, d_off.rms, d_on.max, d_on.rms, d_x.max);
+    }
+  }
+}
+
+std::string model_name(const testing::TestParamInfo<std::string>& i) {
+  std::string s = i.param;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+// F16 golden models with attention layers (all head 64, GQA 2): qwen3 (qk-norm), gemma3 (sliding window 8 on
+// alternate layers), llama, qwen2, qwen3moe, and qwen35's gated full-attention layers.
+INSTANTIATE_TEST_SUITE_P(Golden, CudaAttentionPrefillModel,
+                         testing::Values("tiny-qwen3-f16", "tiny-gemma3-f16", "tiny-llama-f16", "tiny-qwen2-f16", "tiny-qwen3moe-f16",
+                                         "tiny-qwen35-f16"),
+                         model_name);
+
+}  // namespace
+}  // namespace pg

@@ -1,0 +1,185 @@
+// The tensor-core prefill attention's own code (backend/cuda/attention_prefill.cu: host plan, kernel,
+// split-K combine), compiled for the host against the thread-level emulation of tests/cuda/
+// cuda_thread_shim.h, against the CPU backend's attention (exact mode, F16 cache). No GPU: runs in CI
+// wherever the CUDA backend is configured. This catches errors of the kernel's logic — row tiling and
+// GQA packing, per-sequence passes, causal / sliding-window masks, the cp.async double buffer (copies
+// land only at their wait: a tile read too early is NaN), online softmax, the output and partial
+// layouts, the combine — before the kernel ever runs on a device. It cannot catch what the emulation
+// assumes (the hardware's ldmatrix/mma semantics, which are emulated from the PTX tables, timing,
+// register limits): tests/cuda/test_cuda_attention_prefill.cpp on the GPU covers those.
+// Small shapes: every CUDA thread is a host thread and every warp intrinsic a barrier.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/attention_prefill.cu"  // with PG_CUDA_HOST_SHIM: into pg::cuda::host_emu
+
+namespace pg {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+Tensor make(Backend& be, DType t, int64_t cols, int64_t rows, const void* data) {
+  Tensor x = be.alloc(t, cols, rows);
+  if (data) be.upload(x, data, x.nbytes());
+  return x;
+}
+
+struct EmuCase {
+  int n_head, n_head_kv, head_dim, window;
+  float softcap;
+  int n_sm;  // the plan's SM count: small grids below 2·n_sm blocks split the keys (split-K)
+};
+
+class CudaFaEmulated : public testing::TestWithParam<EmuCase> {};
+
+TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
+  const EmuCase c = GetParam();
+  CpuOptions co;
+  co.n_threads = 1;
+  co.exact_f32 = true;
+  CpuBackend cpu(co);
+  // Two sequences: 0 with 700 cached positions, 1 with 90; blocks of 16 cells in a shuffled order.
+  const int n_seq = 2, block_size = 16, lens[n_seq] = {700, 90};
+  const int max_blocks = (700 + block_size - 1) / block_size, n_blocks = n_seq * max_blocks;
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(3));
+  auto cell = [&](int s, int p) { return table[static_cast<size_t>(s * max_blocks + p / block_size)] * block_size + p % block_size; };
+  const int64_t kvw = static_cast<int64_t>(c.n_head_kv) * c.head_dim, qw = static_cast<int64_t>(c.n_head) * c.head_dim;
+  KvLayer kv;
+  kv.k = cpu.alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
+  kv.v = cpu.alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
+  Tensor tt = make(cpu, DType::I32, max_blocks, n_seq, table.data());
+  std::vector<Tensor> keep;
+  auto batch_of = [&](const std::vector<int32_t>& pos, const std::vector<int32_t>& seq) {
+    AttentionBatch b;
+    std::vector<int32_t> cells(pos.size());
+    int mx = 0;
+    for (size_t i = 0; i < pos.size(); ++i) cells[i] = cell(seq[i], pos[i]), mx = std::max(mx, pos[i] + 1);
+    b.n_tokens = static_cast<int>(pos.size());
+    b.positions = make(cpu, DType::I32, b.n_tokens, 1, pos.data());
+    b.seq = make(cpu, DType::I32, b.n_tokens, 1, seq.data());
+    b.cells = make(cpu, DType::I32, b.n_tokens, 1, cells.data());
+    keep.insert(keep.end(), {b.positions, b.seq, b.cells});
+    b.block_table = tt;
+    b.block_size = block_size;
+    b.max_blocks = max_blocks;
+    b.max_kv_len = mx;
+    return b;
+  };
+  for (int s = 0; s < n_seq; ++s) {
+    std::vector<int32_t> pos, seq;
+    for (int p = 0; p < lens[s]; ++p) pos.push_back(p), seq.push_back(s);
+    const auto k = randn(pos.size() * static_cast<size_t>(kvw), 10 + s), v = randn(pos.size() * static_cast<size_t>(kvw), 20 + s);
+    Tensor kt = make(cpu, DType::F32, kvw, static_cast<int64_t>(pos.size()), k.data());
+    Tensor vt = make(cpu, DType::F32, kvw, static_cast<int64_t>(pos.size()), v.data());
+    cpu.kv_store(kv, kt, vt, batch_of(pos, seq));
+  }
+  AttentionParams ap;
+  ap.n_head = c.n_head;
+  ap.n_head_kv = c.n_head_kv;
+  ap.head_dim = c.head_dim;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ap.sliding_window = c.window;
+  ap.logit_softcap = c.softcap;
+
+  struct B {
+    const char* what;
+    std::vector<int32_t> pos, seq;
+  };
+  std::vector<B> batches;
+  {
+    B b{"prefill chunk after depth 600 (seq 0), 37 rows", {}, {}};
+    for (int p = 600; p < 637; ++p) b.pos.push_back(p), b.seq.push_back(0);
+    batches.push_back(b);
+    B m{"two sequences in one tile: seq 1 rows 0..19, seq 0 rows 680..699, then seq 1 again", {}, {}};
+    for (int p = 0; p < 20; ++p) m.pos.push_back(p), m.seq.push_back(1);
+    for (int p = 680; p < 700; ++p) m.pos.push_back(p), m.seq.push_back(0);
+    for (int p = 60; p < 70; ++p) m.pos.push_back(p), m.seq.push_back(1);
+    batches.push_back(m);
+    B one{"one row at depth 699", {699}, {0}};
+    batches.push_back(one);
+  }
+  for (const B& bt : batches) {
+    SCOPED_TRACE(bt.what);
+    const int n = static_cast<int>(bt.pos.size());
+    const auto q = randn(static_cast<size_t>(n * qw), static_cast<uint32_t>(n + 5));
+    AttentionBatch b = batch_of(bt.pos, bt.seq);
+    Tensor qt = make(cpu, DType::F32, qw, n, q.data());
+    Tensor ref = cpu.alloc(DType::F32, qw, n);
+    cpu.attention(qt, kv, b, ap, ref);
+    std::vector<float> out(static_cast<size_t>(n * qw), std::nanf(""));
+    cuda::AttentionArgs a;
+    a.q = qt.as<float>();
+    a.q_stride = qw;
+    a.k = kv.k.data;
+    a.v = kv.v.data;
+    a.kv_f16 = true;
+    a.positions = b.positions.as<int32_t>();
+    a.seq = b.seq.as<int32_t>();
+    a.block_table = tt.as<int32_t>();
+    a.block_size = block_size;
+    a.max_blocks = max_blocks;
+    a.n = n;
+    a.max_kv_len = b.max_kv_len;
+    a.n_head = c.n_head;
+    a.n_head_kv = c.n_head_kv;
+    a.head_dim = c.head_dim;
+    a.scale = ap.scale;
+    a.sliding_window = c.window;
+    a.softcap = c.softcap;
+    a.out = out.data();
+    a.out_stride = qw;
+    ASSERT_TRUE(cuda::host_emu::attention_prefill_supported(a));
+    std::vector<float> scratch(cuda::host_emu::attention_prefill_scratch_bytes(a, c.n_sm) / sizeof(float) + 1, std::nanf(""));
+    cuda::host_emu::attention_prefill(a, scratch.data(), c.n_sm, nullptr);
+    const float* r = ref.as<float>();
+    double num = 0, den = 0, worst = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!std::isfinite(out[i])) {
+        ++bad;
+        continue;
+      }
+      const double d = static_cast<double>(out[i]) - r[i];
+      num += d * d, den += static_cast<double>(r[i]) * r[i], worst = std::max(worst, std::fabs(d));
+    }
+    EXPECT_EQ(bad, 0u) << "NaN/Inf or unwritten outputs";
+    const double rel = std::sqrt(num / den);
+    EXPECT_LE(rel, 2e-3) << "max abs " << worst;
+    EXPECT_GT(rel, 0.0) << "exactly the FP32 result: FP16 rounding should show";
+    std::printf("%s: rel %.2e max abs %.2e (splits scratch %zu floats)\n", bt.what, rel, worst, scratch.size() - 1);
+    cpu.free(qt);
+    cpu.free(ref);
+  }
+  for (auto& t : keep) cpu.free(t);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaEmulated,
+                         testing::Values(EmuCase{4, 2, 64, 0, 0.0f, 64},      // GQA 2 (the tiny models), split-K
+                                         EmuCase{8, 1, 64, 50, 20.0f, 1},     // GQA 8, window, softcap, no split (one "SM")
+                                         EmuCase{6, 2, 64, 0, 0.0f, 1},       // GQA 3: 63 of the 64 query rows of a block
+                                         EmuCase{2, 1, 128, 0, 0.0f, 64},     // D 128, split-K
+                                         EmuCase{2, 2, 256, 37, 0.0f, 1}),    // D 256 (32-key tiles), window
+                         [](const testing::TestParamInfo<EmuCase>& i) {
+                           char buf[64];
+                           std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d_sm%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim,
+                                         i.param.window, static_cast<int>(i.param.softcap), i.param.n_sm);
+                           return std::string(buf);
+                         });
+
+}  // namespace
+}  // namespace pg
