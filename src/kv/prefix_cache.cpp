@@ -125,11 +125,10 @@ PrefixCache::Entry& PrefixCache::insert(uint64_t key, uint64_t parent, int depth
     if (p != index_.end()) ++p->second.children;
   }
   kids_[parent].push_back(key);
-  const std::vector<int32_t> t = e.tokens;
-  index_[key] = std::move(e);
-  supersede(parent, key, t);
+  Entry& in = index_[key] = std::move(e);
+  supersede(parent, key, in.tokens);  // removes other entries only: `in` stays valid (node-based map)
   n_index_ = index_.size();
-  return index_.at(key);
+  return in;
 }
 
 void PrefixCache::remove(uint64_t key) {
