@@ -29,7 +29,8 @@ const repo = path.resolve(here, '..');
 
 function parseArgs(argv) {
   const a = { bin: path.join(repo, 'build/src/cli/peregrine'), model: '', threads: 0, ctx: 1024, gen: 16, turns: 6, rounds: 3, json: '', userChars: 80, serverArgs: [],
-    data: path.resolve(repo, '../shared/testdata/bench/tau_bench/gpt-4o-airline.json') };
+    // ../shared next to the checkout, or PEREGRINE_SHARED (as the e2e tests take it) for a worktree elsewhere.
+    data: path.join(process.env.PEREGRINE_SHARED || path.resolve(repo, '../shared'), 'testdata/bench/tau_bench/gpt-4o-airline.json') };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i], v = argv[i + 1];
     const take = () => { i++; return v; };
