@@ -4,7 +4,7 @@
 // disk tier after a restart.
 //
 //   node bench/prefix_bench.mjs [--bin build/src/cli/peregrine] [-m MODEL] [-t THREADS] [-c CTX]
-//        [--gen 16] [--turns 6] [--rounds 3] [--user-chars 80] [--server-args "--kv-block-size 16"] [--json out.json]
+//        [--gen 16] [--turns 6] [--rounds 3] [--user-chars 80] [--server-args "--kv-block-size 16"] [--whole] [--json out.json]
 //
 // The conversation is tau-bench's airline task 0 (../shared/testdata/bench/tau_bench): its system
 // prompt (the airline policy, cut to fit the context), four of its tools, and its user messages (cut to
@@ -14,7 +14,9 @@
 //   ram  — the default RAM prefix cache: turn 1 misses, turns 2.. reuse the previous turn; then turn 1
 //          again (a RAM hit of the whole first prompt, the reference for the restart);
 //   disk — --kv-cache-dir: the conversation once, the server stopped and restarted on the same
-//          directory, then turn 1 again (the restarted server's first repeat, from disk) and the rest.
+//          directory, then turn 1 again (the restarted server's first repeat, from disk) and the rest;
+//   whole — with --whole: the RAM cache with --no-partial-blocks (whole blocks only), for an A/B of
+//          partial-block reuse in the same rounds.
 // TTFT is the engine's (timings.ttft_ms: submission to first token); the median over rounds is shown.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -27,7 +29,8 @@ const repo = path.resolve(here, '..');
 
 function parseArgs(argv) {
   const a = { bin: path.join(repo, 'build/src/cli/peregrine'), model: '', threads: 0, ctx: 1024, gen: 16, turns: 6, rounds: 3, json: '', userChars: 80, serverArgs: [],
-    data: path.resolve(repo, '../shared/testdata/bench/tau_bench/gpt-4o-airline.json') };
+    // ../shared next to the checkout, or PEREGRINE_SHARED (as the e2e tests take it) for a worktree elsewhere.
+    data: path.join(process.env.PEREGRINE_SHARED || path.resolve(repo, '../shared'), 'testdata/bench/tau_bench/gpt-4o-airline.json') };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i], v = argv[i + 1];
     const take = () => { i++; return v; };
@@ -42,6 +45,7 @@ function parseArgs(argv) {
     else if (k === '--data') a.data = take();
     else if (k === '--user-chars') a.userChars = Number(take());
     else if (k === '--server-args') a.serverArgs = take().split(' ').filter(Boolean);
+    else if (k === '--whole') a.whole = true;
     else throw new Error(`unknown argument ${k}`);
   }
   if (!fs.existsSync(a.bin)) throw new Error(`no peregrine binary at ${a.bin} (use --bin)`);
@@ -100,7 +104,7 @@ async function turn(url, a, conv, k, answers) {
   const j = await post(url, '/v1/chat/completions', { messages: messagesFor(conv, k, answers), tools: conv.tools, max_tokens: a.gen, temperature: 0 });
   const msg = j.choices[0].message;
   if (answers.length === k) answers.push({ role: 'assistant', content: msg.content ?? '', ...(msg.tool_calls ? { tool_calls: msg.tool_calls } : {}) });
-  return { ttft: j.timings.ttft_ms, prompt: j.usage.prompt_tokens, cached: j.usage.prompt_tokens_details.cached_tokens };
+  return { ttft: j.timings.ttft_ms, prompt_ms: j.timings.prompt_ms, prompt: j.usage.prompt_tokens, cached: j.usage.prompt_tokens_details.cached_tokens };
 }
 
 const median = (xs) => { const s = [...xs].sort((x, y) => x - y); return s.length ? s[Math.floor((s.length - 1) / 2)] : NaN; };
@@ -122,7 +126,8 @@ async function main() {
     conv = conversation(a, lo);
     await s.stop();
   }
-  const res = { off: [], ram: [], ram_repeat: [], disk: [], disk_cold: [], disk_populate: [] };
+  const res = { off: [], ram: [], ram_repeat: [], disk: [], disk_cold: [], disk_populate: [], whole: [], whole_repeat: [] };
+  const load = [];
   for (let r = 0; r < a.rounds; r++) {
     {
       const s = await startServer(a, ['--cache-ram', '0']);
@@ -131,12 +136,21 @@ async function main() {
       res.off.push(row);
       await s.stop();
     }
+    load.push(os.loadavg()[0]);
     {
       const s = await startServer(a, []);
       const row = [];
       for (let k = 0, ans = []; k < a.turns; k++) row.push(await turn(s.url, a, conv, k, ans));
       res.ram.push(row);
       res.ram_repeat.push(await turn(s.url, a, conv, 0, [{}]));
+      await s.stop();
+    }
+    if (a.whole) {
+      const s = await startServer(a, ['--no-partial-blocks']);
+      const row = [];
+      for (let k = 0, ans = []; k < a.turns; k++) row.push(await turn(s.url, a, conv, k, ans));
+      res.whole.push(row);
+      res.whole_repeat.push(await turn(s.url, a, conv, 0, [{}]));
       await s.stop();
     }
     {
@@ -164,13 +178,34 @@ async function main() {
   console.log(`server args: ${a.serverArgs.join(' ') || '(defaults)'}`);
   console.log(`agent conversation: system ${conv.system.length} chars + ${conv.tools.length} tools, ${a.turns} turns, user turns of ${a.userChars} chars, ${a.gen} tokens per answer, ` +
     `context ${a.ctx}, ${a.rounds} rounds (median TTFT, engine ms)\n`);
-  console.log('| turn | prompt tokens | off: TTFT | RAM: TTFT (cached) | restarted, disk: TTFT (cached) |');
-  console.log('|---|---|---|---|---|');
+  const W = a.whole;
+  console.log(`| turn | prompt tokens | off: TTFT | RAM: TTFT (cached) |${W ? ' RAM, whole blocks: TTFT (cached) |' : ''} restarted, disk: TTFT (cached) |`);
+  console.log(`|---|---|---|---|${W ? '---|' : ''}---|`);
   for (let k = 0; k < a.turns; k++)
     console.log(`| ${k + 1} | ${res.off[0][k].prompt} | ${col(res.off, k).toFixed(1)} | ${col(res.ram, k).toFixed(1)} (${res.ram[0][k].cached}) | ` +
+      (W ? `${col(res.whole, k).toFixed(1)} (${res.whole[0][k].cached}) | ` : '') +
       `${col(res.disk, k).toFixed(1)} (${res.disk[0][k].cached}) |`);
   const t1 = col(res.ram, 0), t2 = col(res.ram, 1), rep = median(res.ram_repeat.map((x) => x.ttft)), disk1 = col(res.disk, 0);
   console.log(`\nturn 2 / turn 1 (RAM): ${(100 * t2 / t1).toFixed(1)} %  (target ≤ 10 %)`);
+  // Per round too (the machine's load moves the medians): turn 2 / turn 1 of the same server.
+  console.log(`  per round: ${res.ram.map((r) => (100 * r[1].ttft / r[0].ttft).toFixed(1)).join(', ')} %`);
+  if (W) {
+    console.log(`turn 2 / turn 1 (RAM, whole blocks): ${(100 * col(res.whole, 1) / col(res.whole, 0)).toFixed(1)} %; per round: ` +
+      `${res.whole.map((r) => (100 * r[1].ttft / r[0].ttft).toFixed(1)).join(', ')} %`);
+    for (let k = 1; k < a.turns; k++) {
+      const pr = median(res.ram.map((r) => r[k].prompt - r[k].cached)), pw = median(res.whole.map((r) => r[k].prompt - r[k].cached));
+      console.log(`  turn ${k + 1}: prefilled ${pr} tokens (partial) vs ${pw} (whole blocks)`);
+    }
+    console.log(`turn 1 repeated, whole blocks: ${median(res.whole_repeat.map((x) => x.ttft)).toFixed(1)} ms (cached ${res.whole_repeat[0].cached})`);
+  }
+  // Where turn 2's time goes: waiting for admission (TTFT − prompt_ms), and admission → first token
+  // (the lookup and copy, the prefill of the uncached rows, the first token's sampling).
+  for (const [name, rows] of [['RAM', res.ram], ...(W ? [['whole blocks', res.whole]] : []), ['off', res.off]]) {
+    const q = median(rows.map((r) => r[1].ttft - r[1].prompt_ms)), pm = median(rows.map((r) => r[1].prompt_ms));
+    const n = median(rows.map((r) => r[1].prompt - r[1].cached));
+    console.log(`turn 2, ${name}: queue ${q.toFixed(2)} ms, admission to first token ${pm.toFixed(1)} ms for ${n} prefilled tokens (${(pm / n).toFixed(3)} ms/token)`);
+  }
+  console.log(`1-minute load average at the start of each round: ${load.map((x) => x.toFixed(1)).join(', ')} (${os.cpus().length} cores)`);
   const cold = median(res.disk_cold.map((x) => x.ttft));
   console.log(`turn 1 repeated: RAM hit ${rep.toFixed(1)} ms (cached ${res.ram_repeat[0].cached}), restarted server (disk) ${disk1.toFixed(1)} ms ` +
     `(cached ${res.disk[0][0].cached}): ${(disk1 / rep).toFixed(2)}x  (target ≤ 2x); as the cold process's very first request ${cold.toFixed(1)} ms ` +

@@ -32,7 +32,8 @@ void ModelFlags::add_prefix_to(Args& a) {
   a.opt("--cache-ram", &cache_ram, "prefix cache RAM budget in MiB (-1 = the slots' KV size, at most 4096; 0 = off)");
   a.opt("--prefix-cache-slots", &prefix_cache_slots, "prefix cache sized for N whole contexts (used when --cache-ram is not given)");
   a.opt("--kv-cache-dir", &kv_cache_dir, "prefix cache on disk: block files in DIR survive restarts", "DIR");
-  a.opt("--kv-block-size", &kv_block_size, "KV cache block size in tokens: the prefix cache reuses whole blocks (default 64)");
+  a.opt("--kv-block-size", &kv_block_size, "KV cache block size in tokens (default 64); the prefix cache shares whole blocks and copies the matching cells of a partly reused one");
+  a.flag("--no-partial-blocks", &no_partial_blocks, "prefix cache: reuse whole blocks only (no copy of a partly matching block)");
   a.opt("--kv-cache-budget", &kv_cache_budget, "disk budget of --kv-cache-dir (e.g. 20G, 512M; a bare number is MiB)", "SIZE");
 }
 
@@ -99,6 +100,7 @@ LoadedModel load_model(const ModelFlags& f_in, bool need_tokenizer) {
   prefix.ram_mib = f.cache_ram;
   prefix.slots = f.prefix_cache_slots;
   prefix.disk_dir = f.kv_cache_dir;
+  prefix.partial = !f.no_partial_blocks;
   try {
     prefix.disk_bytes = parse_byte_size(f.kv_cache_budget);
   } catch (const Error& e) {

@@ -28,6 +28,7 @@ struct ModelFlags {
   std::string kv_cache_dir;      // --kv-cache-dir DIR
   std::string kv_cache_budget = "10G";
   int kv_block_size = 64;        // --kv-block-size: cells per KV block (the prefix cache's reuse granularity)
+  bool no_partial_blocks = false;  // --no-partial-blocks: the prefix cache reuses whole blocks only
 
   void add_to(Args& a, bool with_ctx = true);
   void add_prefix_to(Args& a);

@@ -70,6 +70,7 @@ std::unique_ptr<KvCache> make_cache_with_prefix(Model& m, KvCacheOptions ko, con
   po.model_id = model_identity(m);
   po.disk_dir = p.disk_dir;
   po.disk_bytes = p.disk_bytes;
+  po.partial = p.partial;
   prefix = std::make_unique<PrefixCache>(dynamic_cast<PagedKvCache&>(*cache), po);
   return cache;
 }

@@ -19,6 +19,7 @@ struct PrefixOptions {
   int slots = -1;
   std::string disk_dir;       // --kv-cache-dir: "" = no disk tier
   uint64_t disk_bytes = 10ull << 30;  // --kv-cache-budget
+  bool partial = true;        // reuse partly matching blocks (false: --no-partial-blocks)
 };
 
 // A hash of the model file's metadata and tensor directory, its size, and a sample of every tensor's

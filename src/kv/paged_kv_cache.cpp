@@ -302,6 +302,33 @@ void PagedKvCache::attach_blocks(int seq, const std::vector<int32_t>& blocks) {
   table_dirty_ = true;
 }
 
+bool PagedKvCache::attach_partial(int seq, int32_t src, int n_cells) {
+  check_seq(seq);
+  PG_CHECK(src >= 0 && src < opt_.n_blocks && refcount_[static_cast<size_t>(src)] > 0, "attach_partial: block " + std::to_string(src) + " is not in use");
+  PG_CHECK(n_cells >= 1 && n_cells <= opt_.block_size, "attach_partial: " + std::to_string(n_cells) + " cells do not fit a block of " +
+                                                           std::to_string(opt_.block_size));
+  const int len = len_[static_cast<size_t>(seq)];
+  int& have = n_blocks_of_[static_cast<size_t>(seq)];
+  PG_CHECK(len == have * opt_.block_size, "attach_partial: sequence " + std::to_string(seq) + " does not end on a block boundary");
+  PG_CHECK(len + n_cells <= opt_.n_ctx, "attach_partial: the sequence would exceed the context");
+  if (free_.empty()) return false;
+  const int32_t nb = free_.back();
+  free_.pop_back();
+  refcount_[static_cast<size_t>(nb)] = 1;
+  std::vector<int32_t> from(static_cast<size_t>(n_cells)), to(from.size());  // (n_cells) cells
+  for (int i = 0; i < n_cells; ++i) {
+    from[static_cast<size_t>(i)] = src * opt_.block_size + i;
+    to[static_cast<size_t>(i)] = nb * opt_.block_size + i;
+  }
+  copy_cells(from, to);
+  table_at(seq, have) = nb;
+  ++have;
+  len_[static_cast<size_t>(seq)] = len + n_cells;
+  drop_tree(seq);
+  table_dirty_ = true;
+  return true;
+}
+
 void PagedKvCache::read_block(int32_t b, uint8_t* out) const {
   PG_CHECK(b >= 0 && b < opt_.n_blocks, "read_block: block out of range");
   for (const auto& l : layers_) {

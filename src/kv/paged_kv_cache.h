@@ -64,6 +64,14 @@ class PagedKvCache final : public KvCache {
   // [0, blocks.size()·block_size); their refcounts grow. The recurrent state (hybrid models) is the
   // caller's to set.
   void attach_blocks(int seq, const std::vector<int32_t>& blocks);
+  // Partial-block reuse (copy-on-write done eagerly): appends to seq, whose length must be a whole
+  // number of blocks, a block of its own holding copies of cells [0, n_cells) of block `src` (1 ≤
+  // n_cells ≤ block_size; one kv_copy per attention layer), so seq_len grows by n_cells and the next
+  // write lands in seq's own block, never in `src`. The copy is made now rather than at the first write
+  // because that write always follows (the caller leaves a prompt token to prefill) and taking the block
+  // here lets the caller evict for it instead of a forward failing on a full pool. False (nothing
+  // changed) when no block is free.
+  bool attach_partial(int seq, int32_t src, int n_cells);
   // The K and V rows of one block over every attention layer (layer order, K then V), as bytes.
   size_t block_bytes() const { return block_bytes_; }
   void read_block(int32_t b, uint8_t* out) const;   // writes block_bytes()

@@ -107,25 +107,101 @@ std::vector<uint64_t> PrefixCache::chain(const std::vector<int32_t>& toks, int n
 
 PrefixCache::Entry* PrefixCache::find(uint64_t key, const int32_t* tokens) {
   auto it = index_.find(key);
-  if (it == index_.end()) return nullptr;
+  if (it == index_.end() || !it->second.full(bs_)) return nullptr;
   // The tokens decide: a 64-bit collision is a miss, never another prompt's KV.
   if (std::memcmp(it->second.tokens.data(), tokens, static_cast<size_t>(bs_) * sizeof(int32_t)) != 0) return nullptr;
   return &it->second;
 }
 
-PrefixCache::Entry& PrefixCache::insert(uint64_t key, uint64_t parent, int depth, int32_t block, const int32_t* tokens) {
+PrefixCache::Entry& PrefixCache::insert(uint64_t key, uint64_t parent, int depth, int32_t block, const int32_t* tokens, int n_tokens) {
   Entry e;
   e.parent = parent;
   e.block = block;
   e.depth = depth;
   e.tick = tick_;
-  e.tokens.assign(tokens, tokens + bs_);
+  e.tokens.assign(tokens, tokens + (n_tokens < 0 ? bs_ : n_tokens));
   if (depth > 0) {
     auto p = index_.find(parent);
     if (p != index_.end()) ++p->second.children;
   }
-  n_index_ = index_.size() + 1;
-  return index_[key] = std::move(e);
+  kids_[parent].push_back(key);
+  Entry& in = index_[key] = std::move(e);
+  supersede(parent, key, in.tokens);  // removes other entries only: `in` stays valid (node-based map)
+  n_index_ = index_.size();
+  return in;
+}
+
+void PrefixCache::remove(uint64_t key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  Entry& e = it->second;
+  if (e.depth > 0) {
+    auto p = index_.find(e.parent);
+    if (p != index_.end()) --p->second.children;
+  }
+  auto k = kids_.find(e.parent);
+  if (k != kids_.end()) {
+    k->second.erase(std::remove(k->second.begin(), k->second.end(), key), k->second.end());
+    if (k->second.empty()) kids_.erase(k);
+  }
+  if (e.snap >= 0) snap_owner_[static_cast<size_t>(e.snap)] = 0;
+  kv_.drop_block(e.block);
+  index_.erase(it);
+  n_index_ = index_.size();
+}
+
+void PrefixCache::supersede(uint64_t parent, uint64_t key, const std::vector<int32_t>& t) {
+  if (rs_) return;
+  auto it = kids_.find(parent);
+  if (it == kids_.end()) return;
+  std::vector<uint64_t> drop;
+  for (uint64_t k : it->second) {
+    if (k == key) continue;
+    const Entry& e = index_.at(k);
+    if (e.full(bs_) || e.tokens.size() >= t.size()) continue;
+    if (std::equal(e.tokens.begin(), e.tokens.end(), t.begin())) drop.push_back(k);
+  }
+  for (uint64_t k : drop) remove(k);
+}
+
+PrefixCache::PartialMatch PrefixCache::find_partial(uint64_t parent, const std::vector<int32_t>& prompt, int from, int limit) const {
+  PartialMatch best;
+  auto it = kids_.find(parent);
+  if (it == kids_.end() || limit <= 0) return best;
+  for (uint64_t k : it->second) {
+    const Entry& e = index_.at(k);
+    const int m = static_cast<int>(e.tokens.size());
+    const int most = std::min({m, limit, bs_ - 1});
+    int c = 0;
+    while (c < most && e.tokens[static_cast<size_t>(c)] == prompt[static_cast<size_t>(from + c)]) ++c;
+    // Hybrid: the state is known only at the tail's end (its release snapshot).
+    if (rs_ && (e.full(bs_) || e.snap < 0 || c != m)) continue;
+    if (c > best.n) best = {k, c};
+  }
+  return best;
+}
+
+bool PrefixCache::room_for_copy(const std::vector<int32_t>& attach, const PartialMatch& m) {
+  // The blocks about to be attached and the one to copy from are held, so the eviction cannot take them.
+  const int32_t src = index_.at(m.key).block;
+  for (int32_t b : attach) kv_.hold_block(b);
+  kv_.hold_block(src);
+  while (kv_.free_blocks() == 0 && evict_one()) {
+  }
+  kv_.drop_block(src);
+  for (int32_t b : attach) kv_.drop_block(b);
+  return kv_.free_blocks() > 0;
+}
+
+bool PrefixCache::attach_tail(int seq, const PartialMatch& m) {
+  Entry& e = index_.at(m.key);
+  e.tick = tick_;
+  if (!kv_.attach_partial(seq, e.block, m.n)) return false;
+  if (rs_) {
+    rs_->copy_slot(rs_->snapshot_slot(e.snap), seq);
+    rs_->invalidate(seq, 0);
+  }
+  return true;
 }
 
 PrefixHit PrefixCache::attach(int seq, const std::vector<int32_t>& prompt) {
@@ -151,26 +227,56 @@ PrefixHit PrefixCache::attach(int seq, const std::vector<int32_t>& prompt) {
       snap = e->snap;
     }
   }
-  blocks.resize(static_cast<size_t>(usable));
-  int got = usable;
-  if (disk_ && disk_->enabled() && max_blocks > usable) {
-    const int d = attach_disk(seq, prompt, keys, usable, max_blocks);
+  const int matched = static_cast<int>(blocks.size());
+  const auto key_of = [&](int n_blocks) { return n_blocks > 0 ? keys[static_cast<size_t>(n_blocks - 1)] : root_; };
+  // A partly reused block after `base` full ones. Hybrid: a tail snapshotted at its end may sit after
+  // the whole match, past the deepest block snapshot (the previous turn's prompt and answer).
+  int base = usable;
+  PartialMatch pm;
+  if (opt_.partial) {
+    if (rs_ && matched > usable) {
+      pm = find_partial(key_of(matched), prompt, matched * bs_, n - 1 - matched * bs_);
+      if (pm.key) base = matched;
+    }
+    if (!pm.key) pm = find_partial(key_of(base), prompt, base * bs_, n - 1 - base * bs_);
+    if (pm.key && !room_for_copy(std::vector<int32_t>(blocks.begin(), blocks.begin() + base), pm)) {
+      pm = {};
+      base = usable;
+    }
+  }
+  blocks.resize(static_cast<size_t>(base));
+  int got = base;
+  bool from_disk = false;
+  if (disk_ && disk_->enabled() && max_blocks > base) {
+    // The disk serves the hit only where it reaches past what RAM serves (whole blocks beyond the tail).
+    // The tail's block is held meanwhile: an eviction for the disk's blocks must not take it.
+    const int32_t tail_block = pm.key ? index_.at(pm.key).block : -1;
+    if (tail_block >= 0) kv_.hold_block(tail_block);
+    const int d = attach_disk(seq, prompt, keys, base, max_blocks);
+    if (tail_block >= 0) kv_.drop_block(tail_block);
     if (d > 0) {
       hit.n_disk = (d - usable) * bs_;
       got = d;
+      from_disk = true;
+      pm = opt_.partial ? find_partial(key_of(d), prompt, d * bs_, n - 1 - d * bs_) : PartialMatch{};
+      if (pm.key && !room_for_copy({}, pm)) pm = {};
     }
   }
-  if (got == usable && usable > 0) {
+  if (!from_disk && base > 0) {
     kv_.attach_blocks(seq, blocks);
-    if (rs_) {
+    if (rs_ && !pm.key) {
       rs_->copy_slot(rs_->snapshot_slot(snap), seq);
       rs_->invalidate(seq, 0);
     }
   }
-  hit.n_tokens = got * bs_;
+  // room_for_copy() left a free block, and nothing has taken it since: the copy cannot fail.
+  if (pm.key) PG_CHECK(attach_tail(seq, pm), "prefix cache: no free block for a partial-block copy");
+  hit.n_partial = pm.key ? pm.n : 0;
+  hit.n_tokens = got * bs_ + hit.n_partial;
   n_idle_ = static_cast<uint64_t>(count_idle());
   ram_hits_ += static_cast<uint64_t>(hit.n_tokens - hit.n_disk);
   disk_hits_ += static_cast<uint64_t>(hit.n_disk);
+  partial_hits_ += static_cast<uint64_t>(hit.n_partial);
   if (rs_) {
     // The state after the prompt's last full block before its final token is what a later prompt
     // sharing this one reuses; stop the prefill there once (unless this hit already reaches it).
@@ -275,8 +381,12 @@ int PrefixCache::take_snapshot_slot() {
     }
   }
   if (best < 0) return -1;
-  index_.at(snap_owner_[static_cast<size_t>(best)]).snap = -1;
+  const uint64_t owner = snap_owner_[static_cast<size_t>(best)];
+  Entry& victim = index_.at(owner);
+  victim.snap = -1;
   snap_owner_[static_cast<size_t>(best)] = 0;
+  // A hybrid tail is reusable only with its snapshot: without it, it goes.
+  if (!victim.full(bs_)) remove(owner);
   return best;
 }
 
@@ -323,6 +433,11 @@ void PrefixCache::release(int seq, const std::vector<int32_t>& history, int n_va
     }
     indexed = i + 1;
   }
+  // The recurrent state is the sequence's after all len tokens only when nothing past them was run (a
+  // verify step's rejected rows, an uncommitted tree).
+  const bool state_at_len = rs_ && kv_.seq_len(seq) == len && kv_.tree_size(seq) == 0;
+  if (opt_.partial && indexed == n_full && len > n_full * bs_)
+    release_tail(seq, history, len, n_full > 0 ? keys[static_cast<size_t>(n_full - 1)] : root_, n_full, state_at_len);
   // Hybrid: the boundary snapshot belongs to the entry of its block (unless that has one already).
   if (rs_ && p.snap >= 0) {
     const int d = p.snap_at / bs_;
@@ -332,6 +447,18 @@ void PrefixCache::release(int seq, const std::vector<int32_t>& history, int n_va
       snap_owner_[static_cast<size_t>(p.snap)] = keys[static_cast<size_t>(d - 1)];
     } else {
       snap_owner_[static_cast<size_t>(p.snap)] = 0;
+    }
+  }
+  // Hybrid, a prompt and answer ending on a block boundary: the end state serves the next turn there.
+  if (opt_.partial && state_at_len && n_full > 0 && indexed == n_full && len == n_full * bs_) {
+    Entry& last = index_.at(keys[static_cast<size_t>(n_full - 1)]);
+    if (last.snap < 0) {
+      const int s = take_snapshot_slot();
+      if (s >= 0) {
+        rs_->copy_slot(seq, rs_->snapshot_slot(s));
+        last.snap = s;
+        snap_owner_[static_cast<size_t>(s)] = keys[static_cast<size_t>(n_full - 1)];
+      }
     }
   }
   // Disk: the chain as deep as a hit could use it (hybrid: up to its deepest snapshot), once.
@@ -355,6 +482,47 @@ void PrefixCache::release(int seq, const std::vector<int32_t>& history, int n_va
   }
   kv_.clear(seq);
   enforce_budget();
+}
+
+void PrefixCache::release_tail(int seq, const std::vector<int32_t>& history, int len, uint64_t parent, int depth, bool state_at_len) {
+  const int m = len - depth * bs_;
+  const int32_t* toks = history.data() + static_cast<size_t>(depth) * static_cast<size_t>(bs_);
+  if (rs_ && !state_at_len) return;  // a hybrid tail without the state at its end serves no hit
+  const uint64_t key = prefix_block_key(parent, toks, m);
+  auto same = index_.find(key);
+  if (same != index_.end()) {
+    Entry& e = same->second;
+    // The same tail again (or, improbably, a colliding key: then keep what is there).
+    if (static_cast<int>(e.tokens.size()) != m || !std::equal(e.tokens.begin(), e.tokens.end(), toks)) return;
+    e.tick = tick_;
+    if (!rs_ || e.snap >= 0) return;
+  } else {
+    if (!rs_) {
+      // Attention: an entry under the same parent that starts with these cells serves every hit this would.
+      auto k = kids_.find(parent);
+      if (k != kids_.end())
+        for (uint64_t c : k->second) {
+          Entry& e = index_.at(c);
+          if (static_cast<int>(e.tokens.size()) >= m && std::equal(toks, toks + m, e.tokens.begin())) {
+            e.tick = tick_;
+            return;
+          }
+        }
+    }
+    const int32_t b = kv_.block_of(seq, depth);
+    kv_.hold_block(b);
+    insert(key, parent, depth, b, toks, m);
+    if (!rs_) return;
+  }
+  const int s = take_snapshot_slot();
+  Entry& e = index_.at(key);
+  if (s < 0) {
+    if (e.snap < 0) remove(key);
+    return;
+  }
+  rs_->copy_slot(seq, rs_->snapshot_slot(s));
+  e.snap = s;
+  snap_owner_[static_cast<size_t>(s)] = key;
 }
 
 int PrefixCache::count_idle() const {
@@ -385,16 +553,8 @@ bool PrefixCache::evict_one() {
     if (best == index_.end() || e.tick < best->second.tick || (e.tick == best->second.tick && e.depth > best->second.depth)) best = it;
   }
   if (best == index_.end()) return false;
-  Entry& e = best->second;
-  if (e.depth > 0) {
-    auto p = index_.find(e.parent);
-    if (p != index_.end()) --p->second.children;
-  }
-  if (e.snap >= 0) snap_owner_[static_cast<size_t>(e.snap)] = 0;
-  kv_.drop_block(e.block);
-  index_.erase(best);
+  remove(best->first);
   ++evicted_;
-  n_index_ = index_.size();
   return true;
 }
 
@@ -404,6 +564,7 @@ PrefixStats PrefixCache::stats() const {
   s.prompt_tokens = prompt_tokens_;
   s.ram_hit_tokens = ram_hits_;
   s.disk_hit_tokens = disk_hits_;
+  s.partial_hit_tokens = partial_hits_;
   s.evicted_blocks = evicted_;
   s.ram_blocks = n_index_;
   s.ram_bytes = used_bytes_;

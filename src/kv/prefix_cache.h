@@ -9,9 +9,21 @@
 //
 // Sharing: an index entry holds one reference to its physical block (PagedKvCache::hold_block); a hit
 // attaches the blocks to the new sequence's block table (refcount +1 each), so any number of running
-// sequences and the index share them. Only full blocks are cached and the new sequence only writes past
-// them, so shared blocks are never written (no copy-on-write). At least one prompt token is always left
-// to prefill so the last prompt row's logits exist.
+// sequences and the index share them. The new sequence only writes past its attached full blocks, so
+// shared full blocks are never written. At least one prompt token is always left to prefill so the last
+// prompt row's logits exist.
+//
+// Partial blocks (PrefixCacheOptions::partial): a released sequence's last, partly filled block is
+// kept too, as a "tail" entry under its parent key holding its m < block_size tokens. After the walk
+// over full blocks, a lookup compares the rest of the prompt with every child of the last matched key
+// (full blocks and tails: a prompt that diverges inside a cached full block matches its leading cells)
+// and reuses the longest common run of cells by copy-on-write: the sequence gets its own block with
+// those cells copied (PagedKvCache::attach_partial) and continues writing there; the cached block is
+// never written. A tail that a longer entry under the same parent starts with is dropped (superseded).
+// Hybrid models: the recurrent state must be that of exactly the reused length, and a state cannot be
+// cut back, so only a tail matched to its end is reused, with the state snapshotted at release (the
+// sequence's state after its last token); a prompt diverging inside a block falls back to the deepest
+// block-boundary snapshot.
 //
 // Budget and eviction: blocks that only the index holds (refcount 1) count against the RAM budget;
 // over it, the least recently used leaf (no cached child) whose block no sequence holds is dropped, so
@@ -50,6 +62,7 @@ struct PrefixCacheOptions {
   uint64_t model_id = 0;       // identity of the model's weights and config (part of every key)
   std::string disk_dir;        // "" = no disk tier
   uint64_t disk_bytes = 0;     // disk budget (bytes) when disk_dir is set
+  bool partial = true;         // reuse partially filled blocks (tails) and the leading cells of diverging blocks
 };
 
 // What a RAM budget buys: blocks the index may hold alone and, for hybrid models, recurrent snapshot
@@ -62,6 +75,7 @@ struct PrefixPlan {
 struct PrefixHit {
   int n_tokens = 0;  // prompt tokens attached (not to be prefilled)
   int n_disk = 0;    // of which read back from the disk tier
+  int n_partial = 0; // of which cells of a partly reused block (copied, < block_size)
 };
 
 struct PrefixStats {
@@ -69,6 +83,7 @@ struct PrefixStats {
   uint64_t prompt_tokens = 0;    // prompt tokens of every lookup
   uint64_t ram_hit_tokens = 0;   // served from RAM blocks
   uint64_t disk_hit_tokens = 0;  // served from disk block files
+  uint64_t partial_hit_tokens = 0;  // of the RAM and disk hits, cells copied from partly reused blocks
   uint64_t evicted_blocks = 0;
   uint64_t disk_writes = 0, disk_write_bytes = 0;
   uint64_t ram_blocks = 0;       // blocks in the index now
@@ -120,10 +135,16 @@ class PrefixCache {
     uint64_t parent = 0;
     int32_t block = -1;
     int depth = 0;               // block index in the chain (0 = first block)
-    int children = 0;            // cached entries whose parent this is
+    int children = 0;            // cached entries whose parent this is (full blocks and tails)
     int snap = -1;               // hybrid: snapshot index holding the state after this block, or -1
     uint64_t tick = 0;           // last use
-    std::vector<int32_t> tokens; // (block_size)
+    std::vector<int32_t> tokens; // (block_size) a full block, or (m < block_size) a tail
+    bool full(int bs) const { return static_cast<int>(tokens.size()) == bs; }
+  };
+  // The longest run of cells a child of one key shares with the prompt past that key.
+  struct PartialMatch {
+    uint64_t key = 0;  // the child's key (0 = none)
+    int n = 0;         // cells to reuse (1 .. block_size-1)
   };
   struct Pending {
     int point = -1;  // hybrid: prompt position of the snapshot boundary still to reach (-1 = none)
@@ -133,7 +154,20 @@ class PrefixCache {
 
   std::vector<uint64_t> chain(const std::vector<int32_t>& toks, int n_blocks) const;
   Entry* find(uint64_t key, const int32_t* tokens);
-  Entry& insert(uint64_t key, uint64_t parent, int depth, int32_t block, const int32_t* tokens);
+  Entry& insert(uint64_t key, uint64_t parent, int depth, int32_t block, const int32_t* tokens, int n_tokens = -1);
+  void remove(uint64_t key);  // drops an entry (a leaf): its block reference, snapshot and child link
+  // Partial reuse: the best child of `parent` for prompt[from, from + limit) (hybrid: a tail with a
+  // snapshot matched to its end), and attaching it to seq (which holds exactly `from` tokens).
+  PartialMatch find_partial(uint64_t parent, const std::vector<int32_t>& prompt, int from, int limit) const;
+  bool attach_tail(int seq, const PartialMatch& m);
+  // Makes sure a block is free for attach_tail (evicting), holding `attach` and m's block meanwhile.
+  bool room_for_copy(const std::vector<int32_t>& attach, const PartialMatch& m);
+  // Tails of `parent` that the entry `key` (tokens t) starts with serve no hit it cannot: dropped
+  // (attention models; a hybrid tail's snapshot is of its own length, so it stays).
+  void supersede(uint64_t parent, uint64_t key, const std::vector<int32_t>& t);
+  // Indexes positions [depth·block_size, len) of the released seq as a tail of `parent` (hybrid: with
+  // the state at len snapshotted, which `state_at_len` says the sequence has).
+  void release_tail(int seq, const std::vector<int32_t>& history, int len, uint64_t parent, int depth, bool state_at_len);
   int take_snapshot_slot();  // a free snapshot index (evicting the least recently used one), or -1
   void enforce_budget();
   int count_idle() const;
@@ -148,11 +182,12 @@ class PrefixCache {
   uint64_t root_ = 0;
   uint64_t tick_ = 0;
   std::unordered_map<uint64_t, Entry> index_;
+  std::unordered_map<uint64_t, std::vector<uint64_t>> kids_;  // parent key (root_ included) → child keys
   std::vector<Pending> pending_;      // (n_seq)
   std::vector<uint64_t> snap_owner_;  // (n_snapshot) key of the entry holding it; 0 free, 1 pending
   std::unique_ptr<DiskCache> disk_;
 
-  std::atomic<uint64_t> lookups_{0}, prompt_tokens_{0}, ram_hits_{0}, disk_hits_{0}, evicted_{0};
+  std::atomic<uint64_t> lookups_{0}, prompt_tokens_{0}, ram_hits_{0}, disk_hits_{0}, partial_hits_{0}, evicted_{0};
   std::atomic<uint64_t> n_index_{0}, used_bytes_{0}, n_idle_{0};
 };
 

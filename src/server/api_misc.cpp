@@ -46,6 +46,7 @@ json prefix_cache_props(const Context& ctx) {
   if (!pc) return j;
   j["ram_budget_blocks"] = pc->budget_blocks();
   j["block_size"] = ctx.sched.options().kv_block_size;
+  j["partial_blocks"] = po.partial;
   j["recurrent_snapshots"] = pc->n_snapshots();
   j["disk_dir"] = po.disk_dir.empty() ? json(nullptr) : json(po.disk_dir);
   j["disk_enabled"] = pc->disk_enabled();
@@ -164,6 +165,8 @@ HttpOut handle_metrics(Context& ctx, const HttpIn&) {
     metric(s, "peregrine_prefix_cache_disk_hit_tokens_total", "counter", "Prompt tokens served from disk block files.", d(ps.disk_hit_tokens));
     metric(s, "peregrine_prefix_cache_miss_tokens_total", "counter", "Prompt tokens the prefix cache could not serve (prefilled).",
            d(ps.prompt_tokens - ps.ram_hit_tokens - ps.disk_hit_tokens));
+    metric(s, "peregrine_prefix_cache_partial_hit_tokens_total", "counter",
+           "Of the hit tokens, cells copied from partly reused blocks (copy-on-write).", d(ps.partial_hit_tokens));
     metric(s, "peregrine_prefix_cache_evicted_blocks_total", "counter", "RAM prefix blocks evicted (LRU).", d(ps.evicted_blocks));
     metric(s, "peregrine_prefix_cache_ram_blocks", "gauge", "Blocks in the RAM prefix index.", d(ps.ram_blocks));
     metric(s, "peregrine_prefix_cache_ram_bytes", "gauge", "RAM budget in use (blocks only the index holds, snapshots).", d(ps.ram_bytes));

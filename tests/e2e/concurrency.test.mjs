@@ -47,6 +47,10 @@ async function metricsAfter(url, name, value) {
   return text;
 }
 
+// Usage without the cached-token counts: how much of a repeated prompt the prefix cache serves
+// depends on what ran before (partial blocks reuse all but the last token of a repeat).
+const withoutCached = (u) => JSON.parse(JSON.stringify(u, (k, v) => (k === 'cached_tokens' ? undefined : v)));
+
 test('8 concurrent streams equal the same requests run one at a time (greedy)', async () => {
   const { s, client } = await server(['-np', '4', '-c', '512']);
   const sequential = [];
@@ -55,7 +59,7 @@ test('8 concurrent streams equal the same requests run one at a time (greedy)', 
   const concurrent = await Promise.all(prompts.map((p) => streamText(client, p, 150)));
   for (let i = 0; i < prompts.length; i++) {
     assert.equal(concurrent[i].text, sequential[i].text, prompts[i]);
-    assert.deepEqual(concurrent[i].usage, sequential[i].usage, prompts[i]);
+    assert.deepEqual(withoutCached(concurrent[i].usage), withoutCached(sequential[i].usage), prompts[i]);
     assert.equal(concurrent[i].finish, sequential[i].finish);
   }
   const m = await metricsAfter(s.url, 'peregrine_generated_tokens_total', 16 * 150);

@@ -160,6 +160,10 @@ test('responses: non-streaming shape and usage', async () => {
   assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
 });
 
+// Usage without the cached-token counts: how much of a repeated prompt the prefix cache serves
+// depends on what ran before (partial blocks reuse all but the last token of a repeat).
+const withoutCached = (u) => JSON.parse(JSON.stringify(u, (k, v) => (k === 'cached_tokens' ? undefined : v)));
+
 test('responses: streaming events in order, text equals the deltas', async () => {
   const args = { model: 'x', input: [{ role: 'user', content: [{ type: 'input_text', text: 'Tell me a story.' }] }], max_output_tokens: 12, temperature: 0 };
   const whole = await stories.responses.create(args);
@@ -181,7 +185,7 @@ test('responses: streaming events in order, text equals the deltas', async () =>
   assert.deepEqual(tail.slice(0, 3), ['response.output_text.done', 'response.content_part.done', 'response.output_item.done']);
   assert.equal(text, whole.output_text);
   assert.equal(final.output[0].content[0].text, text);
-  assert.deepEqual(final.usage, whole.usage);
+  assert.deepEqual(withoutCached(final.usage), withoutCached(whole.usage));
 });
 
 const weatherTool = {

@@ -37,7 +37,9 @@ test('metrics: Prometheus text that counts requests and tokens', async () => {
   assert.equal(metric(after_, 'peregrine_requests_total') - metric(before_, 'peregrine_requests_total'), 1);
   assert.equal(metric(after_, 'peregrine_generated_tokens_total') - metric(before_, 'peregrine_generated_tokens_total'), 7);
   assert.equal(
-    metric(after_, 'peregrine_prompt_tokens_total') - metric(before_, 'peregrine_prompt_tokens_total'), r.json.usage.prompt_tokens);
+    // prefilled tokens: the prompt less what the prefix cache served
+    metric(after_, 'peregrine_prompt_tokens_total') - metric(before_, 'peregrine_prompt_tokens_total'),
+    r.json.usage.prompt_tokens - (r.json.usage.prompt_tokens_details?.cached_tokens ?? 0));
   assert.equal(metric(after_, 'peregrine_time_to_first_token_seconds_count') - metric(before_, 'peregrine_time_to_first_token_seconds_count'), 1);
   assert.ok(metric(after_, 'peregrine_inter_token_latency_seconds_count') >= 6);
   assert.ok(metric(after_, 'peregrine_time_to_first_token_seconds_bucket', '{le="+Inf"}') >= 1);

@@ -72,11 +72,12 @@ PrefixHit prefill(Model& m, KvCache& c, PrefixCache* pc, int seq, const std::vec
 struct Cached {
   std::unique_ptr<KvCache> kv;
   std::unique_ptr<PrefixCache> pc;
-  Cached(Model& m, int n_seq, int n_ctx, int64_t ram_mib, const std::string& dir = "", int block = 16) {
+  Cached(Model& m, int n_seq, int n_ctx, int64_t ram_mib, const std::string& dir = "", int block = 16, bool partial = true) {
     KvCacheOptions ko{n_seq, n_ctx, DType::F16, block};
     engine::PrefixOptions po;
     po.ram_mib = ram_mib;
     po.disk_dir = dir;
+    po.partial = partial;
     kv = engine::make_cache_with_prefix(m, ko, po, pc);
   }
 };
@@ -121,7 +122,8 @@ std::vector<std::string> golden_models() {
   return out;
 }
 
-// A request sharing the first request's prompt plus more (the next chat turn) hits its whole blocks —
+// Whole blocks only (--no-partial-blocks): a request sharing the first request's prompt plus more (the
+// next chat turn) hits its whole blocks —
 // for hybrid models through the snapshot at the first prompt's last boundary — and the logits of the
 // rows it prefills are bit-identical to a run without the cache that evaluates the same batch shapes
 // (the prefix as one batch up to that boundary, then the rest). Every golden architecture and quantization.
@@ -132,7 +134,7 @@ TEST(PrefixCache, HitLogitsBitIdenticalForEveryGoldenModel) {
     SCOPED_TRACE(file);
     Env e(file);
     const bool hybrid = e.model->config().has_recurrent();
-    Cached c(*e.model, 2, 256, 4);
+    Cached c(*e.model, 2, 256, 4, "", 16, false);
     ASSERT_NE(c.pc, nullptr);
     const auto p1 = tokens(70, e.V, 1), p2 = cat(p1, tokens(21, e.V, 2));
     std::vector<float> l1, l2, ref;
@@ -158,6 +160,187 @@ TEST(PrefixCache, HitLogitsBitIdenticalForEveryGoldenModel) {
   }
 }
 
+// The forwards of an uncached run, in order: (tokens, from, to) chunks on one fresh sequence; a chunk
+// without tokens truncates the sequence to `from` (the KV of a cached prefix as the batch that first
+// computed it had it: batch shapes decide the bits).
+struct Chunk {
+  const std::vector<int32_t>* toks;
+  int from, to;
+};
+
+std::vector<float> run_chunks(Model& m, const std::vector<Chunk>& cs, int bs = 16) {
+  auto plain = m.make_cache({1, 1024, DType::F16, bs});
+  std::vector<float> last;
+  for (const auto& c : cs) {
+    if (c.toks)
+      last = forward(m, *plain, *c.toks, 0, c.from, c.to);
+    else
+      plain->truncate(0, c.from);
+  }
+  return last;
+}
+
+// The chunks prefill() runs for prompt p after a hit of `hit` tokens (hybrid: it stops once at p's last
+// full-block boundary before its final token).
+void prefill_chunks(std::vector<Chunk>& cs, const std::vector<int32_t>& p, int hit, bool hybrid, int bs = 16) {
+  const int n = static_cast<int>(p.size()), point = (n - 1) / bs * bs;
+  if (hybrid && point > hit) {
+    cs.push_back({&p, hit, point});
+    hit = point;
+  }
+  cs.push_back({&p, hit, n});
+}
+
+// Partial blocks (the default): turn 1's prompt and its answer (decoded one row at a time, as the
+// engine does) are reused to their last cell — the tail block's leading cells copied into the new
+// sequence's own block — and the logits are bit-identical to an uncached run with the same batch shapes,
+// for every golden architecture and quantization (hybrid: through the recurrent state snapshotted at
+// release). A prompt diverging inside a cached block reuses that block's matching leading cells
+// (attention); a hybrid one falls back to the deepest block-boundary snapshot.
+TEST(PrefixCache, PartialHitLogitsBitIdenticalForEveryGoldenModel) {
+  const auto models = golden_models();
+  ASSERT_GE(models.size(), 20u);
+  for (const auto& file : models) {
+    SCOPED_TRACE(file);
+    Env e(file);
+    const bool hybrid = e.model->config().has_recurrent();
+    Cached c(*e.model, 2, 256, 4);
+    ASSERT_NE(c.pc, nullptr);
+    const auto p1 = tokens(70, e.V, 1), h1 = cat(p1, tokens(13, e.V, 4));
+    std::vector<Chunk> ref;
+    std::vector<float> l1, l2, l3;
+    EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l1).n_tokens, 0);
+    prefill_chunks(ref, p1, 0, hybrid);
+    for (int i = 70; i < 83; ++i) {  // the answer, one decode row at a time
+      forward(*e.model, *c.kv, h1, 0, i, i + 1);
+      ref.push_back({&h1, i, i + 1});
+    }
+    c.pc->release(0, h1);
+    // Turn 2 = turn 1's prompt + answer + a new message: all 83 positions, 3 of them from the tail.
+    const auto p2 = cat(h1, tokens(21, e.V, 2));
+    const PrefixHit hit = prefill(*e.model, *c.kv, c.pc.get(), 1, p2, l2);
+    EXPECT_EQ(hit.n_tokens, 83);
+    EXPECT_EQ(hit.n_partial, 3);
+    prefill_chunks(ref, p2, 83, hybrid);
+    const auto r2 = run_chunks(*e.model, ref);
+    EXPECT_TRUE(same(l2, r2)) << "worst |diff| " << worst(l2, r2);
+    c.pc->release(1, p2);
+    // Attention: 6 full blocks and p2's tail (h1's tail is superseded by p2's block 5, which starts
+    // with it); hybrid tails stay (each has the state of its own length).
+    EXPECT_EQ(c.pc->stats().ram_blocks, hybrid ? 8u : 7u);
+    EXPECT_EQ(c.pc->stats().partial_hit_tokens, 3u);
+    // Divergence inside block 4 (positions 64..79, from turn 1): 2 cells of it match.
+    const auto p3 = cat(std::vector<int32_t>(p1.begin(), p1.begin() + 66), tokens(20, e.V, 3));
+    const PrefixHit h3 = prefill(*e.model, *c.kv, c.pc.get(), 0, p3, l3);
+    if (hybrid) {
+      EXPECT_EQ(h3.n_tokens, 64) << "the snapshot at p1's boundary";
+      EXPECT_EQ(h3.n_partial, 0);
+      std::vector<Chunk> r3{{&p1, 0, 64}};
+      prefill_chunks(r3, p3, 64, true);
+      EXPECT_TRUE(same(l3, run_chunks(*e.model, r3)));
+    } else {
+      EXPECT_EQ(h3.n_tokens, 66);
+      EXPECT_EQ(h3.n_partial, 2);
+      EXPECT_TRUE(same(l3, run_chunks(*e.model, {{&p1, 0, 70}, {nullptr, 66, 0}, {&p3, 66, 86}})));
+      // And inside block 3 (positions 48..63, turn 1's prompt batch): 2 cells.
+      c.pc->release(0, p3);
+      const auto p4 = cat(std::vector<int32_t>(p1.begin(), p1.begin() + 50), tokens(30, e.V, 5));
+      std::vector<float> l4;
+      const PrefixHit h4 = prefill(*e.model, *c.kv, c.pc.get(), 0, p4, l4);
+      EXPECT_EQ(h4.n_tokens, 50);
+      EXPECT_EQ(h4.n_partial, 2);
+      EXPECT_TRUE(same(l4, run_chunks(*e.model, {{&p1, 0, 70}, {nullptr, 50, 0}, {&p4, 50, 80}})));
+      c.pc->release(0, p4);
+    }
+  }
+}
+
+// Sequences running at once that copy cells of the same cached block — one sharing the whole tail, one
+// diverging inside it — each compute what they would without the cache; the cached block is never
+// written (a third request attached after both wrote reads it intact), only the full blocks are shared
+// (refcounts), and a flood of other prompts over the budget evicts nothing they hold.
+TEST(PrefixCache, ConcurrentSequencesShareAndDivergeMidBlock) {
+  Env e("tiny-qwen3-f16.gguf");
+  Cached c(*e.model, 4, 256, 4);
+  auto& paged = dynamic_cast<PagedKvCache&>(*c.kv);
+  const auto p1 = tokens(40, e.V, 1);
+  std::vector<float> l;
+  prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l);
+  c.pc->release(0, p1);  // 2 full blocks + a tail of 8
+  const auto a = cat(std::vector<int32_t>(p1.begin(), p1.begin() + 36), tokens(9, e.V, 2)), b = cat(p1, tokens(13, e.V, 3));
+  const PrefixHit ha = c.pc->attach(1, a), hb = c.pc->attach(2, b);
+  EXPECT_EQ(ha.n_tokens, 36);
+  EXPECT_EQ(ha.n_partial, 4);
+  EXPECT_EQ(hb.n_tokens, 40);
+  EXPECT_EQ(hb.n_partial, 8);
+  const int32_t blk0 = paged.block_of(1, 0);
+  EXPECT_EQ(blk0, paged.block_of(2, 0));
+  EXPECT_EQ(paged.block_refcount(blk0), 3);
+  EXPECT_NE(paged.block_of(1, 2), paged.block_of(2, 2)) << "each has its own copy of the tail";
+  EXPECT_EQ(paged.block_refcount(paged.block_of(1, 2)), 1);
+  EXPECT_EQ(paged.block_refcount(paged.block_of(2, 2)), 1);
+  const auto la = forward(*e.model, *c.kv, a, 1, 36, 45), lb = forward(*e.model, *c.kv, b, 2, 40, 53);
+  EXPECT_TRUE(same(la, run_chunks(*e.model, {{&p1, 0, 40}, {nullptr, 36, 0}, {&a, 36, 45}})));
+  EXPECT_TRUE(same(lb, run_chunks(*e.model, {{&p1, 0, 40}, {&b, 40, 53}})));
+  // a wrote positions 36.. of its copy: the cached tail still holds p1's.
+  const auto d = cat(p1, tokens(5, e.V, 4));
+  std::vector<float> ld;
+  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 3, d, ld).n_tokens, 40);
+  EXPECT_TRUE(same(ld, run_chunks(*e.model, {{&p1, 0, 40}, {&d, 40, 45}})));
+  c.pc->release(3, d);
+  const int32_t a2 = paged.block_of(1, 2), b2 = paged.block_of(2, 2);
+  for (int s = 0; s < 8; ++s) {
+    const auto other = tokens(60, e.V, 100 + static_cast<uint32_t>(s));
+    prefill(*e.model, *c.kv, c.pc.get(), 0, other, l);
+    c.pc->release(0, other);
+  }
+  EXPECT_EQ(paged.block_refcount(blk0), 3);
+  EXPECT_EQ(paged.block_of(1, 2), a2);
+  EXPECT_EQ(paged.block_of(2, 2), b2);
+  // They continue as without the cache.
+  const auto a_more = cat(a, tokens(3, e.V, 6));
+  EXPECT_TRUE(same(forward(*e.model, *c.kv, a_more, 1, 45, 48), run_chunks(*e.model, {{&p1, 0, 40}, {nullptr, 36, 0}, {&a, 36, 45}, {&a_more, 45, 48}})));
+  c.pc->release(1, a_more);
+  c.pc->release(2, b);
+  EXPECT_EQ(c.kv->free_blocks() + static_cast<int>(c.pc->stats().ram_blocks), c.kv->total_blocks());
+}
+
+// Tails are blocks of the budget like full ones: LRU over leaves, tail first; under a tight budget a
+// prompt still copies the leading cells of a cached full block, and the pool's accounting holds.
+TEST(PrefixCache, EvictionWithPartialTails) {
+  Env e("tiny-llama-f16.gguf");
+  KvCacheOptions ko{1, 256, DType::F16, 16};
+  auto probe = e.model->make_cache(ko);
+  const size_t bb = dynamic_cast<PagedKvCache&>(*probe).block_bytes();
+  ko.n_blocks = 16 + 5;
+  auto kv = e.model->make_cache(ko);
+  PrefixCacheOptions po;
+  po.ram_bytes = 5 * bb;
+  auto pc = std::make_unique<PrefixCache>(dynamic_cast<PagedKvCache&>(*kv), po);
+  std::vector<float> l;
+  const auto a = tokens(50, e.V, 1), b = tokens(50, e.V, 2);  // 3 full blocks and a tail of 2 each
+  prefill(*e.model, *kv, pc.get(), 0, a, l);
+  pc->release(0, a);
+  EXPECT_EQ(pc->stats().ram_blocks, 4u);
+  prefill(*e.model, *kv, pc.get(), 0, b, l);
+  pc->release(0, b);
+  EXPECT_EQ(pc->stats().ram_blocks, 5u) << "a's tail, then its blocks 2 and 1 go";
+  EXPECT_EQ(pc->stats().evicted_blocks, 3u);
+  EXPECT_EQ(prefill(*e.model, *kv, pc.get(), 0, b, l).n_tokens, 49) << "b whole but its last token";
+  pc->release(0, b);
+  EXPECT_EQ(prefill(*e.model, *kv, pc.get(), 0, a, l).n_tokens, 16);
+  pc->release(0, a);
+  EXPECT_LE(pc->stats().ram_blocks, 5u);
+  EXPECT_EQ(kv->free_blocks() + static_cast<int>(pc->stats().ram_blocks), kv->total_blocks());
+  const auto c2 = cat(std::vector<int32_t>(a.begin(), a.begin() + 40), tokens(200, e.V, 3));
+  const PrefixHit h = prefill(*e.model, *kv, pc.get(), 0, c2, l);
+  EXPECT_EQ(h.n_tokens, 40) << "a's blocks 0 and 1 and 8 cells of its block 2";
+  EXPECT_EQ(h.n_partial, 8);
+  pc->release(0, c2);
+  EXPECT_LE(pc->stats().ram_blocks, 5u);
+  EXPECT_EQ(kv->free_blocks() + static_cast<int>(pc->stats().ram_blocks), kv->total_blocks());
+}
+
 // Sliding-window layers (gemma3, window smaller than the prompt): the cached rows outside the window
 // are simply not attended to, as without the cache.
 TEST(PrefixCache, SlidingWindowReuseRespectsTheWindow) {
@@ -171,7 +354,7 @@ TEST(PrefixCache, SlidingWindowReuseRespectsTheWindow) {
   prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l1);
   c.pc->release(0, p1);
   const int hit = prefill(*e.model, *c.kv, c.pc.get(), 0, p2, l2).n_tokens;
-  EXPECT_EQ(hit, (n1 - 1) / 16 * 16);
+  EXPECT_EQ(hit, n1) << "the whole prompt, its last partial block copied";
   auto plain = e.model->make_cache({1, 1024, DType::F16, 16});
   forward(*e.model, *plain, p1, 0, 0, n1);
   plain->truncate(0, hit);
@@ -182,7 +365,7 @@ TEST(PrefixCache, SlidingWindowReuseRespectsTheWindow) {
 // as without sharing, and releasing them leaves only the index's references.
 TEST(PrefixCache, ConcurrentSequencesShareBlocks) {
   Env e("tiny-qwen3-f16.gguf");
-  Cached c(*e.model, 3, 256, 4);
+  Cached c(*e.model, 3, 256, 4, "", 16, false);
   auto& paged = dynamic_cast<PagedKvCache&>(*c.kv);
   const auto p1 = tokens(40, e.V, 1);
   std::vector<float> l;
@@ -226,6 +409,7 @@ TEST(PrefixCache, EvictionUnderATinyBudget) {
   auto kv = e.model->make_cache(ko);
   PrefixCacheOptions po;
   po.ram_bytes = 5 * bb;
+  po.partial = false;  // whole blocks: the counts below are of full blocks (partial tails: EvictionWithPartialTails)
   pc = std::make_unique<PrefixCache>(dynamic_cast<PagedKvCache&>(*kv), po);
   EXPECT_EQ(pc->budget_blocks(), 5);
   std::vector<float> l;
@@ -255,10 +439,10 @@ TEST(PrefixCache, ReleaseCachesOnlyTheValidRows) {
   prefill(*e.model, *c.kv, c.pc.get(), 0, p, l);
   EXPECT_EQ(c.kv->seq_len(0), 70);
   c.pc->release(0, p, 47);  // rows 47.. are not p's
-  EXPECT_EQ(c.pc->stats().ram_blocks, 2u);
-  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p, l).n_tokens, 32);
+  EXPECT_EQ(c.pc->stats().ram_blocks, 3u) << "2 full blocks and the tail of rows 32..46";
+  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p, l).n_tokens, 47);
   c.pc->release(0, p);
-  EXPECT_EQ(c.pc->stats().ram_blocks, 4u);
+  EXPECT_EQ(c.pc->stats().ram_blocks, 5u) << "4 full blocks (the third superseding the old tail) and the tail of rows 64..69";
 }
 
 struct TempDir {
@@ -469,8 +653,8 @@ TEST(PrefixCache, UnwritableDirectoryTurnsTheDiskTierOff) {
   std::vector<float> l;
   const auto p = tokens(40, e.V, 1);
   prefill(*e.model, *c.kv, c.pc.get(), 0, p, l);
-  c.pc->release(0, p);  // still serves from RAM
-  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p, l).n_tokens, 32);
+  c.pc->release(0, p);  // still serves from RAM: all but the last token (2 blocks and 7 cells of the tail)
+  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p, l).n_tokens, 39);
 }
 
 TEST(PrefixCache, DiskFullOrVanishedDirectoryKeepsServing) {
@@ -485,7 +669,7 @@ TEST(PrefixCache, DiskFullOrVanishedDirectoryKeepsServing) {
   c.pc->release(0, p);
   c.pc->flush();
   EXPECT_FALSE(c.pc->disk_enabled());
-  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p, l).n_tokens, 32);
+  EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, p, l).n_tokens, 39);
   c.pc->release(0, p);
 }
 

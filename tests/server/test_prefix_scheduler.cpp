@@ -92,38 +92,46 @@ std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b) 
 
 // Turn 2 = turn 1's prompt + its answer + a new message: served from turn 1's blocks, same tokens as
 // without the cache. Attention (llama, gemma3 with its sliding window) and hybrid (qwen35) models;
-// a small n_batch so prompts are prefilled in several chunks, as long prompts are.
+// a small n_batch so prompts are prefilled in several chunks, as long prompts are. With partial blocks
+// (the default) turn 2 reuses all of turn 1's KV, its answer included (hybrid: through the state
+// snapshotted at release); with whole blocks only, the full blocks (hybrid: up to the boundary snapshot).
 TEST(PrefixScheduler, NextTurnReusesThePreviousTurn) {
-  for (const char* rel : {"testdata/models/stories260K.gguf", "golden/models/tiny-gemma3-f16.gguf", "golden/models/tiny-qwen35-f16.gguf"}) {
-    SCOPED_TRACE(rel);
-    Loaded a = load(rel), b = load(rel);
-    const int V = a.model->config().n_vocab;
-    Scheduler on(*a.model, *a.tok, options(2, 16, 96)), off(*b.model, *b.tok, options(2, 0, 96));
-    EXPECT_NE(on.prefix_cache(), nullptr);
-    EXPECT_EQ(off.prefix_cache(), nullptr);
-    const auto p1 = tokens(300, V, 1);
-    const Out t1 = drain(*on.submit(greedy(p1, 8)));
-    const Out r1 = drain(*off.submit(greedy(p1, 8)));
-    EXPECT_EQ(t1.ids, r1.ids);
-    EXPECT_EQ(t1.stats.n_cached, 0);
-    const auto p2 = cat(cat(p1, t1.ids), tokens(40, V, 2));
-    const Out t2 = drain(*on.submit(greedy(p2, 8)));
-    const Out r2 = drain(*off.submit(greedy(p2, 8)));
-    EXPECT_EQ(t2.ids, r2.ids);
-    // Attention: every full block of turn 1's 307 cached positions (256); hybrid: up to turn 1's
-    // snapshot at its prompt's last boundary (256 as well: 299 / 64 = 4 blocks).
-    EXPECT_EQ(t2.stats.n_cached, 256);
-    EXPECT_EQ(r2.stats.n_cached, 0);
-    // Turn 3 reuses turn 2 (its snapshot at 320 for the hybrid model).
-    const auto p3 = cat(cat(p2, t2.ids), tokens(30, V, 3));
-    const Out t3 = drain(*on.submit(greedy(p3, 8)));
-    EXPECT_EQ(t3.ids, drain(*off.submit(greedy(p3, 8))).ids);
-    EXPECT_EQ(t3.stats.n_cached, 320);
-    const PrefixStats st = on.prefix_cache()->stats();
-    EXPECT_EQ(st.lookups, 3u);
-    EXPECT_EQ(st.ram_hit_tokens, 576u);
-    EXPECT_EQ(st.prompt_tokens, p1.size() + p2.size() + p3.size());
-  }
+  for (const bool partial : {true, false})
+    for (const char* rel : {"testdata/models/stories260K.gguf", "golden/models/tiny-gemma3-f16.gguf", "golden/models/tiny-qwen35-f16.gguf"}) {
+      SCOPED_TRACE(std::string(rel) + (partial ? " partial blocks" : " whole blocks"));
+      Loaded a = load(rel), b = load(rel);
+      const int V = a.model->config().n_vocab;
+      SchedulerOptions oo = options(2, 16, 96);
+      oo.prefix.partial = partial;
+      Scheduler on(*a.model, *a.tok, oo), off(*b.model, *b.tok, options(2, 0, 96));
+      EXPECT_NE(on.prefix_cache(), nullptr);
+      EXPECT_EQ(off.prefix_cache(), nullptr);
+      const auto p1 = tokens(300, V, 1);
+      const Out t1 = drain(*on.submit(greedy(p1, 8)));
+      const Out r1 = drain(*off.submit(greedy(p1, 8)));
+      EXPECT_EQ(t1.ids, r1.ids);
+      EXPECT_EQ(t1.stats.n_cached, 0);
+      const auto p2 = cat(cat(p1, t1.ids), tokens(40, V, 2));
+      const Out t2 = drain(*on.submit(greedy(p2, 8)));
+      const Out r2 = drain(*off.submit(greedy(p2, 8)));
+      EXPECT_EQ(t2.ids, r2.ids);
+      // Turn 1 holds KV for its 300 prompt tokens and 7 of its 8 answer tokens (the last one was
+      // sampled, never run). Whole blocks: 256 of them (hybrid: its snapshot at 299 / 64 = 4 blocks).
+      const int kv1 = static_cast<int>(p1.size() + t1.ids.size()) - 1;
+      EXPECT_EQ(t2.stats.n_cached, partial ? kv1 : 256);
+      EXPECT_EQ(r2.stats.n_cached, 0);
+      // Turn 3 reuses turn 2 (whole blocks: its snapshot at 320 for the hybrid model).
+      const auto p3 = cat(cat(p2, t2.ids), tokens(30, V, 3));
+      const Out t3 = drain(*on.submit(greedy(p3, 8)));
+      EXPECT_EQ(t3.ids, drain(*off.submit(greedy(p3, 8))).ids);
+      const int kv2 = static_cast<int>(p2.size() + t2.ids.size()) - 1;
+      EXPECT_EQ(t3.stats.n_cached, partial ? kv2 : 320);
+      const PrefixStats st = on.prefix_cache()->stats();
+      EXPECT_EQ(st.lookups, 3u);
+      EXPECT_EQ(st.ram_hit_tokens, partial ? static_cast<uint64_t>(kv1 + kv2) : 576u);
+      EXPECT_EQ(st.partial_hit_tokens, partial ? static_cast<uint64_t>(kv1 % 64 + kv2 % 64) : 0u);
+      EXPECT_EQ(st.prompt_tokens, p1.size() + p2.size() + p3.size());
+    }
 }
 
 // Four requests with one cached prefix run together: all share its blocks and each answers as it
@@ -142,7 +150,9 @@ TEST(PrefixScheduler, ConcurrentRequestsShareTheCachedPrefix) {
   }
   for (size_t i = 0; i < hs.size(); ++i) {
     const Out o = drain(*hs[i]);
-    EXPECT_EQ(o.stats.n_cached, 192) << i;
+    // The 3 full blocks, and the 8 cells of the tail (sys's last tokens and the answer) that each
+    // prompt shares, copied into a block of its own.
+    EXPECT_EQ(o.stats.n_cached, 200) << i;
     EXPECT_EQ(o.ids, drain(*off.submit(greedy(ps[i], 12))).ids) << i;
   }
 }
