@@ -4,6 +4,8 @@
 // the whole text (std::regex, ECMAScript) after every token on random texts.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <random>
 #include <regex>
 
@@ -179,6 +181,33 @@ TEST(Trigger, IncrementalWatchEqualsRescanningTheWholeText) {
   // The check means something: most runs fire, some do not.
   EXPECT_GT(fired, runs / 8);
   EXPECT_LT(fired, runs);
+}
+
+// The armed phase's cost per token (docs/structured-output.md): the triggers the server uses for
+// tool calls under "auto" and llama.cpp's search pattern, over 8 000 tokens of prose that never
+// fires. The watch must not re-scan the output: the last 2 000 tokens cost about what the first
+// 2 000 do (a re-scan would make them ~7x dearer).
+TEST(Trigger, ArmedPhaseCostPerTokenIsFlat) {
+  const std::vector<std::pair<const char*, std::vector<TriggerSpec>>> sets = {
+      {"hermes / qwen3-coder: word <tool_call>", {word("<tool_call>")}},
+      {"llama 3: pattern_full + word", {full("\\s*(\\{\\s*\"name\"\\s*:)[\\s\\S]*"), word("<|python_tag|>")}},
+      {"search pattern [\\s\\S]*?(<tool_call>)[\\s\\S]*", {pat("[\\s\\S]*?(<tool_call>)[\\s\\S]*")}},
+  };
+  const char* words[] = {" the", " tool", " call", " is", " <", "tool", "_", "call", " not", " here", ",", " {\"", "name", "\n"};
+  for (const auto& [name, specs] : sets) {
+    TriggerWatch w(Triggers::compile(specs));
+    constexpr int kN = 8000, kQ = 2000;
+    double first = 0, last = 0;
+    for (int i = 0; i < kN; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      ASSERT_EQ(w.push(i, words[i % 14]), TriggerWatch::npos);
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (i < kQ) first += us;
+      if (i >= kN - kQ) last += us;
+    }
+    std::printf("%s: %.3f us/token (first %d tokens), %.3f us/token (last %d)\n", name, first / kQ, kQ, last / kQ, kQ);
+    EXPECT_LT(last, 3 * first + 2000) << name;  // flat (2 ms of slack for a loaded machine)
+  }
 }
 
 }  // namespace
