@@ -174,6 +174,12 @@ void Constraint::accept(int32_t t) {
       feed(std::string_view(tail_).substr(e));  // the rest of the token that completed the trigger
     }
   }
+  if (watch_ && spec_->lazy_rearm && active_ && !broken_ && matcher_->done()) {
+    // The call is complete: free again until the next trigger.
+    *matcher_ = spec_->grammar->proto.clone();
+    watch_->reset();
+    active_ = false;
+  }
   if (tail_.size() > 256) tail_.erase(0, tail_.size() - 128);
   // Budget spent inside the reasoning block: close it now (once).
   if (in_reasoning_ && spec_->reasoning_budget >= 0 && n_reasoning_ >= spec_->reasoning_budget && forced_.empty() &&

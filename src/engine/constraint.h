@@ -38,6 +38,10 @@ struct ConstraintSpec {
   // (grammar/trigger.h) and constrains the rest. Null: the grammar applies from the start (or after
   // `trigger`).
   std::shared_ptr<const grammar::Triggers> lazy;
+  // With `lazy`: when the grammar is complete (nothing can follow), go back to the armed phase —
+  // several tool calls with free text between them (parallel_tool_calls); otherwise only the end of
+  // generation may follow.
+  bool lazy_rearm = false;
   // The model may open a reasoning block of its own first (templates that leave it to the model):
   // at the start the think_open token is allowed besides the grammar, and when chosen the grammar
   // waits for think_close.

@@ -553,10 +553,23 @@ TriggerWatch::TriggerWatch(std::shared_ptr<const Triggers> t) : t_(std::move(t))
   for (size_t k = 0; k < nfa_.size(); ++k) {
     const Regex& re = t_->regex_[k];
     if (re.prog().empty()) continue;
+    nfa_[k].mark.assign(re.prog().size(), 0);
+    nfa_[k].cur.reserve(re.prog().size());
+    nfa_[k].next.reserve(re.prog().size());
+  }
+  reset();
+}
+
+void TriggerWatch::reset() {
+  text_.clear();
+  fired_ = false;
+  fired_index_ = -1;
+  for (size_t k = 0; k < nfa_.size(); ++k) {
+    const Regex& re = t_->regex_[k];
+    if (re.prog().empty()) continue;
     Nfa& n = nfa_[k];
-    n.mark.assign(re.prog().size(), 0);
-    n.cur.reserve(re.prog().size());
-    n.next.reserve(re.prog().size());
+    n.matched = n.dead = false;
+    n.cur.clear();
     ++n.gen;
     bool m = false;
     closure(re, n, n.cur, 0, true, m);

@@ -92,6 +92,9 @@ class TriggerWatch {
   // this token, else npos.
   size_t push(int32_t token, std::string_view piece);
   bool fired() const { return fired_; }
+  // Back to the start (an empty text, nothing fired), keeping the buffers: a tool-call grammar that
+  // re-arms after each call.
+  void reset();
   const std::string& text() const { return text_; }
   int fired_index() const { return fired_index_; }  // which trigger (index into specs), -1 before
 

@@ -425,15 +425,14 @@ std::shared_ptr<const engine::ConstraintSpec> chat_constraint(const ServerOption
       std::vector<grammar::TriggerSpec> trig;
       std::string gbnf;
       using K = grammar::TriggerSpec::Kind;
-      const std::string sep = " [ \\n]{0,2} ";
       if (fmt.family == chat::ChatFamily::kHermes) {
         gbnf = tool_call_schema_grammar(opt, req, "arguments", true);
         gbnf += "\npg-hcall ::= " + lit(fmt.tool_open) + " \"\\n\"? root \"\\n\"? " + lit(fmt.tool_close) + "\n";
-        gbnf += std::string("pg-root ::= pg-hcall") + (req.parallel_tool_calls ? " (" + sep + "pg-hcall)*" : "") + "\n";
+        gbnf += "pg-root ::= pg-hcall\n";
         trig.push_back({K::Word, fmt.tool_open, -1});
       } else if (fmt.family == chat::ChatFamily::kQwen3Coder) {
         gbnf = xml_call_gbnf(req, fmt, xml_by_schema(req, false));
-        gbnf += std::string("pg-root ::= pg-xcall") + (req.parallel_tool_calls ? " (" + sep + "pg-xcall)*" : "") + "\n";
+        gbnf += "pg-root ::= pg-xcall\n";
         trig.push_back({K::Word, fmt.tool_open, -1});
       } else {
         // Llama 3: the whole answer is the call object, optionally after <|python_tag|>; one call.
@@ -444,6 +443,9 @@ std::shared_ptr<const engine::ConstraintSpec> chat_constraint(const ServerOption
       }
       c->grammar = grammar::compile_cached(gbnf, engine::shared_vocab(tok), "pg-root");
       c->lazy = grammar::Triggers::compile(std::move(trig));
+      // One call per firing; with parallel_tool_calls the answer is free again after it (another
+      // call, or text), without only the end may follow. Llama 3's call is the whole answer.
+      c->lazy_rearm = req.parallel_tool_calls && fmt.family != chat::ChatFamily::kLlama3;
       // The reasoning block is not watched (a call the model drafts while thinking is not a call).
       c->think_open = fmt.think_open;
       c->think_close = fmt.think_close;

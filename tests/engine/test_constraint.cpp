@@ -533,3 +533,60 @@ TEST(Constraint, LazyGrammarGreedySpeculativeEqualsPlain) {
 
 }  // namespace
 }  // namespace pg::engine
+
+namespace pg::engine {
+namespace {
+
+// Re-arming (tool calls with parallel_tool_calls): after the grammar completes the output is free
+// again until the next trigger; without re-arming only the end may follow.
+TEST(Constraint, LazyRearmAfterACompleteCall) {
+  CpuBackend be{CpuOptions{}};
+  auto m = Model::load(stories(), be);
+  auto tok = tok::Tokenizer::from_gguf(m->file());
+  std::vector<float> logits(static_cast<size_t>(tok->n_vocab()), 0.0f);
+  for (bool rearm : {true, false}) {
+    auto spec = std::make_shared<ConstraintSpec>();
+    spec->grammar = compile_grammar("root ::= \"<x>\" [0-9] \"</x>\"\n", *tok, false);
+    spec->lazy = grammar::Triggers::compile({{grammar::TriggerSpec::Kind::Word, "<x>", -1}});
+    spec->lazy_rearm = rearm;
+    Constraint c(spec, *tok);
+    auto feed = [&](const std::string& text) {
+      for (int32_t t : tok->encode(text, false, false)) {
+        (void)c.apply(logits.data());
+        c.accept(t);
+      }
+    };
+    feed("ab ");
+    EXPECT_TRUE(c.armed());
+    feed("<x>5</x>");
+    EXPECT_FALSE(c.broken());
+    if (!rearm) {
+      // Complete and not re-armed: only EOG is allowed.
+      const float* l = c.apply(logits.data());
+      int allowed = 0;
+      for (int32_t t = 0; t < tok->n_vocab(); ++t) allowed += l[t] > -1e30f;
+      EXPECT_EQ(allowed, static_cast<int>(shared_vocab(*tok)->eog_ids_.size()));
+      continue;
+    }
+    EXPECT_TRUE(c.armed()) << "free again after the call";
+    EXPECT_EQ(c.apply(logits.data()), logits.data()) << "no mask while armed";
+    // One encoding (a SentencePiece vocabulary prefixes a space to each encoded chunk).
+    const auto a = tok->encode("a", false, false);
+    ASSERT_EQ(a.size(), 1u);
+    bool checked = false;
+    for (int32_t t : tok->encode(" cd <x>7</x>", false, false)) {
+      const float* l = c.apply(logits.data());
+      if (!c.armed() && !checked) {
+        EXPECT_LT(l[a[0]], -1e30f) << "the second call is constrained: a letter where a digit must come";
+        checked = true;
+      }
+      c.accept(t);
+    }
+    EXPECT_TRUE(checked) << "the second trigger fired";
+    EXPECT_TRUE(c.armed());
+    EXPECT_FALSE(c.broken());
+  }
+}
+
+}  // namespace
+}  // namespace pg::engine

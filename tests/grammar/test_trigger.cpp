@@ -183,6 +183,41 @@ TEST(Trigger, IncrementalWatchEqualsRescanningTheWholeText) {
   EXPECT_LT(fired, runs);
 }
 
+// Random pattern text (metacharacters included): compiles or is a pg::Error, never crashes; a compiled
+// one watched over random text fires with a start inside the text, and a pattern_full / pattern
+// that fires agrees with find_start on the same text.
+TEST(Trigger, RandomPatternsNeverCrash) {
+  std::mt19937 rng(11);
+  const std::string meta = "ab<>()[]{}|*+?^$.\\-,:0123sSdwn";
+  int compiled = 0, fired = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string p;
+    const int len = 1 + static_cast<int>(rng() % 12);
+    for (int k = 0; k < len; ++k) p += meta[rng() % meta.size()];
+    const K kind = rng() % 2 ? K::Pattern : K::PatternFull;
+    std::shared_ptr<const Triggers> t;
+    try {
+      t = Triggers::compile({{kind, p, -1}});
+    } catch (const Error&) {
+      continue;
+    }
+    ++compiled;
+    TriggerWatch w(t);
+    for (int k = 0; k < 8; ++k) {
+      std::string piece;
+      for (int j = 0; j < 3; ++j) piece += "ab<>{}1 \n"[rng() % 9];
+      const size_t at = w.push(k, piece);
+      if (at != TriggerWatch::npos) {
+        ASSERT_LE(at, w.text().size()) << p;
+        ++fired;
+        break;
+      }
+    }
+  }
+  EXPECT_GT(compiled, 300);
+  EXPECT_GT(fired, 50);
+}
+
 // The armed phase's cost per token (docs/structured-output.md): the triggers the server uses for
 // tool calls under "auto" and llama.cpp's search pattern, over 8 000 tokens of prose that never
 // fires. The watch must not re-scan the output: the last 2 000 tokens cost about what the first

@@ -217,7 +217,9 @@ TEST(Structured, AutoToolsAreALazyGrammarHermes) {
     EXPECT_FALSE(accepts(*c, "<tool_call>\n{\"name\": \"h\", \"arguments\": {}}\n</tool_call>")) << "no such tool";
     // g is not strict: any JSON object.
     EXPECT_TRUE(accepts(*c, "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"zz\": [1, 2]}}\n</tool_call>"));
-    EXPECT_EQ(accepts(*c, call + "\n" + call), parallel);
+    // One call per firing; parallel calls re-arm the trigger after each (engine test: LazyRearm).
+    EXPECT_FALSE(accepts(*c, call + "\n" + call));
+    EXPECT_EQ(c->lazy_rearm, parallel);
   }
   // tool_choice "none": no tools, no constraint.
   json body = json::parse(chat(""));
