@@ -113,6 +113,24 @@ void check_ignored_header(const std::vector<std::string>& ignored) {
     if (c < 0x20 || c >= 0x7F) fail("X-Peregrine-Ignored-Fields holds a byte a header may not");
 }
 
+// A lazy grammar's armed phase over text the request itself supplies (its trigger values, then its
+// grammar text, token by token): the watch and the firing (Pike VM start) must not crash or hang, and
+// a start must lie inside the text.
+void watch_lazy(const engine::ConstraintSpec* c, const GenParams& g) {
+  if (!c || !c->lazy) return;
+  grammar::TriggerWatch w(c->lazy);
+  std::string text;
+  for (const auto& t : g.grammar_triggers) text += t.value;
+  text += g.grammar;
+  for (size_t i = 0; i < text.size() && i < 4096; i += 3) {
+    const size_t at = w.push(static_cast<int32_t>(i), std::string_view(text).substr(i, 3));
+    if (at != grammar::TriggerWatch::npos) {
+      if (at > w.text().size()) fail("a trigger's start lies past the watched text");
+      break;
+    }
+  }
+}
+
 // ChatRun's constructor without the engine: render, the output parser fed the forced prefix, the spec.
 void run_chat(const Fixture& fx, const ServerOptions& opt, const ChatRequest& req) {
   const RenderedPrompt rp = fx.prompt->render(req);
@@ -133,6 +151,7 @@ void run_chat(const Fixture& fx, const ServerOptions& opt, const ChatRequest& re
   spec.special_text = ChatPrompt::special_text(rp.format);
   // The grammar of structured output / forced tool calls, and the reasoning budget (ChatRun does this).
   spec.constraint = chat_constraint(opt, *fx.tok, req, rp);
+  watch_lazy(spec.constraint.get(), req.gen);
   check_spec(spec, fx.tok->n_vocab());
   if (g_verbose)
     std::fprintf(stderr, "spec: max_tokens %d, %zu stop strings, logprobs %d\n", spec.max_tokens, spec.stop.size(),
@@ -176,7 +195,10 @@ void run(const Fixture& fx, uint8_t selector, std::string_view body) {
       std::string prompt_text;
       std::vector<int32_t> ids = completion_prompt(tok, req, prompt_text);
       sink(prompt_text);
-      check_spec(make_spec(opt, kNCtx, req.gen, std::move(ids)), tok.n_vocab());
+      engine::RequestSpec spec = make_spec(opt, kNCtx, req.gen, std::move(ids));
+      spec.constraint = completion_constraint(tok, req.gen);  // the grammar and lazy triggers (token ids checked)
+      watch_lazy(spec.constraint.get(), req.gen);
+      check_spec(spec, tok.n_vocab());
       check_ignored_header(req.ignored);
       break;
     }

@@ -33,7 +33,11 @@ Constraint::Constraint(std::shared_ptr<const ConstraintSpec> spec, const tok::To
     matcher_.emplace(spec_->grammar->proto.clone());
     trigger_ = spec_->trigger;
     active_ = trigger_.empty();
-    if (spec_->reasoning_may_open && !spec_->think_open.empty()) {
+    if (spec_->lazy) {
+      watch_.emplace(spec_->lazy);
+      active_ = false;
+      trigger_.clear();
+    } else if (spec_->reasoning_may_open && !spec_->think_open.empty()) {
       auto ids = tok_.encode(spec_->think_open, false, true);
       if (ids.size() == 1) open_id_ = ids[0];
     }
@@ -91,6 +95,7 @@ void Constraint::feed(std::string_view bytes) {
 }
 
 const float* Constraint::apply(const float* logits) {
+  if (armed()) return logits;  // a lazy grammar before its trigger: the output is free
   const int n = matcher_->vocab()->n_vocab();
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   masked_.assign(logits, logits + n);
@@ -146,13 +151,34 @@ void Constraint::accept(int32_t t) {
   if (in_reasoning_ && ends_at(spec_->think_close) != std::string::npos) {
     in_reasoning_ = false;
   }
-  if (matcher_ && !active_) {
+  if (watch_ && !active_ && !broken_) {
+    // The armed phase watches the answer text: nothing inside the reasoning block, and of the token
+    // that closes it only what follows the closing tag.
+    if (!in_reasoning_) {
+      std::string_view seen = piece;
+      if (was_reasoning) {
+        const size_t e = ends_at(spec_->think_close);
+        seen = e == std::string::npos ? std::string_view() : std::string_view(tail_).substr(e);
+      }
+      const size_t at = watch_->push(t, seen);
+      if (at != grammar::TriggerWatch::npos) {
+        active_ = true;
+        feed(std::string_view(watch_->text()).substr(at));  // the grammar starts at the trigger
+      }
+    }
+  } else if (matcher_ && !active_) {
     const size_t e = ends_at(trigger_);
     if (e != std::string::npos && !in_reasoning_) {
       active_ = true;
       feed(spec_->prefix);
       feed(std::string_view(tail_).substr(e));  // the rest of the token that completed the trigger
     }
+  }
+  if (watch_ && spec_->lazy_rearm && active_ && !broken_ && matcher_->done()) {
+    // The call is complete: free again until the next trigger.
+    *matcher_ = spec_->grammar->proto.clone();
+    watch_->reset();
+    active_ = false;
   }
   if (tail_.size() > 256) tail_.erase(0, tail_.size() - 128);
   // Budget spent inside the reasoning block: close it now (once).

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "grammar/grammar.h"
+#include "grammar/trigger.h"
 #include "spec/tree.h"
 #include "tokenizer/tokenizer.h"
 
@@ -31,6 +32,16 @@ struct ConstraintSpec {
   std::shared_ptr<const grammar::Compiled> grammar;  // null: no grammar
   std::string prefix;   // answer bytes the prompt already holds (forced tool-call opening): consumed first
   std::string trigger;  // non-empty: the grammar applies to the output after this text only
+  // A lazy grammar (llama-server's grammar_lazy; a tool call under tool_choice "auto"): the output is
+  // free (end of generation included) until one of these triggers matches the answer text (the
+  // reasoning block is not watched); the grammar is then fed the text from the trigger's start
+  // (grammar/trigger.h) and constrains the rest. Null: the grammar applies from the start (or after
+  // `trigger`).
+  std::shared_ptr<const grammar::Triggers> lazy;
+  // With `lazy`: when the grammar is complete (nothing can follow), go back to the armed phase —
+  // several tool calls with free text between them (parallel_tool_calls); otherwise only the end of
+  // generation may follow.
+  bool lazy_rearm = false;
   // The model may open a reasoning block of its own first (templates that leave it to the model):
   // at the start the think_open token is allowed besides the grammar, and when chosen the grammar
   // waits for think_close.
@@ -61,6 +72,8 @@ class Constraint {
   // active, before its trigger only a ban on end-of-generation.
   bool masking() const { return matcher_.has_value() && !broken_; }
   bool active() const { return active_; }
+  // A lazy grammar still waiting for its trigger (the mask is not applied).
+  bool armed() const { return watch_.has_value() && !active_; }
   // logits (n_vocab) with disallowed tokens at -inf; valid until the next call.
   const float* apply(const float* logits);
   // Records the chosen token: advances the grammar and the reasoning state.
@@ -85,6 +98,7 @@ class Constraint {
   std::optional<grammar::Matcher> matcher_;
   bool active_ = false, broken_ = false, at_start_ = true;
   std::string trigger_;
+  std::optional<grammar::TriggerWatch> watch_;  // lazy grammars: the armed phase
   int32_t open_id_ = -1;  // think_open as one token (reasoning_may_open)
   std::string tail_;  // recent output text (for trigger and tag detection)
   bool in_reasoning_ = false, closed_by_budget_ = false;

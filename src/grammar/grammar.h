@@ -93,6 +93,14 @@ class Grammar {
 std::vector<std::pair<uint32_t, uint32_t>> merge_code_ranges(std::vector<std::pair<uint32_t, uint32_t>> r, bool complement);
 
 std::string json_schema_to_gbnf(std::string_view schema_json);
+// Several schemas as named rules of one grammar (no `root` rule; the caller writes its own start):
+// rule `name` for the schema at `root_json` (its `properties[property]` when property is not empty;
+// $refs resolve against root_json). Rule names must not start with "s<digit>" (generated names) nor
+// be a primitive's (ws, char, string, integer, number, boolean, null, value, object, array).
+struct SchemaRule {
+  std::string name, root_json, property;
+};
+std::string json_schema_rules_gbnf(const std::vector<SchemaRule>& items);
 // {"type":"json_object"}: any JSON object.
 std::string json_object_gbnf();
 

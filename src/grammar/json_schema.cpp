@@ -884,6 +884,36 @@ std::string json_schema_to_gbnf(std::string_view schema_json) {
   }
 }
 
+std::string json_schema_rules_gbnf(const std::vector<SchemaRule>& items) {
+  // One converter for all: generated rule names stay unique, the primitives are written once.
+  Converter c;
+  std::string out;
+  for (const SchemaRule& it : items) {
+    if (it.root_json.size() > (1u << 20)) fail("schema over 1 MiB");
+    check_depth(it.root_json);
+    try {
+      c.root = json::parse(it.root_json);
+    } catch (const json::exception& e) {
+      fail(std::string("invalid JSON: ") + e.what());
+    }
+    c.ref_rules.clear();  // $refs resolve against this item's root
+    try {
+      const json* s = &c.root;
+      if (!it.property.empty()) {
+        if (!c.root.is_object() || !c.root.contains("properties") || !c.root["properties"].contains(it.property))
+          fail("no property '" + it.property + "'");
+        s = &c.root["properties"][it.property];
+      }
+      out += it.name + " ::= " + c.visit(*s, it.name, 0) + "\n";
+    } catch (const json::exception& e) {
+      fail(std::string("malformed schema: ") + e.what());
+    }
+  }
+  out += kPrimitives;
+  for (auto& [n, b] : c.rules) out += n + " ::= " + b + "\n";
+  return out;
+}
+
 std::string json_object_gbnf() { return std::string("root ::= object\n") + kPrimitives; }
 
 }  // namespace pg::grammar

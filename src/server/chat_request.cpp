@@ -22,13 +22,9 @@ std::string idx(const std::string& path, size_t i) { return path + "[" + std::to
 }
 
 void collect_ignored(const json& body, const std::set<std::string>& known, std::vector<std::string>& out) {
-  // Lazy grammars (llama-server's trigger words) would need the trigger machinery: refused, never ignored.
-  for (const char* k : {"grammar_lazy", "grammar_triggers"})
-    if (auto it = body.find(k); it != body.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()) && !(it->is_array() && it->empty()))
-      unsupported(std::string("'") + k + "' is not supported (lazy grammars): send 'grammar' or a schema", k);
   // Structured-output fields every API accepts (server/structured.cpp parses them).
   static const std::set<std::string> structured = {"grammar", "json_schema", "output_format", "reasoning_budget_tokens", "response_format",
-                                                   "grammar_lazy", "grammar_triggers"};
+                                                   "grammar_lazy", "grammar_triggers", "preserved_tokens"};
   for (auto it = body.begin(); it != body.end(); ++it)
     if (!known.count(it.key()) && !structured.count(it.key())) out.push_back(it.key());
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "grammar/trigger.h"
 #include "server/json_util.h"
 
 namespace pg::server {
@@ -30,6 +31,12 @@ struct GenParams {
   // response_format / text.format / output_format (schemas converted while parsing).
   std::string grammar;
   std::string grammar_field;                // the field it came from (error messages)
+  // llama-server's lazy grammars: the grammar waits for one of the triggers (engine/constraint.h).
+  // A token trigger given as text has token -1 and value = the text (resolved against the vocabulary
+  // when the constraint is built).
+  bool grammar_lazy = false;
+  std::vector<grammar::TriggerSpec> grammar_triggers;
+  std::vector<std::string> preserved_tokens;  // accepted and checked (strings); see docs/structured-output.md
   std::optional<int64_t> reasoning_budget;  // reasoning_budget_tokens / thinking.budget_tokens (-1: unlimited)
   std::string reasoning_effort;             // reasoning_effort / reasoning.effort (mapped by the server's table)
 

@@ -1,5 +1,9 @@
 #include "server/structured.h"
 
+#include <climits>
+#include <cstdio>
+#include <set>
+
 #include "core/error.h"
 #include "grammar/grammar.h"
 #include "server/api_error.h"
@@ -19,6 +23,86 @@ void set_grammar(GenParams& g, std::string gbnf, const std::string& field) {
   }
   g.grammar = std::move(gbnf);
   g.grammar_field = field;
+}
+
+constexpr size_t kMaxTriggers = 64;
+
+// grammar_lazy, grammar_triggers, preserved_tokens (llama-server's names). Triggers:
+// {"type": "word"|"pattern"|"pattern_full"|"token" (or llama.cpp's numbers 1, 2, 3, 0), "value": ...}
+// (a token's value: its id, or its text; "token": id also accepted), and the older {"word": "..."}.
+void parse_lazy_fields(const json& b, GenParams& g) {
+  g.grammar_lazy = opt_bool(b, "grammar_lazy").value_or(false);
+  if (auto it = b.find("grammar_triggers"); it != b.end() && !it->is_null()) {
+    if (!it->is_array()) throw bad_request("'grammar_triggers' must be an array of triggers", "grammar_triggers");
+    if (it->size() > kMaxTriggers) throw bad_request("'grammar_triggers' may hold at most " + std::to_string(kMaxTriggers) + " triggers", "grammar_triggers");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& t = (*it)[i];
+      const std::string p = "grammar_triggers[" + std::to_string(i) + "]";
+      if (!t.is_object()) throw bad_request("'" + p + "' must be an object {type, value}", "grammar_triggers");
+      grammar::TriggerSpec s;
+      using K = grammar::TriggerSpec::Kind;
+      if (t.contains("word") && !t.contains("type")) {  // llama-server's first form: {"word", "at_start"}
+        if (!t["word"].is_string()) throw bad_request("'" + p + ".word' must be a string", "grammar_triggers");
+        s.kind = K::Word;
+        s.value = t["word"].get<std::string>();
+        if (opt_bool(t, "at_start", p).value_or(false)) throw bad_request("'" + p + ".at_start' is not supported: use {\"type\": \"pattern_full\"}", "grammar_triggers");
+      } else {
+        auto ty = t.find("type");
+        if (ty == t.end()) throw bad_request("'" + p + ".type' is required (word, pattern, pattern_full, token)", "grammar_triggers");
+        std::string name;
+        if (ty->is_string()) name = ty->get<std::string>();
+        else if (ty->is_number_integer()) {
+          const int64_t n = ty->get<int64_t>();
+          name = n == 0 ? "token" : n == 1 ? "word" : n == 2 ? "pattern" : n == 3 ? "pattern_full" : "";
+        }
+        if (name == "word") s.kind = K::Word;
+        else if (name == "pattern") s.kind = K::Pattern;
+        else if (name == "pattern_full") s.kind = K::PatternFull;
+        else if (name == "token") s.kind = K::Token;
+        else throw bad_request("'" + p + ".type' must be \"word\", \"pattern\", \"pattern_full\" or \"token\", got " + ty->dump(), "grammar_triggers");
+        auto v = t.find("value");
+        auto tk = t.find("token");
+        if (s.kind == K::Token) {
+          const json* id = tk != t.end() && !tk->is_null() ? &*tk : v != t.end() && v->is_number() ? &*v : nullptr;
+          if (id) {
+            if (!id->is_number_integer() || id->get<int64_t>() < 0 || id->get<int64_t>() > INT32_MAX)
+              throw bad_request("'" + p + "': a token id must be a non-negative integer", "grammar_triggers");
+            s.token = static_cast<int32_t>(id->get<int64_t>());
+          } else if (v != t.end() && v->is_string() && !v->get<std::string>().empty()) {
+            s.value = v->get<std::string>();  // the token's text
+          } else {
+            throw bad_request("'" + p + ".value' must be a token id (or the token's text)", "grammar_triggers");
+          }
+        } else {
+          if (v == t.end() || !v->is_string()) throw bad_request("'" + p + ".value' must be a string", "grammar_triggers");
+          s.value = v->get<std::string>();
+        }
+      }
+      g.grammar_triggers.push_back(std::move(s));
+    }
+    // Words and patterns are checked now (a regex that does not compile names its position).
+    std::vector<grammar::TriggerSpec> check = g.grammar_triggers;
+    for (auto& c : check)
+      if (c.kind == grammar::TriggerSpec::Kind::Token && c.token < 0) c.token = 0;  // resolved later
+    try {
+      (void)grammar::Triggers::compile(std::move(check));
+    } catch (const Error& e) {
+      throw bad_request(std::string("'grammar_triggers': ") + e.what(), "grammar_triggers");
+    }
+  }
+  if (auto it = b.find("preserved_tokens"); it != b.end() && !it->is_null()) {
+    if (!it->is_array()) throw bad_request("'preserved_tokens' must be an array of strings", "preserved_tokens");
+    for (const json& s : *it) {
+      if (!s.is_string()) throw bad_request("'preserved_tokens' must be an array of strings", "preserved_tokens");
+      g.preserved_tokens.push_back(s.get<std::string>());
+    }
+  }
+  if (g.grammar_lazy) {
+    if (g.grammar_triggers.empty()) throw bad_request("'grammar_lazy' is true but 'grammar_triggers' is empty: a lazy grammar needs a trigger", "grammar_lazy");
+    if (g.grammar.empty()) throw bad_request("'grammar_lazy' needs a grammar ('grammar', 'json_schema' or 'response_format')", "grammar_lazy");
+  } else if (!g.grammar_triggers.empty()) {
+    throw bad_request("'grammar_triggers' is given but 'grammar_lazy' is not true", "grammar_triggers");
+  }
 }
 
 }  // namespace
@@ -78,6 +162,7 @@ void parse_structured_fields(const json& b, GenParams& g) {
   if (const json* oc = opt_object(b, "output_config"))
     if (const json* f = opt_object(*oc, "format", "output_config")) parse_format_object(*f, g, "output_config.format");
   if (auto rb = opt_int(b, "reasoning_budget_tokens", -1, int64_t{1} << 30)) g.reasoning_budget = *rb;
+  parse_lazy_fields(b, g);
 }
 
 namespace {
@@ -93,7 +178,10 @@ int effort_index(const std::string& e) {
 
 // The call objects a tool choice allows: {"name": <const>, "arguments": <schema>} for each tool
 // (Hermes / Llama 3 use "arguments" / "parameters").
-std::string tool_call_schema_grammar(const ServerOptions&, const ChatRequest& req, const std::string& args_key) {
+// loose_non_strict: a tool without `strict` gets any JSON object as arguments (tool_choice "auto":
+// the schema is the client's promise only for strict tools).
+std::string tool_call_schema_grammar(const ServerOptions&, const ChatRequest& req, const std::string& args_key,
+                                     bool loose_non_strict = false) {
   json alts = json::array();
   for (size_t i = 0; i < req.tools.size(); ++i) {
     const json& fn = req.tools[i]["function"];
@@ -101,6 +189,7 @@ std::string tool_call_schema_grammar(const ServerOptions&, const ChatRequest& re
     if (req.tool_choice == ToolChoice::kNamed && name != req.tool_name) continue;
     json params = fn.contains("parameters") && fn["parameters"].is_object() ? fn["parameters"] : json{{"type", "object"}};
     const bool strict = i < req.tool_strict.size() && req.tool_strict[i];
+    if (loose_non_strict && !strict) params = json{{"type", "object"}};
     // A schema the converter refuses: a strict tool is the client's error; otherwise the arguments
     // are constrained to a JSON object (the call still parses).
     try {
@@ -116,6 +205,173 @@ std::string tool_call_schema_grammar(const ServerOptions&, const ChatRequest& re
   }
   json schema = alts.size() == 1 ? alts[0] : json{{"anyOf", alts}};
   return schema_grammar(schema, "tools");
+}
+
+// A GBNF literal of raw text.
+std::string lit(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c == '\n') {
+      o += "\\n";
+    } else if (c < 0x20 || c == 0x7F) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02X", c);
+      o += b;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
+// JSON types a parameter schema names (as the Qwen3-Coder parser reads them, family_hermes.cpp):
+// empty when it says nothing.
+void param_types(const json& s, std::set<std::string>& out, int depth = 0) {
+  if (!s.is_object() || depth > 8) return;
+  if (s.contains("type")) {
+    const json& t = s["type"];
+    if (t.is_string()) out.insert(t.get<std::string>());
+    if (t.is_array())
+      for (const auto& e : t)
+        if (e.is_string()) out.insert(e.get<std::string>());
+    return;
+  }
+  for (const char* k : {"anyOf", "oneOf"})
+    if (s.contains(k) && s[k].is_array())
+      for (const auto& e : s[k]) param_types(e, out, depth + 1);
+  if (!out.empty()) return;
+  if (s.contains("enum") && s["enum"].is_array()) {
+    for (const auto& e : s["enum"])
+      out.insert(e.is_string() ? "string" : e.is_boolean() ? "boolean" : e.is_number() ? "number" : e.is_null() ? "null" : "object");
+  } else if (s.contains("properties")) {
+    out.insert("object");
+  } else if (s.contains("items")) {
+    out.insert("array");
+  }
+}
+
+// Qwen3-Coder XML calls (<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...
+// </function>\n</tool_call>): GBNF whose rule `pg-xcall` is one call block of an allowed tool.
+// by_schema(i): the tool's parameters decide names, order, required ones and value types (a string
+// parameter's value is raw text, an enum of strings one of them, any other type JSON by its schema);
+// otherwise any of its parameter names (any number, any order) with raw text values.
+std::string xml_call_gbnf(const ChatRequest& req, const chat::ChatFormat& fmt, const std::vector<bool>& by_schema) {
+  // Raw text up to and including "\n</parameter>" (an automaton over the terminator's prefixes:
+  // only its first character, '\n', repeats in it, so a mismatch falls back to state 0 or 1).
+  const std::string term = "\n</parameter>";
+  std::string g = "pg-tx ::= [^\\n] pg-tx | \"\\n\" pg-tx1\n";
+  for (size_t i = 1; i < term.size(); ++i) {
+    const std::string c = term.substr(i, 1);
+    const std::string next = i + 1 < term.size() ? " pg-tx" + std::to_string(i + 1) : "";
+    g += "pg-tx" + std::to_string(i) + " ::= " + lit(c) + next + " | \"\\n\" pg-tx1 | [^\\n" + (c == "-" || c == "]" || c == "^" || c == "\\" ? "\\" : "") + c + "] pg-tx\n";
+  }
+  std::vector<grammar::SchemaRule> json_rules;
+  std::string fns;
+  for (size_t i = 0; i < req.tools.size(); ++i) {
+    const json& fn = req.tools[i]["function"];
+    const std::string name = fn.value("name", "");
+    if (req.tool_choice == ToolChoice::kNamed && name != req.tool_name) continue;
+    const json params = fn.contains("parameters") && fn["parameters"].is_object() ? fn["parameters"] : json::object();
+    const json props = params.contains("properties") && params["properties"].is_object() ? params["properties"] : json::object();
+    const std::string fr = "pg-f" + std::to_string(i);
+    std::string body;
+    if (by_schema[i]) {
+      std::set<std::string> required;
+      if (params.contains("required") && params["required"].is_array())
+        for (const auto& r : params["required"])
+          if (r.is_string()) required.insert(r.get<std::string>());
+      size_t j = 0;
+      for (auto it = props.begin(); it != props.end(); ++it, ++j) {
+        const std::string pr = fr + "-p" + std::to_string(j);
+        std::set<std::string> types;
+        param_types(it.value(), types);
+        std::string value;
+        if (types.empty() || types.count("string")) {
+          const json& ps = it.value();
+          bool all_str = ps.is_object() && ps.contains("enum") && ps["enum"].is_array() && !ps["enum"].empty();
+          if (all_str)
+            for (const auto& e : ps["enum"]) all_str &= e.is_string();
+          if (all_str && types.size() <= 1) {
+            for (const auto& e : ps["enum"]) value += (value.empty() ? "( " : " | ") + lit(e.get<std::string>());
+            value += " ) " + lit(term);
+          } else {
+            value = "pg-tx";
+          }
+        } else {
+          json_rules.push_back({pr + "-v", params.dump(), it.key()});
+          value = pr + "-v " + lit(term);
+        }
+        g += pr + " ::= " + lit("<parameter=" + it.key() + ">\n") + " " + value + " \"\\n\"\n";
+        body += " " + pr + (required.count(it.key()) ? "" : "?");
+      }
+    } else {
+      std::string names;
+      for (auto it = props.begin(); it != props.end(); ++it) names += (names.empty() ? "" : " | ") + lit(it.key());
+      if (names.empty()) names = "[a-zA-Z0-9_.-]{1,64}";
+      g += fr + "-any ::= \"<parameter=\" ( " + names + " ) \">\\n\" pg-tx \"\\n\"\n";
+      body = " " + fr + "-any*";
+    }
+    g += fr + " ::= " + lit("<function=" + name + ">\n") + body + " " + lit("</function>\n") + "\n";
+    fns += (fns.empty() ? "" : " | ") + fr;
+  }
+  if (fns.empty()) throw bad_request("'tools': no tool to call", "tools");
+  g += "pg-xcall ::= " + lit(fmt.tool_open + "\n") + " ( " + fns + " ) " + lit(fmt.tool_close) + "\n";
+  if (!json_rules.empty()) {
+    try {
+      g += grammar::json_schema_rules_gbnf(json_rules);
+    } catch (const Error& e) {
+      throw bad_request(std::string("'tools': ") + e.what(), "tools");
+    }
+  }
+  return g;
+}
+
+// by_schema per tool for the XML format: strict tools always (a schema the converter refuses is a
+// 400); the others when `all` (forced calls, like the JSON formats) and the converter takes it.
+std::vector<bool> xml_by_schema(const ChatRequest& req, bool all) {
+  std::vector<bool> v(req.tools.size(), false);
+  for (size_t i = 0; i < req.tools.size(); ++i) {
+    const json& fn = req.tools[i]["function"];
+    const bool strict = i < req.tool_strict.size() && req.tool_strict[i];
+    if (!strict && !all) continue;
+    const json params = fn.contains("parameters") && fn["parameters"].is_object() ? fn["parameters"] : json{{"type", "object"}};
+    try {
+      (void)grammar::json_schema_to_gbnf(params.dump());
+      v[i] = true;
+    } catch (const Error& e) {
+      if (strict)
+        throw bad_request(std::string("'tools': the parameters of '") + fn.value("name", "") + "' (strict): " + e.what(), "tools");
+    }
+  }
+  return v;
+}
+
+// The request's triggers with token texts resolved and ids checked against the vocabulary.
+std::shared_ptr<const grammar::Triggers> request_triggers(const tok::Tokenizer& tok, const GenParams& g) {
+  std::vector<grammar::TriggerSpec> specs = g.grammar_triggers;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto& s = specs[i];
+    if (s.kind != grammar::TriggerSpec::Kind::Token) continue;
+    const std::string p = "grammar_triggers[" + std::to_string(i) + "]";
+    if (s.token < 0) {
+      const auto ids = tok.encode(s.value, false, true);
+      if (ids.size() != 1)
+        throw bad_request("'" + p + "': " + json(s.value).dump() + " is " + std::to_string(ids.size()) + " tokens, not one", "grammar_triggers");
+      s.token = ids[0];
+    }
+    if (s.token >= tok.n_vocab())
+      throw bad_request("'" + p + "': token id " + std::to_string(s.token) + " is out of range (the vocabulary has " +
+                            std::to_string(tok.n_vocab()) + " tokens)",
+                        "grammar_triggers");
+  }
+  try {
+    return grammar::Triggers::compile(std::move(specs));
+  } catch (const Error& e) {
+    throw bad_request(std::string("'grammar_triggers': ") + e.what(), "grammar_triggers");
+  }
 }
 
 }  // namespace
@@ -154,6 +410,52 @@ std::shared_ptr<const engine::ConstraintSpec> chat_constraint(const ServerOption
       if (hermes) gbnf += "\npg-call ::= root \"\\n" + fmt.tool_close + "\"\n";
       else gbnf += "\npg-call ::= root\n";
       c->grammar = grammar::compile_cached(gbnf, engine::shared_vocab(tok), "pg-call");
+    } else if (tool_forced && fmt.family == chat::ChatFamily::kQwen3Coder) {
+      // The prompt holds "<tool_call>\n" (and "<function=NAME>\n" when named): the grammar's first bytes.
+      std::string gbnf = xml_call_gbnf(req, fmt, xml_by_schema(req, true));
+      const size_t at = rp.forced.find(fmt.tool_open);
+      c->prefix = at == std::string::npos ? "" : rp.forced.substr(at);
+      gbnf += "pg-root ::= pg-xcall\n";
+      c->grammar = grammar::compile_cached(gbnf, engine::shared_vocab(tok), "pg-root");
+    } else if (req.tool_choice == ToolChoice::kAuto && !req.tools.empty() && req.gen.grammar.empty() &&
+               (fmt.family == chat::ChatFamily::kHermes || fmt.family == chat::ChatFamily::kLlama3 ||
+                fmt.family == chat::ChatFamily::kQwen3Coder)) {
+      // tool_choice "auto": free text, but a call the model opens in the format's syntax is
+      // constrained to the allowed tools (a lazy grammar whose trigger is the call opener).
+      std::vector<grammar::TriggerSpec> trig;
+      std::string gbnf;
+      using K = grammar::TriggerSpec::Kind;
+      if (fmt.family == chat::ChatFamily::kHermes) {
+        gbnf = tool_call_schema_grammar(opt, req, "arguments", true);
+        gbnf += "\npg-hcall ::= " + lit(fmt.tool_open) + " \"\\n\"? root \"\\n\"? " + lit(fmt.tool_close) + "\n";
+        gbnf += "pg-root ::= pg-hcall\n";
+        trig.push_back({K::Word, fmt.tool_open, -1});
+      } else if (fmt.family == chat::ChatFamily::kQwen3Coder) {
+        gbnf = xml_call_gbnf(req, fmt, xml_by_schema(req, false));
+        gbnf += "pg-root ::= pg-xcall\n";
+        trig.push_back({K::Word, fmt.tool_open, -1});
+      } else {
+        // Llama 3: the whole answer is the call object, optionally after <|python_tag|>; one call.
+        gbnf = tool_call_schema_grammar(opt, req, "parameters", true);
+        gbnf += "\npg-root ::= ( \"<|python_tag|>\" [ \\n]? )? root\n";
+        trig.push_back({K::PatternFull, "\\s*(\\{\\s*\"name\"\\s*:)[\\s\\S]*", -1});
+        trig.push_back({K::Word, "<|python_tag|>", -1});
+      }
+      c->grammar = grammar::compile_cached(gbnf, engine::shared_vocab(tok), "pg-root");
+      c->lazy = grammar::Triggers::compile(std::move(trig));
+      // One call per firing; with parallel_tool_calls the answer is free again after it (another
+      // call, or text), without only the end may follow. Llama 3's call is the whole answer.
+      c->lazy_rearm = req.parallel_tool_calls && fmt.family != chat::ChatFamily::kLlama3;
+      // The reasoning block is not watched (a call the model drafts while thinking is not a call).
+      c->think_open = fmt.think_open;
+      c->think_close = fmt.think_close;
+    } else if (!req.gen.grammar.empty() && req.gen.grammar_lazy) {
+      // llama-server's lazy grammar: the client's grammar from its trigger on; the reasoning block is
+      // not watched.
+      c->grammar = engine::compile_grammar(req.gen.grammar, tok, false);
+      c->lazy = request_triggers(tok, req.gen);
+      c->think_open = fmt.think_open;
+      c->think_close = fmt.think_close;
     } else if (!req.gen.grammar.empty()) {
       // Reasoning first, then the constrained answer: after a block the prompt left open, or one the
       // model may open itself (thinking not disabled and the format has tags).
@@ -180,6 +482,7 @@ std::shared_ptr<const engine::ConstraintSpec> chat_constraint(const ServerOption
 std::shared_ptr<const engine::ConstraintSpec> completion_constraint(const tok::Tokenizer& tok, const GenParams& g) {
   if (g.grammar.empty()) return nullptr;
   auto c = std::make_shared<engine::ConstraintSpec>();
+  if (g.grammar_lazy) c->lazy = request_triggers(tok, g);
   try {
     c->grammar = engine::compile_grammar(g.grammar, tok, false);
   } catch (const Error& e) {

@@ -278,19 +278,24 @@ test('Host and Content-Type rules, bearer scheme, /props path', async () => {
 });
 
 test('fields that would change the output are refused, not ignored', async () => {
-  // Structured output is honoured now (tests/e2e/structured.test.mjs); lazy grammars are not.
+  // Lazy grammars are honoured now (tests/e2e/structured.test.mjs); incomplete ones are 400s, never
+  // a silently unconstrained 200.
   const post = (path, b) => fetch(base + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(b) });
   const m = [{ role: 'user', content: 'hi' }];
   const cases = [
-    ['/v1/chat/completions', { messages: m, grammar: 'root ::= "a"', grammar_lazy: true }],
-    ['/v1/completions', { prompt: 'x', grammar_triggers: [{ type: 'word', value: 'a' }] }],
+    ['/v1/chat/completions', { messages: m, grammar: 'root ::= "a"', grammar_lazy: true }, /'grammar_triggers' is empty/],
+    ['/v1/completions', { prompt: 'x', grammar_triggers: [{ type: 'word', value: 'a' }] }, /'grammar_lazy' is not true/],
+    ['/v1/completions', { prompt: 'x', grammar_lazy: true, grammar_triggers: [{ type: 'word', value: 'a' }] }, /needs a grammar/],
   ];
-  for (const [path, b] of cases) {
+  for (const [path, b, re] of cases) {
     const r = await post(path, b);
     const t = await r.text();
     assert.equal(r.status, 400, `${path} ${JSON.stringify(b).slice(0, 80)}: ${t}`);
-    assert.match(t, /not supported/);
+    assert.match(t, re);
   }
+  // A complete lazy request is a 200.
+  const ok = await post('/v1/completions', { prompt: 'x', max_tokens: 4, grammar: 'root ::= "a"', grammar_lazy: true, grammar_triggers: [{ type: 'word', value: 'qq' }] });
+  assert.equal(ok.status, 200, await ok.text());
 });
 
 test('-v logs one line per request, cancellations as such', async () => {

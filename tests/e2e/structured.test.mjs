@@ -100,6 +100,90 @@ test('tool calls: required and a named strict function follow the parameters sch
   }
 });
 
+test('tool_choice auto: a strict tool call the model opens is constrained to its schema (streamed too)', async () => {
+  // Unconstrained (main before lazy grammars), this 8M model answers this prompt with the call
+  // arguments {"city": "Law", "arguments": {"city": "Cairo"}} (days missing, an extra key): only the
+  // lazy grammar makes them validate (days 1..3, a city of 1..12 letters).
+  const tool = { type: 'function', function: { name: 'get_weather', strict: true, parameters: {
+    type: 'object', properties: { city: { type: 'string', pattern: '^[A-Za-z]{1,12}$' }, days: { type: 'integer', minimum: 1, maximum: 3 } },
+    required: ['city', 'days'], additionalProperties: false } } };
+  const messages = [{ role: 'user', content: 'Weather in Lyon for 3 days? Use the tool.' }];
+  let calls = 0;
+  for (const parallel_tool_calls of [true, false]) {
+    const r = await oa.chat.completions.create({ model: 'x', messages, tools: [tool], max_tokens: 300, temperature: 0, parallel_tool_calls });
+    const m = r.choices[0].message;
+    // With parallel calls this model keeps calling until max_tokens: a call cut by the limit is
+    // unfinished (the grammar never got to close it), every finished one must validate.
+    const finished = r.choices[0].finish_reason === 'length' ? (m.tool_calls ?? []).slice(0, -1) : (m.tool_calls ?? []);
+    for (const c of finished) {
+      ++calls;
+      assert.equal(c.function.name, 'get_weather');
+      const a = JSON.parse(c.function.arguments);
+      assert.deepEqual(Object.keys(a).sort(), ['city', 'days'], c.function.arguments);
+      assert.match(a.city, /^[A-Za-z]{1,12}$/, c.function.arguments);
+      assert.ok(Number.isInteger(a.days) && a.days >= 1 && a.days <= 3, c.function.arguments);
+    }
+    if (!parallel_tool_calls) assert.ok((m.tool_calls ?? []).length <= 1, JSON.stringify(m));
+    if (!parallel_tool_calls && m.tool_calls?.length) assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  }
+  assert.ok(calls > 0, 'the demo model opens a tool call for this prompt');
+  // Streamed: the same call through deltas.
+  const st = await oa.chat.completions.create({ model: 'x', messages, tools: [tool], max_tokens: 300, temperature: 0, stream: true, parallel_tool_calls: false });
+  let args = '', name = '', n = 0;
+  for await (const ch of st) {
+    for (const tc of ch.choices[0]?.delta?.tool_calls ?? []) {
+      n = Math.max(n, tc.index + 1);
+      if (tc.function?.name) name = tc.function.name;
+      args += tc.function?.arguments ?? '';
+    }
+  }
+  assert.equal(n, 1);
+  assert.equal(name, 'get_weather');
+  const a = JSON.parse(args);
+  assert.ok(Number.isInteger(a.days) && a.days >= 1 && a.days <= 3, args);
+});
+
+test('llama-server lazy grammar (grammar_lazy + grammar_triggers) on /v1/completions, plain and streamed', async () => {
+  const base = { prompt: 'Once upon a time, there was a', max_tokens: 60, temperature: 0 };
+  const free = await postJson(url + '/v1/completions', base);
+  assert.equal(free.status, 200, free.text);
+  const text = free.json.choices[0].text;
+  // A word the model writes anyway: the grammar takes over from its first occurrence.
+  const word = (text.slice(4).match(/[A-Za-z]{3,8}/) ?? [])[0];
+  assert.ok(word, text);
+  const at = text.indexOf(word);
+  const grammar = `root ::= "${word}" " is " [0-9]{2} "."`;
+  const lazy = { ...base, grammar, grammar_lazy: true, grammar_triggers: [{ type: 'word', value: word }] };
+  const r = await postJson(url + '/v1/completions', lazy);
+  assert.equal(r.status, 200, r.text);
+  const t = r.json.choices[0].text;
+  assert.equal(t.slice(0, at), text.slice(0, at), 'free before the trigger');
+  assert.match(t.slice(at), new RegExp(`^${word} is [0-9]{2}\\.$`), t);
+  assert.equal(r.json.choices[0].finish_reason, 'stop');
+  // A pattern with a capture group: the grammar starts at the group.
+  const p = await postJson(url + '/v1/completions', { ...lazy, grammar_triggers: [{ type: 'pattern', value: `[\\s\\S]*?(${word})` }] });
+  assert.equal(p.json.choices[0].text, t);
+  // Streamed: the same text.
+  const sres = await fetch(url + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...lazy, stream: true }) });
+  let st = '';
+  for (const ev of parseSSE(await sres.text())) st += ev.data?.choices?.[0]?.text ?? '';
+  assert.equal(st, t);
+  // A trigger that never matches: the output is the unconstrained one.
+  const n = await postJson(url + '/v1/completions', { ...base, grammar: 'root ::= "x"', grammar_lazy: true, grammar_triggers: [{ type: 'word', value: 'qzqzqz' }] });
+  assert.equal(n.json.choices[0].text, text);
+  // Bad triggers: 400 naming the field.
+  for (const [b, re] of [
+    [{ grammar_triggers: [{ type: 'regex', value: 'a' }] }, /grammar_triggers\[0\]\.type/],
+    [{ grammar_triggers: [{ type: 'pattern', value: 'a(' }] }, /regex: missing '\)'/],
+    [{ grammar_triggers: [{ type: 'token', value: 99999999 }] }, /out of range/],
+    [{ grammar_triggers: [] }, /grammar_lazy/],
+  ]) {
+    const e = await postJson(url + '/v1/completions', { ...base, grammar, grammar_lazy: true, ...b });
+    assert.equal(e.status, 400, e.text);
+    assert.match(e.json.error.message, re);
+  }
+});
+
 test('refusals name the schema keyword or the grammar position', async () => {
   const bad = async (body, re) => {
     const r = await postJson(url + '/v1/chat/completions', { messages: sum, max_tokens: 8, ...body });

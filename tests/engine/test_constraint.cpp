@@ -385,3 +385,208 @@ TEST(Constraint, AmbiguityLimitInTheEngineDoesNotThrow) {
 
 }  // namespace
 }  // namespace pg::engine
+
+namespace pg::engine {
+namespace {
+
+// A GBNF string literal of arbitrary bytes.
+std::string gbnf_lit(const std::string& s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
+    else if (c < 0x20 || c >= 0x7F) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02X", c);
+      o += b;
+    } else o += static_cast<char>(c);
+  }
+  return o + "\"";
+}
+
+std::shared_ptr<ConstraintSpec> lazy(const tok::Tokenizer& tok, const std::string& gbnf, std::vector<grammar::TriggerSpec> t) {
+  auto c = std::make_shared<ConstraintSpec>();
+  c->grammar = compile_grammar(gbnf, tok, false);
+  c->lazy = grammar::Triggers::compile(std::move(t));
+  return c;
+}
+
+// The output from `at` on is a whole sentence of the grammar.
+bool in_grammar(const tok::Tokenizer& tok, const std::string& gbnf, const std::string& text) {
+  auto c = compile_grammar(gbnf, tok, false);
+  grammar::Matcher m = c->proto.clone();
+  return m.accept_bytes(text) && m.can_end();
+}
+
+// A word of the unconstrained output (letters, 3..8 long, after the first 8 bytes): a trigger the
+// model is known to write.
+std::string some_word(const std::string& t) {
+  for (size_t i = 8; i < t.size(); ++i) {
+    if (!std::isalpha(static_cast<unsigned char>(t[i])) || std::isalpha(static_cast<unsigned char>(t[i - 1]))) continue;
+    size_t j = i;
+    while (j < t.size() && std::isalpha(static_cast<unsigned char>(t[j]))) ++j;
+    if (j - i >= 3 && j - i <= 8) return t.substr(i, j - i);
+  }
+  return {};
+}
+
+// Lazy grammars on stories260K (greedy): a trigger that never matches leaves the output identical to
+// a request without grammar; word, pattern (capture group) and token triggers leave the text before
+// the trigger as it was and constrain everything from the trigger's start to the end.
+TEST(Constraint, LazyGrammarTriggersOnStories260K) {
+  Engine e(stories());
+  RequestSpec base;
+  base.prompt = e.tok->encode("Once upon a time, ", true, false);
+  base.sampling.temperature = 0;
+  base.max_tokens = 120;
+  const Out plain = e.run({base})[0];
+  const std::string w = some_word(plain.text);
+  ASSERT_FALSE(w.empty()) << plain.text;
+  const size_t at = plain.text.find(w);
+  const std::string tail = " [a-z ]{0,40} \".\"";
+  const std::string g = "root ::= " + gbnf_lit(w) + tail + "\n";
+  // The token trigger: the 6th generated token; the grammar starts with its text.
+  const int32_t tid = plain.ids[5];
+  const std::string tpiece = e.tok->token_to_piece(tid, true);
+  size_t tat = 0;
+  for (int k = 0; k < 5; ++k) tat += e.tok->token_to_piece(plain.ids[static_cast<size_t>(k)], true).size();
+  for (int k = 0; k < 5; ++k)
+    if (plain.ids[static_cast<size_t>(k)] == tid) tat = std::string::npos;  // fires earlier: not this check
+  ASSERT_NE(tat, std::string::npos) << "pick another token";
+  const std::string gt = "root ::= " + gbnf_lit(tpiece) + tail + "\n";
+
+  RequestSpec never = base, word = base, pat = base, tok = base;
+  never.constraint = lazy(*e.tok, "root ::= \"x\"\n", {{grammar::TriggerSpec::Kind::Word, "zqzqzq", -1},
+                                                       {grammar::TriggerSpec::Kind::PatternFull, "\\d{5}", -1}});
+  word.constraint = lazy(*e.tok, g, {{grammar::TriggerSpec::Kind::Word, w, -1}});
+  pat.constraint = lazy(*e.tok, g, {{grammar::TriggerSpec::Kind::Pattern, "[\\s\\S]*?(" + w + ")", -1}});
+  tok.constraint = lazy(*e.tok, gt, {{grammar::TriggerSpec::Kind::Token, "", tid}});
+  auto outs = e.run({never, word, pat, tok});
+  EXPECT_EQ(outs[0].ids, plain.ids) << "a lazy grammar that never triggers changes nothing";
+  EXPECT_EQ(outs[0].text, plain.text);
+  for (int i : {1, 2}) {
+    const std::string& t = outs[static_cast<size_t>(i)].text;
+    std::printf("trigger '%s' (%s): %s\n", w.c_str(), i == 1 ? "word" : "pattern", t.c_str());
+    EXPECT_EQ(t.substr(0, at), plain.text.substr(0, at)) << "free before the trigger";
+    EXPECT_TRUE(in_grammar(*e.tok, g, t.substr(at))) << t.substr(at);
+    EXPECT_EQ(outs[static_cast<size_t>(i)].last.finish, FinishReason::kEog);
+    EXPECT_FALSE(outs[static_cast<size_t>(i)].last.stats.grammar_broken);
+  }
+  EXPECT_EQ(outs[1].text, outs[2].text) << "word and the pattern around it start the grammar at the same byte";
+  const std::string& tt = outs[3].text;
+  EXPECT_EQ(tt.substr(0, tat), plain.text.substr(0, tat));
+  EXPECT_TRUE(in_grammar(*e.tok, gt, tt.substr(tat))) << tt;
+  EXPECT_EQ(outs[3].last.finish, FinishReason::kEog);
+}
+
+// Speculation with lazy grammars (demo pair, greedy): drafts before the trigger are free, after it
+// the mask applies; the output equals the non-speculative output, chain and DDTree.
+TEST(Constraint, LazyGrammarGreedySpeculativeEqualsPlain) {
+  const std::string g = "root ::= \"</think>\" [ \\n]{0,4} \"{\\\"answer\\\": \" [0-9]{1,6} \"}\"\n";
+  auto requests = [&g](const tok::Tokenizer& tok) {
+    std::vector<RequestSpec> v;
+    const char* qs[] = {"What is 12 + 30?", "Name a color.", "Write one word.", "What is 7 * 6?"};
+    for (const char* q : qs) {
+      RequestSpec r;
+      r.prompt = tok.encode(std::string("<|im_start|>user\n") + q + "<|im_end|>\n<|im_start|>assistant\n", false, true);
+      r.sampling.temperature = 0;
+      r.max_tokens = 160;
+      // The end of the reasoning block as the trigger: from there a JSON object follows.
+      r.constraint = lazy(tok, g, {{grammar::TriggerSpec::Kind::Word, "</think>", -1}});
+      v.push_back(r);
+      r.constraint = lazy(tok, "root ::= \"x\"\n", {{grammar::TriggerSpec::Kind::Word, "qqzzqq", -1}});
+      v.push_back(r);
+    }
+    return v;
+  };
+  std::vector<Out> plain;
+  {
+    Engine e(demo_target());
+    plain = e.run(requests(*e.tok));
+    for (size_t i = 0; i < plain.size(); i += 2) {
+      const std::string& t = plain[i].text;
+      const size_t c = t.find("</think>");
+      ASSERT_NE(c, std::string::npos) << t;
+      std::printf("lazy after </think>: %s\n", t.c_str());
+      EXPECT_TRUE(in_grammar(*e.tok, g, t.substr(c))) << t;
+      EXPECT_EQ(plain[i].last.finish, FinishReason::kEog);
+      EXPECT_FALSE(plain[i].last.stats.grammar_broken);
+    }
+  }
+  SpecOptions chain;
+  chain.type = spec::SpecType::kDraft;
+  chain.n_max = 8;
+  chain.adaptive = false;
+  SpecOptions tree = chain;
+  tree.tree = true;
+  tree.budget = 22;
+  for (auto [name, so] : {std::pair{"chain", chain}, std::pair{"ddtree", tree}}) {
+    Engine e(demo_target(), demo_draft(), so);
+    auto outs = e.run(requests(*e.tok));
+    int drafted = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      EXPECT_EQ(outs[i].ids, plain[i].ids) << name << " request " << i;
+      drafted += outs[i].last.stats.draft_n;
+    }
+    EXPECT_GT(drafted, 0) << name;
+  }
+}
+
+}  // namespace
+}  // namespace pg::engine
+
+namespace pg::engine {
+namespace {
+
+// Re-arming (tool calls with parallel_tool_calls): after the grammar completes the output is free
+// again until the next trigger; without re-arming only the end may follow.
+TEST(Constraint, LazyRearmAfterACompleteCall) {
+  CpuBackend be{CpuOptions{}};
+  auto m = Model::load(stories(), be);
+  auto tok = tok::Tokenizer::from_gguf(m->file());
+  std::vector<float> logits(static_cast<size_t>(tok->n_vocab()), 0.0f);
+  for (bool rearm : {true, false}) {
+    auto spec = std::make_shared<ConstraintSpec>();
+    spec->grammar = compile_grammar("root ::= \"<x>\" [0-9] \"</x>\"\n", *tok, false);
+    spec->lazy = grammar::Triggers::compile({{grammar::TriggerSpec::Kind::Word, "<x>", -1}});
+    spec->lazy_rearm = rearm;
+    Constraint c(spec, *tok);
+    auto feed = [&](const std::string& text) {
+      for (int32_t t : tok->encode(text, false, false)) {
+        (void)c.apply(logits.data());
+        c.accept(t);
+      }
+    };
+    feed("ab ");
+    EXPECT_TRUE(c.armed());
+    feed("<x>5</x>");
+    EXPECT_FALSE(c.broken());
+    if (!rearm) {
+      // Complete and not re-armed: only EOG is allowed.
+      const float* l = c.apply(logits.data());
+      int allowed = 0;
+      for (int32_t t = 0; t < tok->n_vocab(); ++t) allowed += l[t] > -1e30f;
+      EXPECT_EQ(allowed, static_cast<int>(shared_vocab(*tok)->eog_ids_.size()));
+      continue;
+    }
+    EXPECT_TRUE(c.armed()) << "free again after the call";
+    EXPECT_EQ(c.apply(logits.data()), logits.data()) << "no mask while armed";
+    // One encoding (a SentencePiece vocabulary prefixes a space to each encoded chunk).
+    const auto a = tok->encode("a", false, false);
+    ASSERT_EQ(a.size(), 1u);
+    bool checked = false;
+    for (int32_t t : tok->encode(" cd <x>7</x>", false, false)) {
+      const float* l = c.apply(logits.data());
+      if (!c.armed() && !checked) {
+        EXPECT_LT(l[a[0]], -1e30f) << "the second call is constrained: a letter where a digit must come";
+        checked = true;
+      }
+      c.accept(t);
+    }
+    EXPECT_TRUE(checked) << "the second trigger fired";
+    EXPECT_TRUE(c.armed());
+    EXPECT_FALSE(c.broken());
+  }
+}
+
+}  // namespace
+}  // namespace pg::engine

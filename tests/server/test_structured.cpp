@@ -70,8 +70,48 @@ TEST(Structured, RefusalsNameTheKeywordOrPosition) {
   EXPECT_NE(error_of(oa(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x"}})")).find("schema"), std::string::npos);
   EXPECT_NE(error_of(oa(R"(,"response_format":{"type":"yaml"})")).find("response_format.type"), std::string::npos);
   EXPECT_NE(error_of(oa(R"(,"grammar":"root ::= \"a\"","json_schema":{"type":"object"})")).find("both"), std::string::npos);
-  EXPECT_NE(error_of(oa(R"(,"grammar":"root ::= \"a\"","grammar_lazy":true)")).find("grammar_lazy"), std::string::npos);
+  // A lazy grammar needs triggers; triggers need grammar_lazy; lazy needs a grammar.
+  EXPECT_NE(error_of(oa(R"(,"grammar":"root ::= \"a\"","grammar_lazy":true)")).find("grammar_lazy | 'grammar_lazy' is true but 'grammar_triggers' is empty"), std::string::npos);
   EXPECT_NE(error_of(oa(R"(,"grammar":5)")).find("grammar"), std::string::npos);
+}
+
+TEST(Structured, LazyGrammarFields) {
+  auto oa = [&](const std::string& extra) { return parse_openai_chat(json::parse(chat(extra))).gen; };
+  auto g = oa(R"(,"grammar":"root ::= \"a\"","grammar_lazy":true,"grammar_triggers":[)"
+              R"J({"type":"word","value":"<tool_call>"},{"type":"pattern","value":"[\\s\\S]*?(<x>)"},)J"
+              R"({"type":"pattern_full","value":"\\{.*"},{"type":"token","value":42},{"type":1,"value":"w"},)"
+              R"({"type":0,"token":7},{"type":"token","value":"<think>"},{"word":"old-form"}],"preserved_tokens":["<tool_call>"])");
+  using K = grammar::TriggerSpec::Kind;
+  ASSERT_TRUE(g.grammar_lazy);
+  ASSERT_EQ(g.grammar_triggers.size(), 8u);
+  EXPECT_EQ(g.grammar_triggers[0].kind, K::Word);
+  EXPECT_EQ(g.grammar_triggers[1].kind, K::Pattern);
+  EXPECT_EQ(g.grammar_triggers[2].kind, K::PatternFull);
+  EXPECT_EQ(g.grammar_triggers[3].kind, K::Token);
+  EXPECT_EQ(g.grammar_triggers[3].token, 42);
+  EXPECT_EQ(g.grammar_triggers[4].kind, K::Word);
+  EXPECT_EQ(g.grammar_triggers[5].token, 7);
+  EXPECT_EQ(g.grammar_triggers[6].token, -1);
+  EXPECT_EQ(g.grammar_triggers[6].value, "<think>");
+  EXPECT_EQ(g.grammar_triggers[7].value, "old-form");
+  EXPECT_EQ(g.preserved_tokens, std::vector<std::string>{"<tool_call>"});
+  EXPECT_TRUE(parse_openai_chat(json::parse(chat(R"(,"grammar":"root ::= \"a\"","grammar_lazy":true,"grammar_triggers":[{"type":"word","value":"a"}])"))).ignored.empty());
+  // Refusals name the field and the problem.
+  auto e = [&](const std::string& extra) { return error_of([&] { (void)oa(extra); }); };
+  const std::string lz = R"(,"grammar":"root ::= \"a\"","grammar_lazy":true,"grammar_triggers":)";
+  EXPECT_NE(e(lz + R"([{"type":"regex","value":"a"}])").find("grammar_triggers | 'grammar_triggers[0].type' must be"), std::string::npos);
+  EXPECT_NE(e(lz + R"([{"type":"word","value":"a"},{"type":"pattern","value":"a(b"}])").find("trigger 1: regex: missing ')' at offset 3"), std::string::npos);
+  EXPECT_NE(e(lz + R"J([{"type":"pattern","value":"(?=x)"}])J").find("lookahead"), std::string::npos);
+  EXPECT_NE(e(lz + R"([{"type":"word","value":""}])").find("empty word"), std::string::npos);
+  EXPECT_NE(e(lz + R"([{"type":"token","value":-3}])").find("non-negative"), std::string::npos);
+  EXPECT_NE(e(lz + R"([{"type":"word"}])").find("value' must be a string"), std::string::npos);
+  EXPECT_NE(e(lz + R"("word")").find("must be an array"), std::string::npos);
+  EXPECT_NE(e(R"(,"grammar_lazy":true,"grammar_triggers":[{"type":"word","value":"a"}])").find("'grammar_lazy' needs a grammar"), std::string::npos);
+  EXPECT_NE(e(R"(,"grammar":"root ::= \"a\"","grammar_triggers":[{"type":"word","value":"a"}])").find("grammar_triggers | 'grammar_triggers' is given but 'grammar_lazy' is not true"), std::string::npos);
+  EXPECT_NE(e(R"(,"grammar":"root ::= \"a\"","preserved_tokens":[1])").find("preserved_tokens"), std::string::npos);
+  // The completion route parses the same fields.
+  auto cp = parse_completion(J(R"({"prompt":"x","json_schema":{"type":"object"},"grammar_lazy":true,"grammar_triggers":[{"type":"word","value":"{"}]})"));
+  EXPECT_TRUE(cp.gen.grammar_lazy);
 }
 
 struct Qwen {
@@ -124,6 +164,126 @@ TEST(Structured, ConstraintsFromPromptBudgetsAndTools) {
       R"(,"tools":[{"type":"function","function":{"name":"f","strict":true,"parameters":{"type":"object","patternProperties":{"x":{}}}}}],"tool_choice":"required")")));
   const std::string e = error_of([&] { (void)chat_constraint(opt, *q.tok, ts, q.prompt->render(ts)); });
   EXPECT_NE(e.find("patternProperties"), std::string::npos) << e;
+}
+
+// Token triggers are checked against the vocabulary when the constraint is built.
+TEST(Structured, LazyTokenTriggersAgainstTheVocabulary) {
+  Qwen q;
+  auto bad = [&](const std::string& trig) {
+    auto cp = parse_completion(json::parse(R"({"prompt":"x","grammar":"root ::= \"a\"","grammar_lazy":true,"grammar_triggers":[)" + trig + "]}"));
+    return error_of([&] { (void)completion_constraint(*q.tok, cp.gen); });
+  };
+  EXPECT_NE(bad(R"({"type":"token","value":151936})").find("token id 151936 is out of range (the vocabulary has 151936 tokens)"), std::string::npos);
+  EXPECT_NE(bad(R"({"type":"token","value":"hello world again"})").find("not one"), std::string::npos);
+  auto ok = parse_completion(J(R"({"prompt":"x","grammar":"root ::= \"a\"","grammar_lazy":true,"grammar_triggers":[{"type":"token","value":"<tool_call>"}]})"));
+  auto c = completion_constraint(*q.tok, ok.gen);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(c->lazy, nullptr);
+  EXPECT_EQ(c->lazy->specs()[0].token, q.tok->encode("<tool_call>", false, true)[0]);
+}
+
+json tools_json(bool strict_f) {
+  return json::parse(std::string(R"([{"type":"function","function":{"name":"f","strict":)") + (strict_f ? "true" : "false") +
+                     R"(,"parameters":{"type":"object","properties":{"n":{"type":"integer"},"unit":{"type":"string","enum":["c","f"]},"note":{"type":"string"}},"required":["n"],"additionalProperties":false}}},)"
+                     R"({"type":"function","function":{"name":"g","parameters":{"type":"object","properties":{"q":{"type":"string"}}}}}])");
+}
+
+bool accepts(const engine::ConstraintSpec& c, const std::string& text) {
+  grammar::Matcher m = c.grammar->proto.clone();
+  if (!c.prefix.empty() && !m.accept_bytes(c.prefix)) return false;
+  return m.accept_bytes(text) && m.can_end();
+}
+
+// tool_choice "auto" (and the default): a lazy grammar whose trigger is the call opener; strict
+// tools' arguments follow their schema, others any JSON object; parallel_tool_calls honoured.
+TEST(Structured, AutoToolsAreALazyGrammarHermes) {
+  Qwen q;
+  ServerOptions opt;
+  for (bool parallel : {true, false}) {
+    json body = json::parse(chat(""));
+    body["tools"] = tools_json(true);
+    body["parallel_tool_calls"] = parallel;
+    auto r = parse_openai_chat(body);
+    auto c = chat_constraint(opt, *q.tok, r, q.prompt->render(r));
+    ASSERT_NE(c, nullptr);
+    ASSERT_NE(c->lazy, nullptr);
+    ASSERT_EQ(c->lazy->specs().size(), 1u);
+    EXPECT_EQ(c->lazy->specs()[0].value, "<tool_call>");
+    EXPECT_EQ(c->think_close, "</think>");  // the reasoning block is not watched
+    const std::string call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 3, \"unit\": \"c\"}}\n</tool_call>";
+    EXPECT_TRUE(accepts(*c, call));
+    EXPECT_FALSE(accepts(*c, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": \"3\"}}\n</tool_call>")) << "strict: n is an integer";
+    EXPECT_FALSE(accepts(*c, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"unit\": \"c\"}}\n</tool_call>")) << "strict: n is required";
+    EXPECT_FALSE(accepts(*c, "<tool_call>\n{\"name\": \"h\", \"arguments\": {}}\n</tool_call>")) << "no such tool";
+    // g is not strict: any JSON object.
+    EXPECT_TRUE(accepts(*c, "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"zz\": [1, 2]}}\n</tool_call>"));
+    // One call per firing; parallel calls re-arm the trigger after each (engine test: LazyRearm).
+    EXPECT_FALSE(accepts(*c, call + "\n" + call));
+    EXPECT_EQ(c->lazy_rearm, parallel);
+  }
+  // tool_choice "none": no tools, no constraint.
+  json body = json::parse(chat(""));
+  body["tools"] = tools_json(true);
+  body["tool_choice"] = "none";
+  auto rn = parse_openai_chat(body);
+  EXPECT_EQ(chat_constraint(opt, *q.tok, rn, q.prompt->render(rn)), nullptr);
+}
+
+TEST(Structured, QwenCoderXmlCallsForcedAndAuto) {
+  Qwen q;
+  ChatPrompt coder(test::read_text(test::shared_path("testdata/chat_templates/llama.cpp/Qwen3-Coder.jinja")), *q.tok);
+  ServerOptions opt;
+  json body = json::parse(chat(""));
+  body["tools"] = tools_json(true);
+  auto r = parse_openai_chat(body);
+  auto rp = coder.render(r);
+  ASSERT_EQ(rp.format.family, chat::ChatFamily::kQwen3Coder);
+  auto c = chat_constraint(opt, *q.tok, r, rp);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(c->lazy, nullptr);
+  const std::string ok = "<tool_call>\n<function=f>\n<parameter=n>\n12\n</parameter>\n<parameter=note>\nline 1\n</para x\nend\n</parameter>\n</function>\n</tool_call>";
+  EXPECT_TRUE(accepts(*c, ok));
+  EXPECT_TRUE(accepts(*c, "<tool_call>\n<function=f>\n<parameter=n>\n-4\n</parameter>\n<parameter=unit>\nf\n</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(accepts(*c, "<tool_call>\n<function=f>\n<parameter=n>\ntwelve\n</parameter>\n</function>\n</tool_call>")) << "n is an integer";
+  EXPECT_FALSE(accepts(*c, "<tool_call>\n<function=f>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>")) << "n is required";
+  EXPECT_FALSE(accepts(*c, "<tool_call>\n<function=f>\n<parameter=n>\n1\n</parameter>\n<parameter=unit>\nk\n</parameter>\n</function>\n</tool_call>")) << "unit is c or f";
+  EXPECT_FALSE(accepts(*c, "<tool_call>\n<function=f>\n<parameter=n>\n1\n</parameter>\n<parameter=zz>\n1\n</parameter>\n</function>\n</tool_call>")) << "no such parameter";
+  // g is not strict: its parameter names, raw values, any number of them.
+  EXPECT_TRUE(accepts(*c, "<tool_call>\n<function=g>\n<parameter=q>\nwhat {is} <this>?\n</parameter>\n<parameter=q>\n\n</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(accepts(*c, "<tool_call>\n<function=g>\n<parameter=other>\nx\n</parameter>\n</function>\n</tool_call>"));
+  // Forced (named): the prompt holds the opening; the grammar continues it.
+  body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "f"}}}};
+  auto rf = parse_openai_chat(body);
+  auto rpf = coder.render(rf);
+  auto cf = chat_constraint(opt, *q.tok, rf, rpf);
+  ASSERT_NE(cf, nullptr);
+  EXPECT_EQ(cf->lazy, nullptr);
+  EXPECT_EQ(cf->prefix, "<tool_call>\n<function=f>\n");
+  EXPECT_TRUE(accepts(*cf, "<parameter=n>\n5\n</parameter>\n</function>\n</tool_call>"));
+  EXPECT_FALSE(accepts(*cf, "<parameter=n>\nx\n</parameter>\n</function>\n</tool_call>"));
+}
+
+TEST(Structured, Llama3AutoToolsTriggerOnTheCallObject) {
+  Qwen q;
+  ChatPrompt l3(test::read_text(test::shared_path("testdata/chat_templates/llama.cpp/meta-llama-Llama-3.1-8B-Instruct.jinja")), *q.tok);
+  ServerOptions opt;
+  json body = json::parse(chat(""));
+  body["tools"] = tools_json(true);
+  auto r = parse_openai_chat(body);
+  auto rp = l3.render(r);
+  ASSERT_EQ(rp.format.family, chat::ChatFamily::kLlama3);
+  auto c = chat_constraint(opt, *q.tok, r, rp);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(c->lazy, nullptr);
+  grammar::TriggerWatch w(c->lazy);
+  EXPECT_EQ(w.push(1, " {\""), grammar::TriggerWatch::npos);
+  EXPECT_EQ(w.push(2, "name\":"), 1u);  // the grammar starts at the brace
+  EXPECT_TRUE(accepts(*c, "{\"name\": \"f\", \"parameters\": {\"n\": 1}}"));
+  EXPECT_TRUE(accepts(*c, "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"n\": 1}}"));
+  EXPECT_FALSE(accepts(*c, "{\"name\": \"f\", \"parameters\": {\"n\": true}}"));
+  // Plain prose never fires the call trigger.
+  grammar::TriggerWatch p(c->lazy);
+  EXPECT_EQ(p.push(1, "Sure, {\"name\": is a key"), grammar::TriggerWatch::npos);
 }
 
 }  // namespace
