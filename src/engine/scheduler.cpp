@@ -26,6 +26,7 @@ Scheduler::Scheduler(Model& model, const tok::Tokenizer& tok, const SchedulerOpt
   PG_CHECK(opt_.n_slots >= 1 && opt_.n_slots <= 256, "parallel slots must be in [1, 256], got " + std::to_string(opt_.n_slots));
   PG_CHECK(opt_.n_ctx >= 8, "context size must be at least 8 tokens, got " + std::to_string(opt_.n_ctx));
   PG_CHECK(opt_.n_batch >= 1, "batch size must be positive");
+  test_rng_.seed(opt_.spec.test_random_shapes);
   PG_CHECK(opt_.max_queue >= 0, "queue limit must be ≥ 0");
   // A step always carries one decode row per running sequence plus at least one prompt row.
   opt_.n_batch = std::max(opt_.n_batch, opt_.n_slots + 1);
@@ -234,11 +235,12 @@ void Scheduler::draft() {
     const int window = model_.config().sliding_window;
     if (opt_.spec.tree && window > 0) depth = std::min(depth, window - 1);
     if (depth < std::max(1, opt_.spec.n_min)) continue;
-    if (opt_.spec.adaptive && cost_.measured() && cost_.draft_step() > 0) {
+    if (opt_.spec.adaptive && (opt_.spec.test_random_shapes || (cost_.measured() && cost_.draft_step() > 0))) {
       // Draft only as deep as this sequence's acceptance pays for; when not even one token does,
       // decode plainly, with a short probe now and then so the statistics follow the text.
       int& idle = s.steps_without_draft();
-      const int d = spec::choose_depth(s.accept_stats().alpha(), depth, cost_);
+      const int d = opt_.spec.test_random_shapes ? static_cast<int>(test_rng_() % static_cast<uint64_t>(depth + 1))
+                                                 : spec::choose_depth(s.accept_stats().alpha(), depth, cost_);
       if (d == 0 && idle < kProbeEvery) {
         ++idle;
         continue;
@@ -308,7 +310,8 @@ void Scheduler::draft() {
         p = spec::path_probs(v.tree, d.topk);
       }
       if (!p.empty()) {
-        const int n = spec::choose_prefix(p, who[i]->accept_stats().gamma(), t_draft, cost_);
+        const int n = opt_.spec.test_random_shapes ? static_cast<int>(test_rng_() % static_cast<uint64_t>(p.size()))
+                                                   : spec::choose_prefix(p, who[i]->accept_stats().gamma(), t_draft, cost_);
         spec::truncate_tree(v.tree, n);
         for (int j = 1; j <= n; ++j) v.predicted += std::min(1.0, p[static_cast<size_t>(j)]);
       }

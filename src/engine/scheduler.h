@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -53,6 +54,10 @@ struct SpecOptions {
   bool adaptive = true;
   // Tests only: accept every sampled draft (a wrong rule the distribution tests must catch).
   bool test_biased_accept = false;
+  // Tests only (non-zero: a seed): the adaptive choices (draft depth, verified prefix) are drawn at
+  // random instead of from the measured costs, so lossless tests cover the shapes the cost model
+  // would pick on another machine or under another load, reproducibly.
+  uint64_t test_random_shapes = 0;
   DFlashModel* dflash = nullptr;  // kDFlash: the block-diffusion draft (loaded against this target)
   int fa_window = 0;              // kDFlash: context positions the draft sees (0 = all)
   // Throws pg::Error for absurd values.
@@ -163,6 +168,7 @@ class Scheduler {
   // Sampled chain drafts: min(1, p/q) acceptance and the residual; emits like the greedy walk.
   spec::WalkResult sample_chain(Verify& v, const std::function<const float*(int node)>& logits);
   spec::CostModel cost_;  // measured target-forward and draft-step costs (adaptive speculation)
+  std::mt19937_64 test_rng_;  // SpecOptions::test_random_shapes: seeded in the constructor
   std::vector<float> p_buf_;  // (n_vocab) the target's distribution at a node
   std::vector<Verify> verify_;
   std::vector<spec::DraftInput> draft_in_;
