@@ -76,6 +76,11 @@ RenderedPrompt ChatPrompt::render(const ChatRequest& r) const {
       case chat::ChatFamily::kLlama3:
         f += named ? "{\"name\": " + json(r.tool_name).dump() + ", \"parameters\": {" : "{\"name\": \"";
         break;
+      case chat::ChatFamily::kMistral:
+      case chat::ChatFamily::kDeepSeek:
+      case chat::ChatFamily::kGptOss:
+        // The call grammar (structured.cpp) starts with the format's call opener: nothing more is forced.
+        break;
       default:
         throw ApiError(400,
                        "tool_choice \"" + std::string(r.tool_choice == ToolChoice::kNamed ? "named function" : "required") +

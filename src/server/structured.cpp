@@ -349,6 +349,104 @@ std::vector<bool> xml_by_schema(const ChatRequest& req, bool all) {
   return v;
 }
 
+// Formats whose calls put the tool name outside the arguments object (Mistral, DeepSeek, GPT-OSS):
+// one shape, one table per format. A call is `open NAME sep ARGS close` (GBNF fragments), a block
+// `block_open call (join call)* block_close` when calls share a block, else one call per block.
+// Each table is the syntax the format's parser (src/chat/parse/family_*.cpp) reads back into a call.
+struct CallShape {
+  std::string open, sep, close;
+};
+struct NamedCallFormat {
+  std::string block_open, join, block_close;
+  std::vector<CallShape> shapes;  // alternatives the model may pick (R1 / V3.1 for DeepSeek)
+  bool calls_share_block = false;
+  std::string block_join;  // between blocks of forced parallel calls (one call per block)
+  std::string trigger;     // lazy: the word that opens a call; the grammar starts at it
+};
+
+const NamedCallFormat* named_call_format(chat::ChatFamily family) {
+  // "[TOOL_CALLS]NAME[ARGS]{...}" (Mistral Small 3.2, Devstral, Ministral 3 templates), one per opener.
+  static const NamedCallFormat mistral{"", "", "", {{lit("[TOOL_CALLS]"), lit("[ARGS]"), ""}}, false, "", "[TOOL_CALLS]"};
+  // DeepSeek markers are fullwidth bars and U+2581 (family_deepseek.cpp).
+  static const std::string bar = "\xEF\xBD\x9C", sp = "\xE2\x96\x81";
+  static const std::string calls_begin = "<" + bar + "tool" + sp + "calls" + sp + "begin" + bar + ">";
+  static const std::string call_begin = "<" + bar + "tool" + sp + "call" + sp + "begin" + bar + ">";
+  static const std::string sep = "<" + bar + "tool" + sp + "sep" + bar + ">";
+  static const std::string call_end = "<" + bar + "tool" + sp + "call" + sp + "end" + bar + ">";
+  static const std::string calls_end = "<" + bar + "tool" + sp + "calls" + sp + "end" + bar + ">";
+  // V3.1: <call_begin>NAME<sep>{...}<call_end>; R1: <call_begin>function<sep>NAME\n```json\n{...}\n```<call_end>.
+  static const NamedCallFormat deepseek{lit(calls_begin),
+                                        "\"\\n\"?",
+                                        lit(calls_end),
+                                        {{lit(call_begin), lit(sep), lit(call_end)},
+                                         {lit(call_begin + "function" + sep), lit("\n```json\n"), lit("\n```") + " " + lit(call_end)}},
+                                        true,
+                                        "",
+                                        calls_begin};
+  // Harmony: the recipient in the role header as the template writes it
+  // ("<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>", the
+  // prompt ends with "<|start|>assistant"), or after the channel ("<|channel|>commentary
+  // to=functions.NAME <|constrain|>json<|message|>"); family_gpt_oss.cpp reads both. The parser reads
+  // the recipient up to a space or '<', so "json" never follows the name directly.
+  static const NamedCallFormat gpt_oss{"",
+                                       "",
+                                       "",
+                                       {{"( \"<|channel|>commentary \" | \" \" )? \"to=functions.\"",
+                                         "\"<|channel|>commentary\"? ( \" \"? \"<|constrain|>json\" | \" json\" )? \"<|message|>\"", lit("<|call|>")}},
+                                       false,
+                                       lit("<|start|>assistant"),
+                                       "to=functions."};
+  switch (family) {
+    case chat::ChatFamily::kMistral:
+      return &mistral;
+    case chat::ChatFamily::kDeepSeek:
+      return &deepseek;
+    case chat::ChatFamily::kGptOss:
+      return &gpt_oss;
+    default:
+      return nullptr;
+  }
+}
+
+// GBNF whose rule `pg-root` is one block of calls of the allowed tools in `nf`'s syntax (several when
+// `parallel`: calls of one block, or blocks). by_schema(i): the tool's parameters constrain its
+// arguments, else any JSON object.
+std::string named_call_gbnf(const ChatRequest& req, const NamedCallFormat& nf, const std::vector<bool>& by_schema, bool parallel) {
+  std::vector<grammar::SchemaRule> rules;
+  std::string g, calls;
+  for (size_t i = 0; i < req.tools.size(); ++i) {
+    const json& fn = req.tools[i]["function"];
+    const std::string name = fn.value("name", "");
+    if (req.tool_choice == ToolChoice::kNamed && name != req.tool_name) continue;
+    const std::string ar = "pg-a" + std::to_string(i);
+    const json params = by_schema[i] && fn.contains("parameters") && fn["parameters"].is_object() ? fn["parameters"] : json{{"type", "object"}};
+    rules.push_back({ar, params.dump(), ""});
+    for (size_t k = 0; k < nf.shapes.size(); ++k) {
+      const CallShape& sh = nf.shapes[k];
+      const std::string cr = "pg-c" + std::to_string(i) + "-" + std::to_string(k);
+      g += cr + " ::= " + sh.open + " " + lit(name) + " " + sh.sep + " " + ar + (sh.close.empty() ? "" : " " + sh.close) + "\n";
+      calls += (calls.empty() ? "" : " | ") + cr;
+    }
+  }
+  if (calls.empty()) throw bad_request("'tools': no tool to call", "tools");
+  g += "pg-call ::= " + calls + "\n";
+  const std::string bo = nf.block_open.empty() ? "" : nf.block_open + " ";
+  const std::string bc = nf.block_close.empty() ? "" : " " + nf.block_close;
+  if (nf.calls_share_block) {
+    g += "pg-block ::= " + bo + "pg-call" + (parallel ? " ( " + nf.join + " pg-call )*" : "") + bc + "\n";
+    g += "pg-root ::= pg-block\n";
+  } else {
+    g += "pg-block ::= " + bo + "pg-call" + bc + "\n";
+    g += "pg-root ::= pg-block" + (parallel ? " ( " + nf.block_join + " pg-block )*" : "") + "\n";
+  }
+  try {
+    g += grammar::json_schema_rules_gbnf(rules);
+  } catch (const Error& e) {
+    throw bad_request(std::string("'tools': ") + e.what(), "tools");
+  }
+  return g;
+}
+
 // The request's triggers with token texts resolved and ids checked against the vocabulary.
 std::shared_ptr<const grammar::Triggers> request_triggers(const tok::Tokenizer& tok, const GenParams& g) {
   std::vector<grammar::TriggerSpec> specs = g.grammar_triggers;
@@ -417,9 +515,13 @@ std::shared_ptr<const engine::ConstraintSpec> chat_constraint(const ServerOption
       c->prefix = at == std::string::npos ? "" : rp.forced.substr(at);
       gbnf += "pg-root ::= pg-xcall\n";
       c->grammar = grammar::compile_cached(gbnf, engine::shared_vocab(tok), "pg-root");
+    } else if (tool_forced && named_call_format(fmt.family)) {
+      // The prompt forced at most the close of a reasoning block it opened: the grammar is the whole answer.
+      std::string gbnf = named_call_gbnf(req, *named_call_format(fmt.family), xml_by_schema(req, true), req.parallel_tool_calls);
+      c->grammar = grammar::compile_cached(gbnf, engine::shared_vocab(tok), "pg-root");
     } else if (req.tool_choice == ToolChoice::kAuto && !req.tools.empty() && req.gen.grammar.empty() &&
                (fmt.family == chat::ChatFamily::kHermes || fmt.family == chat::ChatFamily::kLlama3 ||
-                fmt.family == chat::ChatFamily::kQwen3Coder)) {
+                fmt.family == chat::ChatFamily::kQwen3Coder || named_call_format(fmt.family))) {
       // tool_choice "auto": free text, but a call the model opens in the format's syntax is
       // constrained to the allowed tools (a lazy grammar whose trigger is the call opener).
       std::vector<grammar::TriggerSpec> trig;
@@ -434,6 +536,10 @@ std::shared_ptr<const engine::ConstraintSpec> chat_constraint(const ServerOption
         gbnf = xml_call_gbnf(req, fmt, xml_by_schema(req, false));
         gbnf += "pg-root ::= pg-xcall\n";
         trig.push_back({K::Word, fmt.tool_open, -1});
+      } else if (const NamedCallFormat* nf = named_call_format(fmt.family)) {
+        // One block per firing (several calls in it when the format's calls share a block).
+        gbnf = named_call_gbnf(req, *nf, xml_by_schema(req, false), req.parallel_tool_calls && nf->calls_share_block);
+        trig.push_back({K::Word, nf->trigger, -1});
       } else {
         // Llama 3: the whole answer is the call object, optionally after <|python_tag|>; one call.
         gbnf = tool_call_schema_grammar(opt, req, "parameters", true);

@@ -5,6 +5,9 @@
 // server, and forced tool calls get a grammar that the rendered prompt's opening continues.
 #include <gtest/gtest.h>
 
+#include <random>
+
+#include "chat/parse/output_parser.h"
 #include "gguf/gguf.h"
 #include "server/chat_prompt.h"
 #include "server/chat_request.h"
@@ -284,6 +287,167 @@ TEST(Structured, Llama3AutoToolsTriggerOnTheCallObject) {
   // Plain prose never fires the call trigger.
   grammar::TriggerWatch p(c->lazy);
   EXPECT_EQ(p.push(1, "Sure, {\"name\": is a key"), grammar::TriggerWatch::npos);
+}
+
+
+// Mistral, DeepSeek (V3.1 and R1 shapes) and GPT-OSS: the tool name is outside the arguments object.
+// Per template: the parser's canonical call is accepted (auto: from the trigger on; forced: from the
+// start of the answer) and parses back into the call; a wrong name or schema-violating arguments are
+// rejected; random walks of the grammar always parse into valid calls.
+struct NamedFormatCase {
+  const char* tmpl;
+  chat::ChatFamily family;
+  const char* trigger;
+  // Canonical calls of f {"n": 3, "unit": "c"} and g {"zz": [1]} (and of a tool named h).
+  std::string f_call, g_call, h_call, f_bad_args;
+};
+
+#define PG_DS(x) "<\xEF\xBD\x9C" x "\xEF\xBD\x9C>"
+std::vector<NamedFormatCase> named_format_cases() {
+  auto ds = [](const std::string& body) { return std::string(PG_DS("tool\xE2\x96\x81" "calls\xE2\x96\x81" "begin")) + body + PG_DS("tool\xE2\x96\x81" "calls\xE2\x96\x81" "end"); };
+  const std::string cb = PG_DS("tool\xE2\x96\x81" "call\xE2\x96\x81" "begin"), sep = PG_DS("tool\xE2\x96\x81" "sep"),
+                    ce = PG_DS("tool\xE2\x96\x81" "call\xE2\x96\x81" "end");
+  auto v31 = [&](const std::string& n, const std::string& a) { return ds(cb + n + sep + a + ce); };
+  auto r1 = [&](const std::string& n, const std::string& a) { return ds(cb + "function" + sep + n + "\n```json\n" + a + "\n```" + ce); };
+  auto oss = [](const std::string& n, const std::string& a) { return " to=functions." + n + "<|channel|>commentary json<|message|>" + a + "<|call|>"; };
+  auto mis = [](const std::string& n, const std::string& a) { return "[TOOL_CALLS]" + n + "[ARGS]" + a; };
+  const std::string fa = R"({"n": 3, "unit": "c"})", ga = R"({"zz": [1]})", bad = R"({"n": "3"})";
+  return {
+      {"Mistral-Small-3.2-24B-Instruct-2506.jinja", chat::ChatFamily::kMistral, "[TOOL_CALLS]", mis("f", fa), mis("g", ga), mis("h", fa), mis("f", bad)},
+      {"deepseek-ai-DeepSeek-V3.1.jinja", chat::ChatFamily::kDeepSeek, "", v31("f", fa), v31("g", ga), v31("h", fa), v31("f", bad)},
+      {"deepseek-ai-DeepSeek-V3.1.jinja", chat::ChatFamily::kDeepSeek, "", r1("f", fa), r1("g", ga), r1("h", fa), r1("f", bad)},
+      {"openai-gpt-oss-120b.jinja", chat::ChatFamily::kGptOss, "to=functions.", oss("f", fa), oss("g", ga), oss("h", fa), oss("f", bad)},
+  };
+}
+#undef PG_DS
+
+// f's arguments by its (strict) schema: n an integer, unit "c" or "f", note a string, nothing else.
+bool f_args_valid(const json& a) {
+  if (!a.is_object() || !a.contains("n") || !a["n"].is_number_integer()) return false;
+  for (auto it = a.begin(); it != a.end(); ++it) {
+    if (it.key() == "n") continue;
+    if (it.key() == "unit" && (it.value() == "c" || it.value() == "f")) continue;
+    if (it.key() == "note" && it.value().is_string()) continue;
+    return false;
+  }
+  return true;
+}
+
+// A random byte walk of the grammar (printable ASCII preferred, closing characters favoured so that
+// walks end), from the constraint's prefix; empty when it did not end within `cap` bytes.
+std::string random_walk(const engine::ConstraintSpec& c, std::mt19937& rng, size_t cap = 4000) {
+  grammar::Matcher m = c.grammar->proto.clone();
+  if (!m.accept_bytes(c.prefix)) return "<prefix refused>";
+  std::string out;
+  while (out.size() < cap) {
+    if (m.can_end() && (m.done() || rng() % 3 == 0)) return out;
+    std::vector<unsigned char> ascii, high, closing;
+    for (int b = 1; b < 256; ++b) {
+      grammar::Matcher t = m.clone();
+      const char ch = static_cast<char>(b);
+      if (!t.accept_bytes(std::string_view(&ch, 1))) continue;
+      (b >= 0x20 && b < 0x7F) || b == '\n' ? ascii.push_back(b) : high.push_back(b);
+      if (b == '"' || b == '}' || b == ']' || b == ',') closing.push_back(b);
+    }
+    const auto& pool = !closing.empty() && rng() % 2 ? closing : !ascii.empty() ? ascii : high;
+    if (pool.empty()) return "<stuck>";
+    const char ch = static_cast<char>(pool[rng() % pool.size()]);
+    EXPECT_TRUE(m.accept_bytes(std::string_view(&ch, 1)));
+    out += ch;
+  }
+  return {};
+}
+
+TEST(Structured, NamedCallFormatsForcedAndAuto) {
+  Qwen q;
+  ServerOptions opt;
+  for (const NamedFormatCase& fc : named_format_cases()) {
+    SCOPED_TRACE(fc.tmpl);
+    ChatPrompt prompt(test::read_text(test::shared_path(std::string("testdata/chat_templates/llama.cpp/") + fc.tmpl)), *q.tok);
+    json body = json::parse(chat(""));
+    body["tools"] = tools_json(true);
+    for (auto& t : body["tools"]) t["function"]["description"] = "a test tool";  // the GPT-OSS template needs one
+    auto r = parse_openai_chat(body);
+    auto rp = prompt.render(r);
+    ASSERT_EQ(rp.format.family, fc.family);
+    // auto: lazy, from the call opener.
+    auto c = chat_constraint(opt, *q.tok, r, rp);
+    ASSERT_NE(c, nullptr);
+    ASSERT_NE(c->lazy, nullptr);
+    ASSERT_EQ(c->lazy->specs().size(), 1u);
+    if (*fc.trigger) {
+      EXPECT_EQ(c->lazy->specs()[0].value, fc.trigger);
+    }
+    EXPECT_TRUE(c->lazy_rearm);
+    auto from_trigger = [&](const std::string& call) { return call.substr(call.find(c->lazy->specs()[0].value)); };
+    EXPECT_TRUE(accepts(*c, from_trigger(fc.f_call)));
+    EXPECT_TRUE(accepts(*c, from_trigger(fc.g_call))) << "g is not strict: any object";
+    EXPECT_FALSE(accepts(*c, from_trigger(fc.h_call))) << "no such tool";
+    EXPECT_FALSE(accepts(*c, from_trigger(fc.f_bad_args))) << "strict: n is an integer";
+    // The canonical text is what our parser reads back as the call.
+    for (const std::string* t : {&fc.f_call, &fc.g_call}) {
+      const chat::ParsedMessage pm = chat::parse_output(rp.format, *t, rp.parser);
+      ASSERT_EQ(pm.tool_calls.size(), 1u) << *t;
+      EXPECT_EQ(pm.tool_calls[0].name, t == &fc.f_call ? "f" : "g");
+      EXPECT_EQ(json::parse(pm.tool_calls[0].arguments), json::parse(t == &fc.f_call ? R"({"n": 3, "unit": "c"})" : R"({"zz": [1]})"));
+    }
+    // Forced, named: the grammar is the whole answer, only f, by its schema.
+    json fb = body;
+    fb["tool_choice"] = {{"type", "function"}, {"function", {{"name", "f"}}}};
+    fb["parallel_tool_calls"] = false;
+    auto rf = parse_openai_chat(fb);
+    auto rpf = prompt.render(rf);
+    auto cf = chat_constraint(opt, *q.tok, rf, rpf);
+    ASSERT_NE(cf, nullptr);
+    EXPECT_EQ(cf->lazy, nullptr);
+    EXPECT_EQ(cf->prefix, "");
+    EXPECT_TRUE(accepts(*cf, fc.f_call));
+    EXPECT_FALSE(accepts(*cf, fc.g_call)) << "named: f only";
+    EXPECT_FALSE(accepts(*cf, fc.f_bad_args));
+    EXPECT_FALSE(accepts(*cf, fc.f_call + fc.f_call)) << "parallel_tool_calls false: one call";
+    // Forced, required, parallel: either tool, g by its schema too (q a string), several calls.
+    json rb = body;
+    rb["tool_choice"] = "required";
+    auto rr = parse_openai_chat(rb);
+    auto rpr = prompt.render(rr);
+    auto cr = chat_constraint(opt, *q.tok, rr, rpr);
+    ASSERT_NE(cr, nullptr);
+    EXPECT_TRUE(accepts(*cr, fc.f_call));
+    std::string g_q1 = fc.g_call;
+    g_q1.replace(g_q1.find(R"({"zz": [1]})"), 11, R"({"q": 1})");
+    EXPECT_FALSE(accepts(*cr, g_q1)) << "forced: g by its schema too (q is a string)";
+    EXPECT_TRUE(accepts(*c, from_trigger(g_q1))) << "auto: g is not strict";
+    if (fc.family != chat::ChatFamily::kDeepSeek) {
+      const std::string join = fc.family == chat::ChatFamily::kGptOss ? "<|start|>assistant" : "";
+      EXPECT_TRUE(accepts(*cr, fc.f_call + join + fc.f_call)) << "parallel: several calls";
+      EXPECT_EQ(chat::parse_output(rpr.format, fc.f_call + join + fc.g_call, rpr.parser).tool_calls.size(), 2u);
+    }
+    // Random walks of the forced grammar: every one parses into calls of f / g whose arguments are valid.
+    std::mt19937 rng(1234);
+    int walked = 0;
+    for (int w = 0; w < 40; ++w) {
+      const std::string text = random_walk(*cr, rng);
+      if (text.empty()) continue;
+      ++walked;
+      const chat::ParsedMessage pm = chat::parse_output(rpr.format, rpr.forced + text, rpr.parser);
+      ASSERT_FALSE(pm.tool_calls.empty()) << text;
+      EXPECT_TRUE(pm.errors.empty()) << text << " | " << pm.errors[0];
+      EXPECT_TRUE(pm.content.empty() || pm.content.find_first_not_of(" \n") == std::string::npos) << text;
+      for (const auto& tc : pm.tool_calls) {
+        const json a = json::parse(tc.arguments);
+        if (tc.name == "f") {
+          EXPECT_TRUE(f_args_valid(a)) << text;
+        } else {
+          EXPECT_EQ(tc.name, "g") << text;
+          EXPECT_TRUE(a.is_object()) << text;
+          if (a.contains("q")) {
+            EXPECT_TRUE(a["q"].is_string()) << text;
+          }
+        }
+      }
+    }
+    EXPECT_GE(walked, 20);
+  }
 }
 
 }  // namespace
