@@ -329,8 +329,8 @@ std::string xml_call_gbnf(const ChatRequest& req, const chat::ChatFormat& fmt, c
   return g;
 }
 
-// by_schema per tool for the XML format: strict tools always (a schema the converter refuses is a
-// 400); the others when `all` (forced calls, like the JSON formats) and the converter takes it.
+// by_schema per tool for the XML and named-call formats: strict tools always (a schema the converter
+// refuses is a 400); the others when `all` (forced calls, like the JSON formats) and the converter takes it.
 std::vector<bool> xml_by_schema(const ChatRequest& req, bool all) {
   std::vector<bool> v(req.tools.size(), false);
   for (size_t i = 0; i < req.tools.size(); ++i) {
