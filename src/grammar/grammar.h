@@ -92,6 +92,10 @@ class Grammar {
 // `complement`: the shared step of GBNF character classes and JSON Schema pattern classes.
 std::vector<std::pair<uint32_t, uint32_t>> merge_code_ranges(std::vector<std::pair<uint32_t, uint32_t>> r, bool complement);
 
+// A GBNF string literal matching exactly the bytes of `raw` (quotes, backslashes, newlines and
+// control bytes escaped).
+std::string gbnf_literal(std::string_view raw);
+
 std::string json_schema_to_gbnf(std::string_view schema_json);
 // Several schemas as named rules of one grammar (no `root` rule; the caller writes its own start):
 // rule `name` for the schema at `root_json` (its `properties[property]` when property is not empty;

@@ -37,26 +37,7 @@ object ::= "{" ws ( string ws ":" ws value ws ( "," ws string ws ":" ws value ws
 array ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
 )";
 
-// A GBNF string literal for raw bytes.
-std::string lit(std::string_view s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += static_cast<char>(c);
-    } else if (c == '\n') {
-      o += "\\n";
-    } else if (c < 0x20 || c == 0x7F) {
-      static const char* hex = "0123456789ABCDEF";
-      o += "\\x";
-      o += hex[c >> 4];
-      o += hex[c & 15];
-    } else {
-      o += static_cast<char>(c);
-    }
-  }
-  return o + "\"";
-}
+std::string lit(std::string_view s) { return gbnf_literal(s); }
 
 // Keywords that only annotate (ignored) and those handled below; anything else is an error.
 const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
@@ -866,6 +847,26 @@ void check_depth(std::string_view s) {
 }
 
 }  // namespace
+
+std::string gbnf_literal(std::string_view s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c == '\n') {
+      o += "\\n";
+    } else if (c < 0x20 || c == 0x7F) {
+      static const char* hex = "0123456789ABCDEF";
+      o += "\\x";
+      o += hex[c >> 4];
+      o += hex[c & 15];
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
 
 std::string json_schema_to_gbnf(std::string_view schema_json) {
   if (schema_json.size() > (1u << 20)) fail("schema over 1 MiB");

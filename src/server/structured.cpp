@@ -207,25 +207,7 @@ std::string tool_call_schema_grammar(const ServerOptions&, const ChatRequest& re
   return schema_grammar(schema, "tools");
 }
 
-// A GBNF literal of raw text.
-std::string lit(const std::string& s) {
-  std::string o = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      o += '\\';
-      o += static_cast<char>(c);
-    } else if (c == '\n') {
-      o += "\\n";
-    } else if (c < 0x20 || c == 0x7F) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02X", c);
-      o += b;
-    } else {
-      o += static_cast<char>(c);
-    }
-  }
-  return o + "\"";
-}
+std::string lit(std::string_view s) { return grammar::gbnf_literal(s); }
 
 // JSON types a parameter schema names (as the Qwen3-Coder parser reads them, family_hermes.cpp):
 // empty when it says nothing.
