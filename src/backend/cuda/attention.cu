@@ -61,6 +61,18 @@ struct KvElem<true> {
   }
 };
 
+// Split z of n_splits takes an even share of this pass's keys [lo, hi), in whole tiles. The range is read on
+// the device, so a grid sized for a graph's capacity (make_plan) still spreads the actual keys over every
+// split; sizing the chunks by the capacity left most splits empty and a few walking the whole context (the
+// H200's tg128 at depth 4096 spent 99 µs per layer in attention that way, ~25x its bytes' time).
+__device__ __forceinline__ void split_range(int& lo, int& hi, int z, int n_splits) {
+  if (n_splits <= 1 || hi <= lo) return;
+  const int chunk = (((hi - lo) + n_splits - 1) / n_splits + kKeys - 1) / kKeys * kKeys;
+  const int slo = lo + z * chunk;
+  hi = min(hi, slo + chunk);
+  lo = slo;
+}
+
 template <int DMAX, bool F16>
 __global__ void __launch_bounds__(256) attn_kernel(const AttnParams P) {
   const AttentionArgs& p = P.a;
@@ -78,7 +90,6 @@ __global__ void __launch_bounds__(256) attn_kernel(const AttnParams P) {
   const int h0 = kvh * group + (static_cast<int>(blockIdx.y) % P.head_splits) * P.hp;
   const int npairs = nr * P.hp;
   const int z = static_cast<int>(blockIdx.z);
-  const int split_lo = z * P.chunk, split_hi = split_lo + P.chunk;
 
   float* qs = sm;                        // (npairs, hd)
   float* ks = qs + P.bq * P.hp * hd;     // (kKeys, hd + 1)
@@ -135,31 +146,46 @@ __global__ void __launch_bounds__(256) attn_kernel(const AttnParams P) {
         hi = max(hi, sh_hi[i]);
       }
     remaining &= ~pass;
-    lo = max(lo, split_lo);
-    hi = min(hi, split_hi);
+    split_range(lo, hi, z, P.n_splits);
     const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks;
+    // Latency, not bandwidth, bounds a decode block (a few warps per SM walking its split tile by tile):
+    // the cells of the next tile are looked up while this one is consumed, and each thread issues all of
+    // its 16-byte K/V loads of a tile before the first conversion (kBatch in flight, not one).
+    const auto cell_of = [&](int kp) { return kp < hi ? table[kp / p.block_size] * p.block_size + kp % p.block_size : -1; };
+    int next_cell = threadIdx.x < kKeys ? cell_of(lo + static_cast<int>(threadIdx.x)) : -1;
+    const int n_items = 2 * kKeys * vpr;  // 16-byte vectors of one K and one V tile
     for (int kt = lo; kt < hi; kt += kKeys) {
       __syncthreads();  // previous tile fully consumed
-      if (threadIdx.x < kKeys) {
-        const int kp = kt + static_cast<int>(threadIdx.x);
-        sh_cell[threadIdx.x] = kp < hi ? table[kp / p.block_size] * p.block_size + kp % p.block_size : -1;
-      }
+      if (threadIdx.x < kKeys) sh_cell[threadIdx.x] = next_cell;
       __syncthreads();
-      for (int idx = static_cast<int>(threadIdx.x); idx < 2 * kKeys * vpr; idx += blockDim.x) {
-        const int which = idx / (kKeys * vpr), rem = idx % (kKeys * vpr), key = rem / vpr, vi = rem % vpr;
-        const int cell = sh_cell[key];
-        float f[8];
-        if (cell >= 0) {
-          const uint8_t* src = (which ? vc : kc) + (static_cast<int64_t>(cell) * kv_w + static_cast<int64_t>(kvh) * hd) * esize + vi * 16;
-          KvElem<F16>::to_f32(*reinterpret_cast<const uint4*>(src), f);
-        } else {
+      constexpr int kBatch = 8;
+      for (int i0 = static_cast<int>(threadIdx.x); i0 < n_items; i0 += kBatch * static_cast<int>(blockDim.x)) {
+        uint4 raw[kBatch];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) f[e] = 0.0f;
+        for (int b = 0; b < kBatch; ++b) {
+          const int idx = i0 + b * static_cast<int>(blockDim.x);
+          raw[b] = make_uint4(0u, 0u, 0u, 0u);  // all-zero bits are 0.0 in F32 and F16: masked keys
+          if (idx < n_items) {
+            const int which = idx / (kKeys * vpr), rem = idx % (kKeys * vpr), key = rem / vpr, vi = rem % vpr;
+            const int cell = sh_cell[key];
+            if (cell >= 0)
+              raw[b] = *reinterpret_cast<const uint4*>((which ? vc : kc) +
+                                                       (static_cast<int64_t>(cell) * kv_w + static_cast<int64_t>(kvh) * hd) * esize + vi * 16);
+          }
         }
-        float* dst = which ? vs + key * hd : ks + key * (hd + 1);
 #pragma unroll
-        for (int e = 0; e < KvElem<F16>::kPerVec; ++e) dst[vi * KvElem<F16>::kPerVec + e] = f[e];
+        for (int b = 0; b < kBatch; ++b) {
+          const int idx = i0 + b * static_cast<int>(blockDim.x);
+          if (idx >= n_items) break;
+          const int which = idx / (kKeys * vpr), rem = idx % (kKeys * vpr), key = rem / vpr, vi = rem % vpr;
+          float f[8];
+          KvElem<F16>::to_f32(raw[b], f);
+          float* dst = which ? vs + key * hd : ks + key * (hd + 1);
+#pragma unroll
+          for (int e = 0; e < KvElem<F16>::kPerVec; ++e) dst[vi * KvElem<F16>::kPerVec + e] = f[e];
+        }
       }
+      if (threadIdx.x < kKeys) next_cell = cell_of(kt + kKeys + static_cast<int>(threadIdx.x));
       __syncthreads();
 
       const int kp = kt + lane;
@@ -315,7 +341,6 @@ __global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
   const int h0 = kvh * group + (static_cast<int>(blockIdx.y) % P.head_splits) * P.hp;
   const int npairs = nr * P.hp;
   const int z = static_cast<int>(blockIdx.z);
-  const int split_lo = z * P.chunk, split_hi = split_lo + P.chunk;
 
   float* qs = sm;                     // (bq·hp, wk): zero-padded queries, rotated for a TQ3_0 K
   float* ks = qs + P.bq * P.hp * wk;  // (kKeys, wk + 1)
@@ -372,8 +397,7 @@ __global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
         hi = max(hi, sh_hi[i]);
       }
     remaining &= ~pass;
-    lo = max(lo, split_lo);
-    hi = min(hi, split_hi);
+    split_range(lo, hi, z, P.n_splits);
     const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks;
     for (int kt0 = lo; kt0 < hi; kt0 += kKeys) {
       __syncthreads();
@@ -551,7 +575,8 @@ Plan make_plan(const AttentionArgs& a, int n_sm) {
     while (cap < a.kv_capacity) cap *= 2;
     max_kv = std::max(max_kv, cap);
   }
-  const int want = std::max(1, ceil_div(4 * n_sm, base));
+  // Enough blocks for ~8 per SM: decode blocks are latency-bound, more in flight hide more of it.
+  const int want = std::max(1, ceil_div(8 * n_sm, base));
   pl.n_splits = std::max(1, std::min(want, ceil_div(max_kv, 64)));
   pl.chunk = ceil_div(ceil_div(max_kv, pl.n_splits), kKeys) * kKeys;
   pl.n_splits = ceil_div(max_kv, pl.chunk);
