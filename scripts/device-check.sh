@@ -62,7 +62,8 @@ RETRY_PDL_OFF=${RETRY_PDL_OFF:-0}  # 1: when the CUDA tests fail, run them again
 BENCH_ROWS=${BENCH_ROWS:-1}        # 0: skip bench -p ROWS -n 0 (chain forwards, last row's logits only)
 TG_ONLY=${TG_ONLY:-0}              # 1: the per-model bench is tg128 at depths 0 and 4096 only (no pp)
 RPW=${RPW:-}                       # other CudaOptions::gemv_rows_per_warp values to time tg128 with (e.g. "2")
-KVTYPES=${KVTYPES:-}               # KV cache types (e.g. "f16 q8_0 q4_0 tq3_0"): tg128 at depths 4096 and 32768 with -ctk T -ctv T, first model of MODELS
+KVTYPES=${KVTYPES:-}               # KV cache types (e.g. "f16 q8_0 q4_0 tq3_0"): tg128 at depths KV_DEPTHS with -ctk T -ctv T, first model of MODELS
+KV_DEPTHS=${KV_DEPTHS:-4096,32768}
 LONGCTX=${LONGCTX:-0}              # 1: qwen35-27b of MODELS with a 262144-token tq3_0 cache (run: allocation + decode), then tg32 at depth LONGCTX_DEPTH
 LONGCTX_DEPTH=${LONGCTX_DEPTH:-65536}
 TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_GEMV_RPW=2 (tests-rpw2.log)
@@ -113,7 +114,10 @@ run_step() {
   cmake --version 2>&1 | head -1
   g++ --version 2>&1 | head -1
   nproc
+  # DFLASH_TRAIN needs PyTorch with CUDA on the device machine
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tail -1
 } >"$OUT/build.log" 2>&1
+grep -E "^torch|Error" "$OUT/build.log" | tail -1 | tee -a "$SUMMARY"
 head -3 "$OUT/build.log" | tail -2 | tee -a "$SUMMARY"
 
 # Carried Debian packages: headers, CMake configs, static libraries, pkg-config files (and pkgconf itself
@@ -266,7 +270,7 @@ if ((CLI_OK)); then
       # (quantized / mixed KV) was written without a GPU; this is its first speed measurement.
       if ((FIRST_MODEL)); then
         for kvt in $KVTYPES; do
-          bench_one "$LOG" "$preset $type KV $kvt tg128 at depths 4096 and 32768" -m "$MODEL" -ctk "$kvt" -ctv "$kvt" -p 0 -n 128 -d 4096,32768 -r 1
+          bench_one "$LOG" "$preset $type KV $kvt tg128 at depths $KV_DEPTHS" -m "$MODEL" -ctk "$kvt" -ctv "$kvt" -p 0 -n 128 -d "$KV_DEPTHS" -r 1
         done
       fi
       FIRST_MODEL=0

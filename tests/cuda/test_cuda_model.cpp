@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "cuda_test_util.h"
 #include "model/model.h"
@@ -105,8 +106,17 @@ TEST_P(CudaModel, LogitsMatchCpu) {
   EXPECT_LE(de.max, 1e-3) << "exact mode, F32 KV";
   const bool f16_file = stem.find("-f16") != std::string::npos;
   const bool q8_1 = stem.find("Q4_1") != std::string::npos || stem.find("Q5_1") != std::string::npos;
-  EXPECT_LE(df.max, f16_file ? 0.05 : 0.25) << "default mode, F16 KV";
-  EXPECT_LE(df.rms, f16_file ? 0.01 : q8_1 ? 0.05 : 0.03) << "default mode, F16 KV";
+  // With the tensor-core prefill attention routed for the prompt (PEREGRINE_CUDA_FA_PREFILL ≤ its 24 rows,
+  // as scripts/device-check.sh FA_PREFILL=1 runs this test) q and p are rounded to FP16 (~1e-3 relative on
+  // the attention output, as llama.cpp's CUDA flash attention): F16 files keep their bounds, but behind
+  // quantized weights each such change flips some of the 8-bit activation roundings of the next matmul,
+  // which these random tiny models amplify (device run 2026-12-02: rms 0.032-0.043, max ≤ 0.26 on the
+  // quantized files with it on, vs 0.002-0.04 off). Those files get the q8_1 path's bounds there.
+  const char* fa_env = std::getenv("PEREGRINE_CUDA_FA_PREFILL");
+  const int fa_rows = fa_env && *fa_env ? std::atoi(fa_env) : 32;  // 32: CudaOptions' default
+  const bool fa_prompt = fa_rows > 0 && static_cast<size_t>(fa_rows) <= kPrompt.size();
+  EXPECT_LE(df.max, f16_file ? 0.05 : fa_prompt ? 0.3 : 0.25) << "default mode, F16 KV";
+  EXPECT_LE(df.rms, f16_file ? 0.01 : q8_1 || fa_prompt ? 0.05 : 0.03) << "default mode, F16 KV";
   std::printf("%-22s exact: max %.2e rms %.2e | default: max %.2e rms %.2e\n", stem.c_str(), de.max, de.rms, df.max, df.rms);
 }
 

@@ -1,6 +1,6 @@
-// Prefill attention on tensor cores (FA2 form) over the paged F16 KV cache. NOT YET RUN ON A GPU: written
-// in a session without device time; CudaOptions::fa_prefill_min_rows (default 0 = off) selects it, and
-// tests/cuda/test_cuda_attention_prefill.cpp is what proves it on the device (README.md: Attention).
+// Prefill attention on tensor cores (FA2 form) over the paged F16 KV cache. CudaOptions::fa_prefill_min_rows
+// (default 32) selects it; tests/cuda/test_cuda_attention_prefill.cpp proves it on the device (passed on the
+// H200, 2026-12-02; README.md: Attention).
 //
 // Contract (attention_prefill): out (n, n_head·head_dim) FP32 = softmax(scale·q·kᵀ, soft-capped, masked)·v
 // for causal rows — row r sees the keys of its sequence at logical positions [begin, positions[r]] with
