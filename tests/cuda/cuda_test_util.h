@@ -79,7 +79,9 @@ inline std::unique_ptr<CpuBackend> make_cpu_exact() {
   return std::make_unique<CpuBackend>(o);
 }
 
-inline std::unique_ptr<CudaBackend> make_cuda(bool exact) {
+// fa_prefill false: attention calls of any row count stay on attention.cu (the op tests that bound it at
+// FP32 precision); true: CudaOptions' default routing (≥ 32 rows on tensor cores) or the environment's.
+inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true) {
   CudaOptions o;
   o.exact_f32 = exact;
   // The factory's switch, so that one device call can run the tests with PDL off as well.
@@ -88,6 +90,7 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact) {
   // Tensor-core prefill attention for calls of ≥ N rows (scripts/device-check.sh FA_PREFILL=1 runs the
   // model tests with it; op tests that bound attention at FP32 precision are not meant to run with it).
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) o.fa_prefill_min_rows = std::atoi(e);
+  if (!fa_prefill) o.fa_prefill_min_rows = 0;
   return std::make_unique<CudaBackend>(0, o);
 }
 

@@ -127,7 +127,7 @@ TEST_P(CudaKvAttention, MatchesCpu) {
   PG_REQUIRE_GPU();
   const KvAttnCase c = GetParam();
   auto cpu = test::make_cpu_exact();
-  auto gpu = test::make_cuda(false);
+  auto gpu = test::make_cuda(false, false);  // attention.cu at every row count (the FA path: test_cuda_attention_prefill)
   const int n_seq = 3, block_size = 16;
   const int lens[n_seq] = {2500, 45, 300};
   const int max_blocks = (2500 + block_size - 1) / block_size;

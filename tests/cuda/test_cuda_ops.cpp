@@ -460,7 +460,7 @@ TEST_P(CudaAttention, MatchesCpu) {
   PG_REQUIRE_GPU();
   const AttnCase c = GetParam();
   auto cpu = test::make_cpu_exact();
-  auto gpu = test::make_cuda(false);
+  auto gpu = test::make_cuda(false, false);  // attention.cu at every row count (the FA path: test_cuda_attention_prefill)
   const int n_seq = 3, block_size = 16;
   const int lens[n_seq] = {700, 45, 300};
   const int max_blocks = (700 + block_size - 1) / block_size;

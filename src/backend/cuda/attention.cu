@@ -34,7 +34,7 @@ constexpr int kMaxP = 32;   // pairs per block
 
 struct AttnParams {
   AttentionArgs a;
-  int bq, hp, head_splits, n_splits, chunk;
+  int bq, hp, head_splits, n_splits, split_target;
   float* part_acc;  // (n_splits, n, n_head, head_dim)
   float* part_ml;   // (n_splits, n, n_head, 2)
 };
@@ -61,13 +61,15 @@ struct KvElem<true> {
   }
 };
 
-// Split z of n_splits takes an even share of this pass's keys [lo, hi), in whole tiles. The range is read on
-// the device, so a grid sized for a graph's capacity (make_plan) still spreads the actual keys over every
-// split; sizing the chunks by the capacity left most splits empty and a few walking the whole context (the
-// H200's tg128 at depth 4096 spent 99 µs per layer in attention that way, ~25x its bytes' time).
-__device__ __forceinline__ void split_range(int& lo, int& hi, int z, int n_splits) {
+// Split z takes its share of this pass's keys [lo, hi): chunks of max(64, ⌈(hi − lo) / target⌉) keys in whole
+// tiles, so that the partition depends only on the range and the plan's split target (the SM count and head
+// layout), not on the grid. The range is read on the device: a grid sized for a graph's bucket (make_plan)
+// spreads the actual keys like an eager launch of the exact length does, and both produce the same bits
+// (sizing the chunks by the bucket left most splits empty and a few walking the whole context). The grid
+// always has ⌈(hi − lo) / chunk⌉ ≤ min(target, ⌈max_kv / 64⌉) splits; the ones past the range stay empty.
+__device__ __forceinline__ void split_range(int& lo, int& hi, int z, int n_splits, int target) {
   if (n_splits <= 1 || hi <= lo) return;
-  const int chunk = (((hi - lo) + n_splits - 1) / n_splits + kKeys - 1) / kKeys * kKeys;
+  const int chunk = max(64, (((hi - lo) + target - 1) / target + kKeys - 1) / kKeys * kKeys);
   const int slo = lo + z * chunk;
   hi = min(hi, slo + chunk);
   lo = slo;
@@ -146,7 +148,7 @@ __global__ void __launch_bounds__(256) attn_kernel(const AttnParams P) {
         hi = max(hi, sh_hi[i]);
       }
     remaining &= ~pass;
-    split_range(lo, hi, z, P.n_splits);
+    split_range(lo, hi, z, P.n_splits, P.split_target);
     const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks;
     // Latency, not bandwidth, bounds a decode block (a few warps per SM walking its split tile by tile):
     // the cells of the next tile are looked up while this one is consumed, and each thread issues all of
@@ -262,29 +264,48 @@ __global__ void __launch_bounds__(256) attn_kernel(const AttnParams P) {
   }
 }
 
-// Merges the split partials of one (row, head) per block.
+// Merge weights of the split partials of one (row, head), in shared memory: w[z] = exp(m_z − M) for the
+// splits that saw a key (l_z > 0), else 0; returns 1 / Σ_z w_z·l_z (0 when none did). The splits' (m, l)
+// are read by all threads at once and L is summed in split order by every thread: a serial loop over the
+// splits by each thread (one dependent L2 read per split, ~130 of them per decode head) made this combine
+// cost more than the attention itself. One non-empty split gives w = 1: the one-split path's bits.
+// Shared memory: wm, wl (n_splits floats each).
+__device__ float combine_weights(const float* part_ml, int n_splits, int64_t per_split, int64_t rh, float* wm, float* wl) {
+  __shared__ float red[32];
+  float mx = -INFINITY;
+  for (int z = static_cast<int>(threadIdx.x); z < n_splits; z += static_cast<int>(blockDim.x)) {
+    const float mz = part_ml[2 * (z * per_split + rh)], lz = part_ml[2 * (z * per_split + rh) + 1];
+    wm[z] = lz > 0.0f ? mz : -INFINITY;
+    wl[z] = lz;
+    mx = fmaxf(mx, wm[z]);
+  }
+  mx = warp_max(mx);
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5), nw = static_cast<int>((blockDim.x + 31) >> 5);
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  float M = -INFINITY;
+  for (int i = 0; i < nw; ++i) M = fmaxf(M, red[i]);
+  for (int z = static_cast<int>(threadIdx.x); z < n_splits; z += static_cast<int>(blockDim.x))
+    wm[z] = wl[z] > 0.0f ? expf(wm[z] - M) : 0.0f;
+  __syncthreads();
+  float L = 0.0f;
+  for (int z = 0; z < n_splits; ++z) L += wl[z] > 0.0f ? wl[z] * wm[z] : 0.0f;
+  return L > 0.0f ? 1.0f / L : 0.0f;
+}
+
+// Merges the split partials of one (row, head) per block. Dynamic shared memory: 2·n_splits floats.
 __global__ void attn_combine_kernel(const float* part_acc, const float* part_ml, int n_splits, int n, int n_head, int hd, float* out,
                                     int64_t out_stride) {
+  extern __shared__ __align__(16) float cw[];  // (2, n_splits): merge weights, then the splits' l
   const int64_t rh = blockIdx.x;
   const int r = static_cast<int>(rh / n_head), h = static_cast<int>(rh % n_head);
   const int64_t per_split = static_cast<int64_t>(n) * n_head;
-  float M = -INFINITY;
-  for (int z = 0; z < n_splits; ++z) {
-    const float mz = part_ml[2 * (z * per_split + rh)], lz = part_ml[2 * (z * per_split + rh) + 1];
-    if (lz > 0.0f) M = fmaxf(M, mz);
-  }
-  float L = 0.0f;
-  for (int z = 0; z < n_splits; ++z) {
-    const float lz = part_ml[2 * (z * per_split + rh) + 1];
-    if (lz > 0.0f) L += lz * expf(part_ml[2 * (z * per_split + rh)] - M);
-  }
-  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  const float inv = combine_weights(part_ml, n_splits, per_split, rh, cw, cw + n_splits);
   for (int d = static_cast<int>(threadIdx.x); d < hd; d += blockDim.x) {
     float s = 0.0f;
-    for (int z = 0; z < n_splits; ++z) {
-      const float lz = part_ml[2 * (z * per_split + rh) + 1];
-      if (lz > 0.0f) s += part_acc[(z * per_split + rh) * hd + d] * expf(part_ml[2 * (z * per_split + rh)] - M);
-    }
+#pragma unroll 8
+    for (int z = 0; z < n_splits; ++z)
+      if (cw[z] != 0.0f) s += part_acc[(z * per_split + rh) * hd + d] * cw[z];
     out[static_cast<int64_t>(r) * out_stride + static_cast<int64_t>(h) * hd + d] = s * inv;
   }
 }
@@ -301,13 +322,14 @@ __global__ void attn_combine_kernel(const float* part_acc, const float* part_ml,
 //  - TQ3_0 stores values in the rotated domain R(x). A TQ3_0 K rotates the query once per block (q·k =
 //    R(q)·R(k), R orthogonal); a TQ3_0 V accumulates Σ p·R(v) = R(Σ p·v) and un-rotates the final output
 //    once (in this kernel with one split, else in attn_kvq_combine_kernel after the merge).
-// Not yet run on a GPU (written without device access; tests/cuda/test_cuda_kv_types.cpp checks it).
+// Run on the H200 since 2026-12-02: tests/cuda/test_cuda_kv_types.cpp (CUDA vs CPU ≤ 6e-6 on the tiny models).
 
 struct KvqParams {
   AttentionArgs a;
-  int bq, hp, head_splits, n_splits, chunk;
+  int bq, hp, head_splits, n_splits, split_target;
   int wk, wv;                      // stored values per K / V head
   size_t k_head_bytes, v_head_bytes;
+  int staged;                      // 1: tiles staged as raw 32-bit words in shared memory (make_kvq_plan)
   float* part_acc;                 // (n_splits, n, n_head, wv), rotated domain for a TQ3_0 V
   float* part_ml;                  // (n_splits, n, n_head, 2)
 };
@@ -346,6 +368,12 @@ __global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
   float* ks = qs + P.bq * P.hp * wk;  // (kKeys, wk + 1)
   float* vs = ks + kKeys * (wk + 1);  // (kKeys, wv)
   float* os = vs + kKeys * wv;        // (nw, wv), TQ3_0 V only: a warp's output before un-rotation
+  // (kKeys, kwords + vwords) 32-bit words: the tile's K and V heads as stored, staged when the head and
+  // row sizes are multiples of 4 bytes (every type at head_dim % 32 == 0), so that the block-type decoders
+  // read shared memory instead of issuing one dependent byte-sized global load after another.
+  const bool staged = P.staged != 0;
+  const int kwords = staged ? static_cast<int>(P.k_head_bytes / 4) : 0, vwords = staged ? static_cast<int>(P.v_head_bytes / 4) : 0;
+  uint32_t* raw = reinterpret_cast<uint32_t*>(os + (rot_v ? nw * wv : 0));
 
   for (int i = static_cast<int>(threadIdx.x); i < nr; i += blockDim.x) {
     sh_seq[i] = p.seq[r0 + i];
@@ -397,15 +425,42 @@ __global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
         hi = max(hi, sh_hi[i]);
       }
     remaining &= ~pass;
-    split_range(lo, hi, z, P.n_splits);
+    split_range(lo, hi, z, P.n_splits, P.split_target);
     const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks;
+    // As attn_kernel: the next tile's cells are looked up while this one is consumed.
+    const auto cell_of = [&](int kp) { return kp < hi ? table[kp / p.block_size] * p.block_size + kp % p.block_size : -1; };
+    int next_cell = threadIdx.x < kKeys ? cell_of(lo + static_cast<int>(threadIdx.x)) : -1;
+    const int hw = kwords + vwords, n_words = kKeys * hw;
     for (int kt0 = lo; kt0 < hi; kt0 += kKeys) {
       __syncthreads();
-      if (threadIdx.x < kKeys) {
-        const int kp = kt0 + static_cast<int>(threadIdx.x);
-        sh_cell[threadIdx.x] = kp < hi ? table[kp / p.block_size] * p.block_size + kp % p.block_size : -1;
-      }
+      if (threadIdx.x < kKeys) sh_cell[threadIdx.x] = next_cell;
       __syncthreads();
+      if (staged) {  // raw words of the tile, kBatch loads in flight per thread
+        constexpr int kBatch = 8;
+        for (int i0 = static_cast<int>(threadIdx.x); i0 < n_words; i0 += kBatch * static_cast<int>(blockDim.x)) {
+          uint32_t w[kBatch];
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
+            const int idx = i0 + b * static_cast<int>(blockDim.x);
+            w[b] = 0u;
+            if (idx < n_words) {
+              const int key = idx / hw, wi = idx % hw, cell = sh_cell[key];
+              if (cell >= 0)
+                w[b] = wi < kwords ? reinterpret_cast<const uint32_t*>(kc + static_cast<size_t>(cell) * p.k_row_bytes +
+                                                                        static_cast<size_t>(kvh) * P.k_head_bytes)[wi]
+                                   : reinterpret_cast<const uint32_t*>(vc + static_cast<size_t>(cell) * p.v_row_bytes +
+                                                                        static_cast<size_t>(kvh) * P.v_head_bytes)[wi - kwords];
+            }
+          }
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
+            const int idx = i0 + b * static_cast<int>(blockDim.x);
+            if (idx < n_words) raw[idx] = w[b];
+          }
+        }
+        __syncthreads();
+      }
+      if (threadIdx.x < kKeys) next_cell = cell_of(kt0 + kKeys + static_cast<int>(threadIdx.x));
       for (int idx = static_cast<int>(threadIdx.x); idx < kKeys * upk; idx += blockDim.x) {
         const int key = idx / upk, u0 = idx % upk;
         const bool is_v = u0 >= uk;
@@ -413,8 +468,9 @@ __global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
         const int cell = sh_cell[key];
         float f[16];
         if (cell >= 0) {
-          const uint8_t* head = is_v ? vc + static_cast<size_t>(cell) * p.v_row_bytes + static_cast<size_t>(kvh) * P.v_head_bytes
-                                     : kc + static_cast<size_t>(cell) * p.k_row_bytes + static_cast<size_t>(kvh) * P.k_head_bytes;
+          const uint8_t* head = staged ? reinterpret_cast<const uint8_t*>(raw + key * hw + (is_v ? kwords : 0))
+                                : is_v ? vc + static_cast<size_t>(cell) * p.v_row_bytes + static_cast<size_t>(kvh) * P.v_head_bytes
+                                       : kc + static_cast<size_t>(cell) * p.k_row_bytes + static_cast<size_t>(kvh) * P.k_head_bytes;
           kvq_load(is_v ? vt : kt, head, u, f);
         } else {
 #pragma unroll
@@ -517,27 +573,17 @@ __global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
 // and writes the first hd values. Dynamic shared memory: wv floats.
 __global__ void attn_kvq_combine_kernel(const float* part_acc, const float* part_ml, int n_splits, int n, int n_head, int hd, int wv,
                                         bool rot_v, float* out, int64_t out_stride) {
-  extern __shared__ __align__(16) float y[];  // (wv)
+  extern __shared__ __align__(16) float y[];  // (wv) the merged output, then (2, n_splits) merge weights and l
+  float* cw = y + wv;
   const int64_t rh = blockIdx.x;
   const int r = static_cast<int>(rh / n_head), h = static_cast<int>(rh % n_head);
   const int64_t per_split = static_cast<int64_t>(n) * n_head;
-  float M = -INFINITY;
-  for (int z = 0; z < n_splits; ++z) {
-    const float mz = part_ml[2 * (z * per_split + rh)], lz = part_ml[2 * (z * per_split + rh) + 1];
-    if (lz > 0.0f) M = fmaxf(M, mz);
-  }
-  float L = 0.0f;
-  for (int z = 0; z < n_splits; ++z) {
-    const float lz = part_ml[2 * (z * per_split + rh) + 1];
-    if (lz > 0.0f) L += lz * expf(part_ml[2 * (z * per_split + rh)] - M);
-  }
-  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  const float inv = combine_weights(part_ml, n_splits, per_split, rh, cw, cw + n_splits);
   for (int d = static_cast<int>(threadIdx.x); d < wv; d += blockDim.x) {
     float s = 0.0f;
-    for (int z = 0; z < n_splits; ++z) {
-      const float lz = part_ml[2 * (z * per_split + rh) + 1];
-      if (lz > 0.0f) s += part_acc[(z * per_split + rh) * wv + d] * expf(part_ml[2 * (z * per_split + rh)] - M);
-    }
+#pragma unroll 8
+    for (int z = 0; z < n_splits; ++z)
+      if (cw[z] != 0.0f) s += part_acc[(z * per_split + rh) * wv + d] * cw[z];
     y[d] = s * inv;
   }
   __syncthreads();
@@ -546,7 +592,7 @@ __global__ void attn_kvq_combine_kernel(const float* part_acc, const float* part
 }
 
 struct Plan {
-  int hp, head_splits, bq, nw, n_row_tiles, n_splits, chunk, dmax;
+  int hp, head_splits, bq, nw, n_row_tiles, n_splits, split_target, dmax;
   size_t smem;
 };
 
@@ -577,9 +623,8 @@ Plan make_plan(const AttentionArgs& a, int n_sm) {
   }
   // Enough blocks for ~8 per SM: decode blocks are latency-bound, more in flight hide more of it.
   const int want = std::max(1, ceil_div(8 * n_sm, base));
+  pl.split_target = want;
   pl.n_splits = std::max(1, std::min(want, ceil_div(max_kv, 64)));
-  pl.chunk = ceil_div(ceil_div(max_kv, pl.n_splits), kKeys) * kKeys;
-  pl.n_splits = ceil_div(max_kv, pl.chunk);
   pl.dmax = a.head_dim <= 64 ? 64 : a.head_dim <= 128 ? 128 : 256;
   pl.smem = static_cast<size_t>(pairs * a.head_dim + kKeys * (a.head_dim + 1) + kKeys * a.head_dim) * sizeof(float);
   return pl;
@@ -601,9 +646,10 @@ void launch(const AttnParams& P, const Plan& pl, cudaStream_t stream) {
 struct KvqPlan {
   Plan pl;
   int wk, wv;
+  bool staged;
 };
 KvqPlan make_kvq_plan(const AttentionArgs& a, int n_sm) {
-  KvqPlan kp{make_plan(a, n_sm), 0, 0};
+  KvqPlan kp{make_plan(a, n_sm), 0, 0, false};
   PG_CHECK(is_kv_type(a.k_type) && is_kv_type(a.v_type), "attention: " + kv_type_name(a.k_type) + "/" + kv_type_name(a.v_type) +
                                                             " is not a KV cache type pair (accepted: " + kv_type_list() + ")");
   kp.wk = kv_head_width(a.k_type, a.head_dim);
@@ -617,6 +663,9 @@ KvqPlan make_kvq_plan(const AttentionArgs& a, int n_sm) {
   const int pairs = kp.pl.bq * kp.pl.hp;
   kp.pl.smem = static_cast<size_t>(pairs * kp.wk + kKeys * (kp.wk + 1) + kKeys * kp.wv + (a.v_type == DType::TQ3_0 ? kp.pl.nw * kp.wv : 0)) *
                sizeof(float);
+  const size_t kb = kv_head_bytes(a.k_type, a.head_dim), vb = kv_head_bytes(a.v_type, a.head_dim);
+  kp.staged = kb % 4 == 0 && vb % 4 == 0 && a.k_row_bytes % 4 == 0 && a.v_row_bytes % 4 == 0;
+  if (kp.staged) kp.pl.smem += static_cast<size_t>(kKeys) * (kb + vb);
   return kp;
 }
 
@@ -641,11 +690,12 @@ void attention_kvq(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t
   P.hp = pl.hp;
   P.head_splits = pl.head_splits;
   P.n_splits = pl.n_splits;
-  P.chunk = pl.chunk;
+  P.split_target = pl.split_target;
   P.wk = kp.wk;
   P.wv = kp.wv;
   P.k_head_bytes = kv_head_bytes(a.k_type, a.head_dim);
   P.v_head_bytes = kv_head_bytes(a.v_type, a.head_dim);
+  P.staged = kp.staged ? 1 : 0;
   if (pl.n_splits > 1) {
     PG_CHECK(scratch != nullptr, "attention: missing split scratch");
     P.part_acc = static_cast<float*>(scratch);
@@ -658,8 +708,8 @@ void attention_kvq(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t
   }
   if (pl.n_splits > 1) {
     const int threads = std::min(256, ceil_div(kp.wv, 32) * 32);
-    attn_kvq_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head), threads, static_cast<size_t>(kp.wv) * sizeof(float),
-                              stream>>>(P.part_acc, P.part_ml, pl.n_splits, a.n, a.n_head, a.head_dim, kp.wv, a.v_type == DType::TQ3_0, a.out,
+    attn_kvq_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head), threads,
+                              static_cast<size_t>(kp.wv + 2 * pl.n_splits) * sizeof(float), stream>>>(P.part_acc, P.part_ml, pl.n_splits, a.n, a.n_head, a.head_dim, kp.wv, a.v_type == DType::TQ3_0, a.out,
                                         a.out_stride);
     check_launch("attention combine (typed KV)");
   }
@@ -691,7 +741,7 @@ void attention(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t str
   P.hp = pl.hp;
   P.head_splits = pl.head_splits;
   P.n_splits = pl.n_splits;
-  P.chunk = pl.chunk;
+  P.split_target = pl.split_target;
   if (pl.n_splits > 1) {
     PG_CHECK(scratch != nullptr, "attention: missing split scratch");
     P.part_acc = static_cast<float*>(scratch);
@@ -707,7 +757,8 @@ void attention(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t str
   }
   if (pl.n_splits > 1) {
     const int threads = std::min(256, ceil_div(a.head_dim, 32) * 32);
-    attn_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head), threads, 0, stream>>>(
+    attn_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head), threads,
+                          static_cast<size_t>(2 * pl.n_splits) * sizeof(float), stream>>>(
         P.part_acc, P.part_ml, pl.n_splits, a.n, a.n_head, a.head_dim, a.out, a.out_stride);
     check_launch("attention combine");
   }
