@@ -2,9 +2,9 @@
 // kernel (attention_prefill.cu, CudaOptions::fa_prefill_min_rows), per head shape × rows × depth.
 //
 //   pg_cuda_attn_bench [--shapes 32:8:128,24:4:256,16:8:64] [--rows 512,4096] [--depth 0,4096] [--reps 5]
-//                      [--window 0] [--softcap 0]
+//                      [--window 0] [--softcap 0] [--kv f16|q8_0|q4_0|tq3_0|…]
 //
-// One sequence, F16 cache in blocks of 64 cells (block table in order), random K/V written by kv_store;
+// One sequence, a cache of --kv's type (default F16; K and V alike) in blocks of 64 cells (block table in order), random K/V written by kv_store;
 // the batch is `rows` consecutive causal rows after `depth` cached tokens (a prefill chunk). Times one
 // attention call (median of reps after a warm-up, stream-synchronised; no other kernel) with the option off
 // and on, and prints ms, TFLOP/s (4·Σ_rows visible keys·head_dim·n_head: the q·k and p·v multiply-adds) and the
@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
+#include "core/kv_quant.h"
 
 using namespace pg;
 
@@ -46,6 +47,7 @@ Tensor upload(Backend& be, DType t, int64_t cols, int64_t rows, const void* data
 int main(int argc, char** argv) {
   std::string shapes_s = "32:8:128,24:4:256,16:8:64", rows_s = "512,4096", depth_s = "0,4096";
   int reps = 5, window = 0;
+  DType kv_t = DType::F16;
   float softcap = 0.0f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -61,9 +63,10 @@ int main(int argc, char** argv) {
     else if (a == "--depth") depth_s = val();
     else if (a == "--reps") reps = std::max(1, std::stoi(val()));
     else if (a == "--window") window = std::stoi(val());
+    else if (a == "--kv") kv_t = parse_kv_type(val());
     else if (a == "--softcap") softcap = std::stof(val());
     else {
-      std::fprintf(stderr, "usage: %s [--shapes H:KV:D,...] [--rows N,...] [--depth D,...] [--reps R] [--window W] [--softcap C]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--shapes H:KV:D,...] [--rows N,...] [--depth D,...] [--reps R] [--window W] [--softcap C] [--kv TYPE]\n", argv[0]);
       return 1;
     }
   }
@@ -73,7 +76,7 @@ int main(int argc, char** argv) {
     off.fa_prefill_min_rows = 0;  // attention.cu at every row count (the default routes ≥ 32 rows to tensor cores)
     on.fa_prefill_min_rows = 1;
     CudaBackend be(0, off);
-    std::printf("device: %s, %d SMs\n", be.device_name().c_str(), be.multiprocessor_count());
+    std::printf("device: %s, %d SMs, KV %s\n", be.device_name().c_str(), be.multiprocessor_count(), kv_type_name(kv_t).c_str());
     std::printf("| heads/kv × dim | rows | depth | FP32 kernel ms | TFLOP/s | KV GB/s | tensor-core ms | TFLOP/s | KV GB/s | speed-up | rel L2 diff |\n");
     std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::mt19937 rng(1);
@@ -89,8 +92,9 @@ int main(int argc, char** argv) {
           const int len = depth + rows, bs = 64, max_blocks = (len + bs - 1) / bs;
           const int64_t kvw = static_cast<int64_t>(n_kv) * hd, qw = static_cast<int64_t>(n_head) * hd;
           KvLayer kv;
-          kv.k = be.alloc(DType::F16, kvw, static_cast<int64_t>(max_blocks) * bs);
-          kv.v = be.alloc(DType::F16, kvw, static_cast<int64_t>(max_blocks) * bs);
+          kv.k = be.alloc(kv_t, static_cast<int64_t>(n_kv) * kv_head_width(kv_t, hd), static_cast<int64_t>(max_blocks) * bs);
+          kv.v = be.alloc(kv_t, static_cast<int64_t>(n_kv) * kv_head_width(kv_t, hd), static_cast<int64_t>(max_blocks) * bs);
+          kv.n_head_kv = n_kv, kv.head_dim = hd, kv.head_dim_v = hd;
           std::vector<int32_t> table(static_cast<size_t>(max_blocks));
           for (int b = 0; b < max_blocks; ++b) table[static_cast<size_t>(b)] = b;
           Tensor tt = upload(be, DType::I32, max_blocks, 1, table.data());
@@ -161,8 +165,8 @@ int main(int argc, char** argv) {
             den += static_cast<double>(out[0][i]) * out[0][i];
           }
           const double flop = 4.0 * work * hd * n_head;
-          // KV bytes if every cached K and V row is read once per KV head (F16): the decode roofline's bytes.
-          const double kv_bytes = 2.0 * 2.0 * static_cast<double>(std::min(len, window > 0 ? window + rows : len)) * static_cast<double>(kvw);
+          // KV bytes if every cached K and V row is read once (in --kv's storage): the decode roofline's bytes.
+          const double kv_bytes = 2.0 * static_cast<double>(kv_row_bytes(kv_t, n_kv, hd)) * static_cast<double>(std::min(len, window > 0 ? window + rows : len));
           std::printf("| %d/%d × %d | %d | %d | %.3f | %.1f | %.0f | %.3f | %.1f | %.0f | %.2f× | %.2e (max abs %.2e) |\n", n_head, n_kv, hd, rows,
                       depth, ms[0], flop / ms[0] * 1e-9, kv_bytes / ms[0] * 1e-6, ms[1], flop / ms[1] * 1e-9, kv_bytes / ms[1] * 1e-6, ms[0] / ms[1],
                       den > 0 ? std::sqrt(num / den) : 0.0, worst);

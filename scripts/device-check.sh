@@ -70,6 +70,7 @@ TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_G
 DFLASH_TRAIN=${DFLASH_TRAIN:-0}    # N > 0: train the bundled target's DFlash draft on the GPU for N minutes (tools/train/dflash_train.py),
                                    # then its acceptance vs the bundled one on the CPU  → $OUT/dflash/, dflash.log
 DFLASH_ARGS=${DFLASH_ARGS:---prompts 24000 --max-new 192 --bs 32 --anchors 12}  # the training run's data/batch flags
+ATTN_KV=${ATTN_KV:-q8_0 tq3_0}     # with ATTN_DECODE: the same bench on these cache types (32/8 × 128)
 ATTN_DECODE=${ATTN_DECODE:-0}      # 1: pg_cuda_attn_bench on decode/verify shapes (rows 1 and 22 at depths 4096, 32768): KV GB/s → kernels-attn.log
 FA_PREFILL=${FA_PREFILL:-0}        # 1: tensor-core prefill attention: its tests, model tests with it on, prefill bench off vs on
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
@@ -178,6 +179,11 @@ if ((BUILD_OK && ATTN_DECODE)) && [ -x "$BUILD/tests/cuda/pg_cuda_attn_bench" ];
   run_step "decode attention alone (rows 1, 22)" "$OUT/kernels-attn.log" 120 "$BUILD/tests/cuda/pg_cuda_attn_bench" \
     --rows 1,22 --depth 4096,32768 --reps 50
   grep -E "^\||device:" "$OUT/kernels-attn.log" | tail -14 >>"$SUMMARY"
+  for kvt in $ATTN_KV; do  # typed caches: attn_kvq_kernel (and the typed tensor-core path where it applies)
+    run_step "decode attention alone, KV $kvt" "$OUT/kernels-attn-$kvt.log" 60 "$BUILD/tests/cuda/pg_cuda_attn_bench" \
+      --rows 1,22 --depth 4096,32768 --reps 50 --shapes 32:8:128 --kv "$kvt"
+    grep -E "^\||device:" "$OUT/kernels-attn-$kvt.log" | tail -5 >>"$SUMMARY"
+  done
 fi
 if ((BUILD_OK && TESTS)); then
   if ! run_step "CUDA tests (ctest -L cuda)" "$OUT/tests.log" 300 \

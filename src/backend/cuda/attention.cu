@@ -383,8 +383,11 @@ __global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
   // (kKeys, kwords + vwords) 32-bit words: the tile's K and V heads as stored, staged when the head and
   // row sizes are multiples of 4 bytes (every type at head_dim % 32 == 0), so that the block-type decoders
   // read shared memory instead of issuing one dependent byte-sized global load after another.
+  // Each head starts on a 16-byte boundary (kstride, hw: multiples of 4 words): the F32/F16/BF16 decoders
+  // read 16-byte vectors.
   const bool staged = P.staged != 0;
   const int kwords = staged ? static_cast<int>(P.k_head_bytes / 4) : 0, vwords = staged ? static_cast<int>(P.v_head_bytes / 4) : 0;
+  const int kstride = (kwords + 3) & ~3, vstride = (vwords + 3) & ~3;
   uint32_t* raw = reinterpret_cast<uint32_t*>(os + (rot_v ? nw * wv : 0));
 
   for (int i = static_cast<int>(threadIdx.x); i < nr; i += blockDim.x) {
@@ -442,7 +445,7 @@ __global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
     // As attn_kernel: the next tile's cells are looked up while this one is consumed.
     const auto cell_of = [&](int kp) { return kp < hi ? table[kp / p.block_size] * p.block_size + kp % p.block_size : -1; };
     int next_cell = threadIdx.x < kKeys ? cell_of(lo + static_cast<int>(threadIdx.x)) : -1;
-    const int hw = kwords + vwords, n_words = kKeys * hw;
+    const int hw = kstride + vstride, n_words = kKeys * hw;
     for (int kt0 = lo; kt0 < hi; kt0 += kKeys) {
       __syncthreads();
       if (threadIdx.x < kKeys) sh_cell[threadIdx.x] = next_cell;
@@ -457,11 +460,11 @@ __global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
             w[b] = 0u;
             if (idx < n_words) {
               const int key = idx / hw, wi = idx % hw, cell = sh_cell[key];
-              if (cell >= 0)
-                w[b] = wi < kwords ? reinterpret_cast<const uint32_t*>(kc + static_cast<size_t>(cell) * p.k_row_bytes +
-                                                                        static_cast<size_t>(kvh) * P.k_head_bytes)[wi]
-                                   : reinterpret_cast<const uint32_t*>(vc + static_cast<size_t>(cell) * p.v_row_bytes +
-                                                                        static_cast<size_t>(kvh) * P.v_head_bytes)[wi - kwords];
+              if (cell >= 0 && wi < kwords)
+                w[b] = reinterpret_cast<const uint32_t*>(kc + static_cast<size_t>(cell) * p.k_row_bytes + static_cast<size_t>(kvh) * P.k_head_bytes)[wi];
+              else if (cell >= 0 && wi >= kstride && wi - kstride < vwords)
+                w[b] = reinterpret_cast<const uint32_t*>(vc + static_cast<size_t>(cell) * p.v_row_bytes +
+                                                         static_cast<size_t>(kvh) * P.v_head_bytes)[wi - kstride];
             }
           }
 #pragma unroll
@@ -480,7 +483,7 @@ __global__ void __launch_bounds__(256) attn_kvq_kernel(const KvqParams P) {
         const int cell = sh_cell[key];
         float f[16];
         if (cell >= 0) {
-          const uint8_t* head = staged ? reinterpret_cast<const uint8_t*>(raw + key * hw + (is_v ? kwords : 0))
+          const uint8_t* head = staged ? reinterpret_cast<const uint8_t*>(raw + key * hw + (is_v ? kstride : 0))
                                 : is_v ? vc + static_cast<size_t>(cell) * p.v_row_bytes + static_cast<size_t>(kvh) * P.v_head_bytes
                                        : kc + static_cast<size_t>(cell) * p.k_row_bytes + static_cast<size_t>(kvh) * P.k_head_bytes;
           kvq_load(is_v ? vt : kt, head, u, f);
@@ -676,7 +679,7 @@ KvqPlan make_kvq_plan(const AttentionArgs& a, int n_sm) {
                sizeof(float);
   const size_t kb = kv_head_bytes(a.k_type, a.head_dim), vb = kv_head_bytes(a.v_type, a.head_dim);
   kp.staged = kb % 4 == 0 && vb % 4 == 0 && a.k_row_bytes % 4 == 0 && a.v_row_bytes % 4 == 0;
-  if (kp.staged) kp.pl.smem += static_cast<size_t>(kKeys) * (kb + vb);
+  if (kp.staged) kp.pl.smem += static_cast<size_t>(kKeys) * 16 * ((kb + 15) / 16 + (vb + 15) / 16);  // heads on 16-byte boundaries
   return kp;
 }
 
