@@ -73,6 +73,7 @@ DFLASH_ARGS=${DFLASH_ARGS:---prompts 24000 --max-new 192 --bs 32 --anchors 12}  
 ATTN_KV=${ATTN_KV:-q8_0 tq3_0}     # with ATTN_DECODE: the same bench on these cache types (32/8 × 128)
 ATTN_DECODE=${ATTN_DECODE:-0}      # 1: pg_cuda_attn_bench on decode/verify shapes (rows 1 and 22 at depths 4096, 32768): KV GB/s → kernels-attn.log
 FA_PREFILL=${FA_PREFILL:-0}        # 1: tensor-core prefill attention: its tests, model tests with it on, prefill bench off vs on
+FA_TEST_ROWS=${FA_TEST_ROWS:-16}    # PEREGRINE_CUDA_FA_PREFILL for the model tests of FA_PREFILL=1
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
@@ -164,8 +165,8 @@ if ((BUILD_OK && FA_PREFILL)); then
     ctest --test-dir "$BUILD" -R "CudaAttentionPrefill|CudaFaLayout" -V -j 4 --timeout 280
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|max \|fa|on vs off|Failure|Expected|Which is" "$OUT/tests-fa.log" |
     sed -E 's/^[0-9]+: //' | head -80 >>"$SUMMARY"
-  # 16 rows: the golden prompt of test_cuda_model.cpp has 24.
-  PEREGRINE_CUDA_FA_PREFILL=16 run_step "model tests with prefill attention on (≥ 16 rows)" \
+  # 16 rows (FA_TEST_ROWS): the golden prompt of test_cuda_model.cpp has 24; 1 routes decode steps too.
+  PEREGRINE_CUDA_FA_PREFILL=$FA_TEST_ROWS run_step "model tests with prefill attention on (≥ $FA_TEST_ROWS rows)" \
     "$OUT/tests-fa-models.log" 240 ctest --test-dir "$BUILD" -R "CudaModel|CudaGreedy" -V -j 4 --timeout 220
   grep -E "tests passed|tests failed|\(Failed\)|exact: max" "$OUT/tests-fa-models.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
   # The attention kernels alone (qwen3-8b 32/8×128, qwen35-27b 24/4×256, 16/8×64), off vs on.
