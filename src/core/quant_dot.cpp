@@ -732,7 +732,9 @@ void tile_legacy(int64_t nb, const void* wv, const void* const* xv, float* out) 
 // -Wuninitialized reports wherever those intrinsics are inlined; nothing here reads an undefined value.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // GCC's flow-sensitive variant; clang has no such warning (and -Werror rejects the name)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 bool cpu_has_vnni() {
   __builtin_cpu_init();  // callable from static initialisers (g_use_vnni), before libgcc's own constructor
@@ -911,7 +913,9 @@ inline __m256i k4_scale(__m256i sc, int k) {
 #if PG_DOT_AVX2 && PG_VNNI
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // GCC's flow-sensitive variant; clang has no such warning (and -Werror rejects the name)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 // Q4_K on the VNNI path: a zmm holds one 32-byte chunk of nibbles twice and the matching activation
 // bytes of two rows; maddubs gives vec_dot's int16 pair sums and vpdpwssd multiplies them by the
