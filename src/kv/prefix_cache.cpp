@@ -247,11 +247,11 @@ PrefixHit PrefixCache::attach(int seq, const std::vector<int32_t>& prompt) {
   blocks.resize(static_cast<size_t>(base));
   int got = base;
   bool from_disk = false, state = true;
-  if (disk_ && disk_->enabled() && max_blocks > 0) {
+  const int ram_tokens = base * bs_ + (pm.key ? pm.n : 0);
+  if (disk_ && disk_->enabled() && max_blocks > 0 && ram_tokens < n - 1) {
     // The disk serves the hit only where it reaches past what RAM serves (more blocks, or the same
-    // blocks and more tail cells). The RAM tail's block is held meanwhile: an eviction for the disk's
-    // blocks must not take it.
-    const int ram_tokens = base * bs_ + (pm.key ? pm.n : 0);
+    // blocks and more tail cells; RAM serving all but the last token needs no look). The RAM tail's
+    // block is held meanwhile: an eviction for the disk's blocks must not take it.
     const int32_t tail_block = pm.key ? index_.at(pm.key).block : -1;
     if (tail_block >= 0) kv_.hold_block(tail_block);
     uint64_t disk_tail = 0;
