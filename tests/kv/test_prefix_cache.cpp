@@ -577,8 +577,9 @@ TEST(PrefixCache, DiskTailHitMatchesRamHitAndNoCache) {
       EXPECT_EQ(h_disk.n_tokens, h_ram.n_tokens);
       EXPECT_EQ(h_disk.n_partial, h_ram.n_partial);
       EXPECT_EQ(h_disk.n_disk, h_disk.n_tokens);
-      // What each reuses: turn 2 all of h1 (4 blocks + 3 tail cells + 16 of block 5... : 83 = 5 blocks
-      // and 3 cells); the repeat all but p1's last token (attention) or the 64 of the block snapshot.
+      // What each reuses: turn 2 all of h1 (5 blocks and the 3 cells of its tail); the repeat all but
+      // p1's last token (attention: 4 blocks and 5 cells of h1's block 4, which the file holds whole) or
+      // the 64 of the block snapshot (hybrid).
       const int want = which == 0 ? 83 : hybrid ? 64 : 69;
       EXPECT_EQ(h_disk.n_tokens, want);
       EXPECT_EQ(h_disk.n_partial, which == 0 ? 3 : hybrid ? 0 : 5);
