@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -518,11 +519,10 @@ bool DiskCache::write_file(const Job& j) {
   }
   const std::vector<uint8_t> head = make_block_file_header(h);
   const std::string name = hex(h.tail_cells > 0 ? j.tail_key : j.keys.back()) + ".pgkv";
-  uint64_t n;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    n = ++counter_;
-  }
+  // Unique across every DiskCache of this process (two caches on one directory in one process write
+  // the same chain at once: per-object counters would give both the same temporary name).
+  static std::atomic<uint64_t> tmp_counter{0};
+  const uint64_t n = ++tmp_counter;
   const std::string tmp = folder_ + "/" + name + "." + std::to_string(getpid()) + "." + std::to_string(n) + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
   if (fd < 0) {

@@ -170,7 +170,7 @@ class DiskCache {
   std::deque<Job> jobs_;
   std::unordered_map<std::string, FileRec> files_;
   std::unordered_map<uint64_t, std::vector<std::string>> by_key_;  // chain key → files holding it
-  uint64_t tick_ = 0, total_ = 0, writes_ = 0, write_bytes_ = 0, counter_ = 0;
+  uint64_t tick_ = 0, total_ = 0, writes_ = 0, write_bytes_ = 0;
   std::thread thread_;
 };
 
