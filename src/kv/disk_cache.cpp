@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -22,8 +23,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kMagic[8] = {'P', 'G', 'K', 'V', 'B', 'L', 'K', '\0'};
-constexpr uint32_t kVersion = 1;
-constexpr size_t kFixed = 8 + 4 + 4 + 8 + 4 * 4 + 8 + 8;  // magic .. snapshot bytes
+// 2: the partial tail (tail cells, key, tokens and KV, hybrid: its snapshot) and the snapshot depth.
+constexpr uint32_t kVersion = 2;
+constexpr size_t kFixed = 8 + 4 + 4 + 8 + 4 * 4 + 8 + 8 + 4 + 4 + 8;  // magic .. tail key
 constexpr uint32_t kMaxBlocks = 1u << 20;                 // 64M tokens at block size 64: no real prompt
 constexpr uint32_t kMaxBlockSize = 1u << 16;
 
@@ -140,7 +142,7 @@ uint64_t parse_byte_size(const std::string& s) {
 
 std::vector<uint8_t> make_block_file_header(const BlockFileHeader& h) {
   std::vector<uint8_t> out(kMagic, kMagic + 8);
-  const size_t header_bytes = kFixed + h.keys.size() * 8 + h.tokens.size() * 4 + 16;
+  const size_t header_bytes = kFixed + h.keys.size() * 8 + h.tokens.size() * 4 + h.tail_tokens.size() * 4 + 16;
   put<uint32_t>(out, kVersion);
   put<uint32_t>(out, static_cast<uint32_t>(header_bytes));
   put<uint64_t>(out, h.model_id);
@@ -150,18 +152,28 @@ std::vector<uint8_t> make_block_file_header(const BlockFileHeader& h) {
   put<uint32_t>(out, h.n_blocks);
   put<uint64_t>(out, h.block_bytes);
   put<uint64_t>(out, h.snapshot_bytes);
+  put<uint32_t>(out, h.snap_depth);
+  put<uint32_t>(out, static_cast<uint32_t>(h.tail_tokens.size()));
+  put<uint64_t>(out, h.tail_key);
   for (uint64_t k : h.keys) put<uint64_t>(out, k);
   for (int32_t t : h.tokens) put<int32_t>(out, t);
+  for (int32_t t : h.tail_tokens) put<int32_t>(out, t);
   put<uint64_t>(out, h.payload_checksum);
   put<uint64_t>(out, fnv1a64(out.data(), out.size()));
   return out;
 }
 
 bool parse_block_file_header(std::span<const uint8_t> d, uint64_t file_size, BlockFileHeader& h, std::string& why) {
-  if (d.size() < kFixed) return why = "shorter than a block file header", false;
+  if (d.size() < 16) return why = "shorter than a block file header", false;
   if (std::memcmp(d.data(), kMagic, 8) != 0) return why = "not a block file (bad magic)", false;
   const uint8_t* p = d.data() + 8;
   h.version = get<uint32_t>(p);
+  // The version first: an older file's fixed part is shorter, and the reason should name the version.
+  if (h.version != kVersion)
+    return why = "block file version " + std::to_string(h.version) + " is not supported (this build reads version " + std::to_string(kVersion) +
+                 (h.version == 1 ? "; version 1 files hold full blocks only and are not read since the partial tail was added)" : ")"),
+           false;
+  if (d.size() < kFixed) return why = "shorter than a block file header", false;
   h.header_bytes = get<uint32_t>(p + 4);
   h.model_id = get<uint64_t>(p + 8);
   h.k_type = get<uint32_t>(p + 16);
@@ -170,14 +182,25 @@ bool parse_block_file_header(std::span<const uint8_t> d, uint64_t file_size, Blo
   h.n_blocks = get<uint32_t>(p + 28);
   h.block_bytes = get<uint64_t>(p + 32);
   h.snapshot_bytes = get<uint64_t>(p + 40);
-  if (h.version != kVersion) return why = "block file version " + std::to_string(h.version) + " is not supported", false;
+  h.snap_depth = get<uint32_t>(p + 48);
+  h.tail_cells = get<uint32_t>(p + 52);
+  h.tail_key = get<uint64_t>(p + 56);
   if (h.block_size == 0 || h.block_size > kMaxBlockSize || h.n_blocks == 0 || h.n_blocks > kMaxBlocks)
     return why = "implausible block size or count", false;
-  const uint64_t want = kFixed + static_cast<uint64_t>(h.n_blocks) * 8 + static_cast<uint64_t>(h.n_blocks) * h.block_size * 4 + 16;
+  if (h.tail_cells >= h.block_size) return why = "a tail of " + std::to_string(h.tail_cells) + " cells does not fit a block of " + std::to_string(h.block_size), false;
+  if ((h.tail_cells == 0) != (h.tail_key == 0)) return why = "tail key and tail length disagree", false;
+  if (h.snap_depth > h.n_blocks) return why = "snapshot depth past the last block", false;
+  // Attention files carry no states; a hybrid file without one serves no hit.
+  if (h.snapshot_bytes == 0 ? h.snap_depth != 0 : (h.snap_depth == 0 && h.tail_cells == 0))
+    return why = "snapshot fields inconsistent with the snapshot size", false;
+  const uint64_t want = kFixed + static_cast<uint64_t>(h.n_blocks) * 8 + static_cast<uint64_t>(h.n_blocks) * h.block_size * 4 +
+                        static_cast<uint64_t>(h.tail_cells) * 4 + 16;
   if (h.header_bytes != want) return why = "header length does not match its block count", false;
   if (d.size() < want) return why = "truncated header", false;
   // Sizes are bounded before multiplying: a payload larger than 2^62 bytes is malformed, not an overflow.
   if (h.block_bytes > (1ull << 40) || h.snapshot_bytes > (1ull << 40)) return why = "implausible payload size", false;
+  // The tail holds whole cells of the block's layout.
+  if (h.block_bytes % h.block_size != 0) return why = "block bytes are not a whole number of cells", false;
   if (file_size != want + h.payload_bytes())
     return why = "file is " + std::to_string(file_size) + " bytes, the header says " + std::to_string(want + h.payload_bytes()) + " (truncated?)", false;
   const uint8_t* q = d.data() + kFixed;
@@ -187,6 +210,9 @@ bool parse_block_file_header(std::span<const uint8_t> d, uint64_t file_size, Blo
   h.tokens.resize(static_cast<size_t>(h.n_blocks) * h.block_size);
   std::memcpy(h.tokens.data(), q, h.tokens.size() * 4);
   q += h.tokens.size() * 4;
+  h.tail_tokens.resize(h.tail_cells);
+  if (h.tail_cells > 0) std::memcpy(h.tail_tokens.data(), q, h.tail_tokens.size() * 4);
+  q += h.tail_tokens.size() * 4;
   h.payload_checksum = get<uint64_t>(q);
   const uint64_t hc = get<uint64_t>(q + 8);
   if (hc != fnv1a64(d.data(), want - 8)) return why = "header checksum mismatch (corrupt)", false;
@@ -295,7 +321,7 @@ void DiskCache::scan() {
       ok = false, why = "written with other K/V cache types";
     if (ok && (h.block_size != static_cast<uint32_t>(opt_.block_size) || h.block_bytes != opt_.block_bytes || h.snapshot_bytes != opt_.snapshot_bytes))
       ok = false, why = "written with another cache layout";
-    if (ok && name != hex(h.keys.back()) + ".pgkv") ok = false, why = "its name does not match its contents";
+    if (ok && name != hex(h.tail_cells > 0 ? h.tail_key : h.keys.back()) + ".pgkv") ok = false, why = "its name does not match its contents";
     if (!ok) {
       quarantine(name, why);
       continue;
@@ -303,8 +329,11 @@ void DiskCache::scan() {
     FileRec r;
     r.name = name;
     r.n_blocks = static_cast<int>(h.n_blocks);
+    r.snap_depth = static_cast<int>(h.snap_depth);
     r.size = size;
     r.keys = std::move(h.keys);
+    r.tokens = std::move(h.tokens);
+    r.tail = std::move(h.tail_tokens);
     found.emplace_back(de.last_write_time(ec), std::move(r));
   }
   // Oldest first, so the tick order is the files' last-use order (loads touch their file).
@@ -319,20 +348,35 @@ void DiskCache::scan() {
   evict_locked();
 }
 
-DiskCache::Found DiskCache::find(const std::vector<uint64_t>& keys, bool whole_only) const {
+DiskCache::Found DiskCache::find(const std::vector<uint64_t>& keys, const std::vector<int32_t>& prompt, bool tails) const {
   std::lock_guard<std::mutex> lk(mu_);
   Found f;
   if (!enabled_) return f;
-  for (size_t n = keys.size(); n > 0; --n) {
+  const bool hybrid = opt_.snapshot_bytes > 0;
+  const int bs = opt_.block_size;
+  // Deepest first: any use of n blocks serves more than any use of fewer (a tail has < block_size cells).
+  for (size_t n = keys.size(); n > 0 && f.tokens == 0; --n) {
     auto b = by_key_.find(keys[n - 1]);
     if (b == by_key_.end()) continue;
+    // The prompt's cells past n blocks that a tail may serve: up to (not including) its last token.
+    const int room = static_cast<int>(prompt.size()) - 1 - static_cast<int>(n) * bs;
     for (const std::string& name : b->second) {
       const FileRec& r = files_.at(name);
       if (static_cast<size_t>(r.n_blocks) < n || r.keys[n - 1] != keys[n - 1]) continue;
-      if (whole_only && static_cast<size_t>(r.n_blocks) != n) continue;
-      f.name = name;
-      f.n_blocks = static_cast<int>(n);
-      return f;
+      // The block after the n: the tail, or (attention) the file's block n.
+      const bool tail = static_cast<size_t>(r.n_blocks) == n;
+      const int32_t* next = tail ? r.tail.data() : r.tokens.data() + n * static_cast<size_t>(bs);
+      const int have = tail ? static_cast<int>(r.tail.size()) : bs;
+      int c = 0;  // its leading cells shared with the prompt
+      if (tails && (!hybrid || tail)) {
+        const int most = std::min({have, room, bs - 1});
+        while (c < most && next[c] == prompt[n * static_cast<size_t>(bs) + static_cast<size_t>(c)]) ++c;
+        // Hybrid: the stored state is the one after the tail's last cell.
+        if (hybrid && c != have) c = 0;
+      }
+      if (hybrid && c == 0 && static_cast<size_t>(r.snap_depth) != n) continue;
+      const int tokens = static_cast<int>(n) * bs + c;
+      if (tokens > f.tokens) f = {name, static_cast<int>(n), c, c > 0 && tail, tokens};
     }
   }
   return f;
@@ -379,11 +423,16 @@ bool DiskCache::load(const Found& f, const std::vector<uint64_t>& keys, const st
              h.block_size != static_cast<uint32_t>(opt_.block_size) || h.block_bytes != opt_.block_bytes || h.snapshot_bytes != opt_.snapshot_bytes))
     ok = false, why = "written for another model or cache layout";
   if (ok && payload_checksum(payload.data(), payload.size()) != h.payload_checksum) ok = false, why = "payload checksum mismatch (corrupt)";
-  if (ok && static_cast<int>(h.n_blocks) < f.n_blocks) ok = false, why = "shorter than indexed";
+  const int n_next = f.part_cells == 0 ? 0 : f.part_tail ? static_cast<int>(h.tail_cells) : static_cast<int>(h.block_size);
+  if (ok && (static_cast<int>(h.n_blocks) < f.n_blocks + (f.part_cells > 0 && !f.part_tail ? 1 : 0) ||
+             (f.part_tail && static_cast<int>(h.n_blocks) != f.n_blocks) || n_next < f.part_cells))
+    ok = false, why = "shorter than indexed";
   if (ok) {
     const size_t ntok = static_cast<size_t>(f.n_blocks) * h.block_size;
-    ok = std::equal(keys.begin(), keys.begin() + f.n_blocks, h.keys.begin()) && prompt.size() >= ntok &&
-         std::equal(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(ntok), h.tokens.begin());
+    const int32_t* next = f.part_tail ? h.tail_tokens.data() : h.tokens.data() + (f.part_cells > 0 ? ntok : 0);
+    ok = std::equal(keys.begin(), keys.begin() + f.n_blocks, h.keys.begin()) && prompt.size() >= ntok + static_cast<size_t>(f.part_cells) &&
+         std::equal(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(ntok), h.tokens.begin()) &&
+         std::equal(next, next + f.part_cells, prompt.begin() + static_cast<std::ptrdiff_t>(ntok));
     if (!ok) {
       // Another chain under this name (a key collision): a miss; the file itself is fine.
       return false;
@@ -406,13 +455,13 @@ bool DiskCache::load(const Found& f, const std::vector<uint64_t>& keys, const st
   return true;
 }
 
-void DiskCache::write(std::vector<uint64_t> keys, std::vector<int32_t> tokens, std::vector<uint8_t> payload, uint64_t snapshot_bytes) {
+void DiskCache::write(Chain c) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!enabled_ || keys.empty()) return;
+    if (!enabled_ || c.keys.empty()) return;
     // Bounded: a disk slower than the engine drops writes rather than holding RAM.
     if (jobs_.size() >= 8) return;
-    jobs_.push_back({std::move(keys), std::move(tokens), std::move(payload), snapshot_bytes});
+    jobs_.push_back(std::move(c));
   }
   cv_.notify_all();
 }
@@ -454,17 +503,26 @@ bool DiskCache::write_file(const Job& j) {
   h.block_size = static_cast<uint32_t>(opt_.block_size);
   h.n_blocks = static_cast<uint32_t>(j.keys.size());
   h.block_bytes = opt_.block_bytes;
-  h.snapshot_bytes = j.snapshot_bytes;
+  h.snapshot_bytes = opt_.snapshot_bytes;
+  h.snap_depth = j.snap_depth;
+  h.tail_cells = static_cast<uint32_t>(j.tail_tokens.size());
+  h.tail_key = j.tail_key;
   h.keys = j.keys;
   h.tokens = j.tokens;
+  h.tail_tokens = j.tail_tokens;
   h.payload_checksum = payload_checksum(j.payload.data(), j.payload.size());
-  const std::vector<uint8_t> head = make_block_file_header(h);
-  const std::string name = hex(j.keys.back()) + ".pgkv";
-  uint64_t n;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    n = ++counter_;
+  // The engine's payload must be the one the header describes, or the file would read back as corrupt.
+  if (j.payload.size() != h.payload_bytes()) {
+    PG_WARN("disk KV cache: a chain's payload is %zu bytes, its header says %llu: not written", j.payload.size(),
+            static_cast<unsigned long long>(h.payload_bytes()));
+    return false;
   }
+  const std::vector<uint8_t> head = make_block_file_header(h);
+  const std::string name = hex(h.tail_cells > 0 ? j.tail_key : j.keys.back()) + ".pgkv";
+  // Unique across every DiskCache of this process (two caches on one directory in one process write
+  // the same chain at once: per-object counters would give both the same temporary name).
+  static std::atomic<uint64_t> tmp_counter{0};
+  const uint64_t n = ++tmp_counter;
   const std::string tmp = folder_ + "/" + name + "." + std::to_string(getpid()) + "." + std::to_string(n) + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
   if (fd < 0) {
@@ -496,23 +554,44 @@ bool DiskCache::write_file(const Job& j) {
   FileRec r;
   r.name = name;
   r.n_blocks = static_cast<int>(j.keys.size());
+  r.snap_depth = static_cast<int>(j.snap_depth);
   r.size = head.size() + j.payload.size();
   r.tick = ++tick_;
   r.keys = j.keys;
+  r.tokens = j.tokens;
+  r.tail = j.tail_tokens;
   ++writes_;
   write_bytes_ += r.size;
-  // Attention-only chains: a file holding a strict prefix of this one is superseded (every hit it could
-  // serve this one serves). Hybrid files end at their snapshot, so shorter ones stay useful.
-  if (j.snapshot_bytes == 0) {
-    std::vector<std::string> gone;
-    for (size_t i = 0; i + 1 < j.keys.size(); ++i) {
-      auto it = files_.find(hex(j.keys[i]) + ".pgkv");
-      if (it != files_.end() && it->second.n_blocks == static_cast<int>(i) + 1) gone.push_back(it->first);
+  // A file whose every possible hit this one serves is superseded and deleted: attention — a chain that
+  // is a prefix of this one, its tail (if any) the leading cells of this one's next block or tail;
+  // hybrid — states are kept only where they were taken, so only a tail-less file with the same
+  // block snapshot (the same prefix and depth) goes.
+  const bool hybrid = opt_.snapshot_bytes > 0;
+  const size_t bs = static_cast<size_t>(opt_.block_size);
+  std::vector<std::string> gone;
+  for (size_t g = 1; g <= j.keys.size(); ++g) {
+    auto b = by_key_.find(j.keys[g - 1]);
+    if (b == by_key_.end()) continue;
+    for (const std::string& other : b->second) {
+      const FileRec& o = files_.at(other);
+      if (other == name || static_cast<size_t>(o.n_blocks) != g || o.keys[g - 1] != j.keys[g - 1]) continue;
+      bool covered;
+      if (hybrid) {
+        covered = o.tail.empty() && o.snap_depth == static_cast<int>(j.snap_depth);
+      } else if (o.tail.empty()) {
+        covered = true;  // g < n, or g == n and this one adds a tail (g == n without one is this name)
+      } else {
+        // Its tail's cells: this chain's block g, or (g == n) this tail.
+        const int32_t* next = g < j.keys.size() ? j.tokens.data() + g * bs : j.tail_tokens.data();
+        const size_t have = g < j.keys.size() ? bs : j.tail_tokens.size();
+        covered = o.tail.size() <= have && std::equal(o.tail.begin(), o.tail.end(), next);
+      }
+      if (covered) gone.push_back(other);
     }
-    for (const auto& g : gone) {
-      remove_locked(g);
-      ::unlink((folder_ + "/" + g).c_str());
-    }
+  }
+  for (const auto& g : gone) {
+    remove_locked(g);
+    ::unlink((folder_ + "/" + g).c_str());
   }
   add_locked(std::move(r));
   evict_locked();

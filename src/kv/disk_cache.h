@@ -7,12 +7,22 @@
 // eviction, so two servers on one directory never interleave those (readers verify checksums, and a
 // file the other server evicted reads as a miss).
 //
-// Block file (little-endian):
+// Block file, format version 2 (little-endian):
 //   magic "PGKVBLK\0" (8) | version u32 | header bytes u32 | model identity u64 | K type u32 | V type u32
-//   | block size u32 | n_blocks u32 | block bytes u64 | snapshot bytes u64 (0 = none)
-//   | keys u64[n_blocks] (the hash chain) | tokens i32[n_blocks·block size]
-//   | payload checksum u64 (payload_checksum) | header checksum u64 (FNV-1a of all bytes before it)
-//   | payload: n_blocks × block bytes (PagedKvCache::read_block), then the snapshot bytes
+//   | block size u32 | n_blocks u32 | block bytes u64 | snapshot bytes u64 (one recurrent slot; 0 =
+//   attention model) | snapshot depth u32 | tail cells u32 | tail key u64
+//   | keys u64[n_blocks] (the hash chain) | tokens i32[n_blocks·block size] | tail tokens i32[tail cells]
+//   | payload checksum u64 (payload_checksum over the whole payload) | header checksum u64 (FNV-1a of
+//   all bytes before it)
+//   | payload: n_blocks × block bytes (PagedKvCache::read_block)
+//             | the block snapshot (hybrid: the state after `snapshot depth` blocks; absent when 0)
+//             | the tail: cells [0, tail cells) of the sequence's last, partly filled block
+//               (PagedKvCache::read_cells: tail cells × block bytes / block size)
+//             | the tail snapshot (hybrid, with a tail: the state after the tail's last cell)
+// The tail is what the RAM index keeps as a released sequence's tail entry (kv/prefix_cache.h): a disk
+// hit reuses it by the same copy-on-write as a RAM hit. The file is named after its last key: the tail
+// key when it has a tail, else the last block's. Version 1 files (full blocks only, no tail fields) are
+// quarantined at the scan with one warning saying so.
 // Written to a temporary file in the same folder, fsync'd, renamed over the final name, and the folder
 // fsync'd. The start-up scan checks every header (magic, version, identity, types, sizes, checksum of
 // the header, file length); loads check the payload checksum and that keys and tokens are the prompt's.
@@ -42,10 +52,19 @@ struct BlockFileHeader {
   uint64_t model_id = 0;
   uint32_t k_type = 0, v_type = 0, block_size = 0, n_blocks = 0;
   uint64_t block_bytes = 0, snapshot_bytes = 0;
+  uint32_t snap_depth = 0;        // hybrid: blocks the block snapshot follows (0 = no block snapshot)
+  uint32_t tail_cells = 0;        // cells of the partial tail (0 = none; < block_size)
+  uint64_t tail_key = 0;          // prefix_block_key(keys.back(), tail tokens) (0 without a tail)
   std::vector<uint64_t> keys;     // (n_blocks)
   std::vector<int32_t> tokens;    // (n_blocks·block_size)
+  std::vector<int32_t> tail_tokens;  // (tail_cells)
   uint64_t payload_checksum = 0;
-  uint64_t payload_bytes() const { return n_blocks * block_bytes + snapshot_bytes; }
+  // Payload offsets of its sections (blocks at 0).
+  uint64_t block_snapshot_at() const { return n_blocks * block_bytes; }
+  uint64_t tail_at() const { return block_snapshot_at() + (snap_depth > 0 ? snapshot_bytes : 0); }
+  uint64_t tail_bytes() const { return block_size > 0 ? tail_cells * (block_bytes / block_size) : 0; }
+  uint64_t tail_snapshot_at() const { return tail_at() + tail_bytes(); }
+  uint64_t payload_bytes() const { return tail_snapshot_at() + (tail_cells > 0 ? snapshot_bytes : 0); }
 };
 
 // Parses a block file's header from its first bytes (at least header_bytes of them; `file_size` the
@@ -79,21 +98,39 @@ class DiskCache {
   bool enabled() const;
   const std::string& folder() const { return folder_; }
 
-  // The deepest file prefix of `keys` (keys[0..n) of the prompt): n_blocks = 0 when none. whole_only:
-  // the file must end exactly there (hybrid models: its snapshot is the state after its last block).
+  // The file serving the most of `prompt` (keys: the chain of its first whole blocks, those that leave
+  // a prompt token to prefill), as a RAM hit would: n ≤ keys.size() of the file's blocks that are the
+  // prompt's, then the leading cells the prompt shares with what follows them in the file — its tail
+  // when n is all of its blocks, else its block n (at most up to the prompt's last token). Hybrid
+  // models: only where a state is stored — n equal to its snapshot depth, or its whole tail matched to
+  // its end. tails = false: no partly used block (--no-partial-blocks). tokens = 0 when none.
   struct Found {
     std::string name;
-    int n_blocks = 0;
+    int n_blocks = 0;     // whole blocks to attach
+    int part_cells = 0;   // cells of the partly used block (0 = none)
+    bool part_tail = false;  // that block is the file's tail (else its block n_blocks)
+    int tokens = 0;       // n_blocks·block_size + part_cells
   };
-  Found find(const std::vector<uint64_t>& keys, bool whole_only) const;
-  // Reads the file, checks it (header, payload checksum, keys[0..n_blocks) and tokens of the prompt),
-  // and returns its payload; false when it is missing (evicted by another server: silent) or broken
-  // (one warning, quarantined).
+  Found find(const std::vector<uint64_t>& keys, const std::vector<int32_t>& prompt, bool tails = true) const;
+  // Reads the file, checks it (header, payload checksum, keys[0..n_blocks) and tokens of the prompt,
+  // and the partly used block's leading tokens), and returns its payload; false when it is missing (evicted
+  // by another server: silent) or broken (one warning, quarantined).
   bool load(const Found& f, const std::vector<uint64_t>& keys, const std::vector<int32_t>& prompt, BlockFileHeader& h,
             std::vector<uint8_t>& payload);
+  // A file named after this key (the last block's, or the tail's) exists.
   bool has(uint64_t last_key) const;
-  // Queues a write (the writer thread does the I/O). keys/tokens: the chain; payload: blocks then snapshot.
-  void write(std::vector<uint64_t> keys, std::vector<int32_t> tokens, std::vector<uint8_t> payload, uint64_t snapshot_bytes);
+  // What write() stores: the chain's keys and tokens, the snapshot depth, the tail (tokens and key,
+  // empty/0 for none) and the payload in file order (blocks, block snapshot, tail cells, tail snapshot).
+  struct Chain {
+    std::vector<uint64_t> keys;
+    std::vector<int32_t> tokens;
+    uint32_t snap_depth = 0;
+    std::vector<int32_t> tail_tokens;
+    uint64_t tail_key = 0;
+    std::vector<uint8_t> payload;
+  };
+  // Queues a write (the writer thread does the I/O).
+  void write(Chain c);
   void flush() const;
 
   uint64_t files() const;
@@ -105,16 +142,14 @@ class DiskCache {
   struct FileRec {
     std::string name;
     int n_blocks = 0;
+    int snap_depth = 0;
     uint64_t size = 0;
     uint64_t tick = 0;
     std::vector<uint64_t> keys;
+    std::vector<int32_t> tokens;  // (n_blocks·block_size) the chain's, and the tail's: find() matches
+    std::vector<int32_t> tail;    // them without reading the file (4 bytes a token next to its KV)
   };
-  struct Job {
-    std::vector<uint64_t> keys;
-    std::vector<int32_t> tokens;
-    std::vector<uint8_t> payload;
-    uint64_t snapshot_bytes = 0;
-  };
+  using Job = Chain;
   void scan();
   void add_locked(FileRec r);
   void remove_locked(const std::string& name);
@@ -135,7 +170,7 @@ class DiskCache {
   std::deque<Job> jobs_;
   std::unordered_map<std::string, FileRec> files_;
   std::unordered_map<uint64_t, std::vector<std::string>> by_key_;  // chain key → files holding it
-  uint64_t tick_ = 0, total_ = 0, writes_ = 0, write_bytes_ = 0, counter_ = 0;
+  uint64_t tick_ = 0, total_ = 0, writes_ = 0, write_bytes_ = 0;
   std::thread thread_;
 };
 

@@ -329,25 +329,28 @@ bool PagedKvCache::attach_partial(int seq, int32_t src, int n_cells) {
   return true;
 }
 
-void PagedKvCache::read_block(int32_t b, uint8_t* out) const {
-  PG_CHECK(b >= 0 && b < opt_.n_blocks, "read_block: block out of range");
+void PagedKvCache::read_cells(int32_t b, int n_cells, uint8_t* out) const {
+  PG_CHECK(b >= 0 && b < opt_.n_blocks, "read_cells: block out of range");
+  PG_CHECK(n_cells >= 0 && n_cells <= opt_.block_size, "read_cells: more cells than a block holds");
   for (const auto& l : layers_) {
     if (!l.k.valid()) continue;
     for (const Tensor* t : {&l.k, &l.v}) {
-      const size_t n = t->row_bytes() * static_cast<size_t>(opt_.block_size);
-      backend_.download(*t, out, n, static_cast<size_t>(b) * n);
+      // A block's cells are consecutive rows of the layer's tensor: its first n_cells rows are one range.
+      const size_t whole = t->row_bytes() * static_cast<size_t>(opt_.block_size), n = t->row_bytes() * static_cast<size_t>(n_cells);
+      backend_.download(*t, out, n, static_cast<size_t>(b) * whole);
       out += n;
     }
   }
 }
 
-void PagedKvCache::write_block(int32_t b, const uint8_t* in) {
-  PG_CHECK(b >= 0 && b < opt_.n_blocks, "write_block: block out of range");
+void PagedKvCache::write_cells(int32_t b, int n_cells, const uint8_t* in) {
+  PG_CHECK(b >= 0 && b < opt_.n_blocks, "write_cells: block out of range");
+  PG_CHECK(n_cells >= 0 && n_cells <= opt_.block_size, "write_cells: more cells than a block holds");
   for (auto& l : layers_) {
     if (!l.k.valid()) continue;
     for (Tensor* t : {&l.k, &l.v}) {
-      const size_t n = t->row_bytes() * static_cast<size_t>(opt_.block_size);
-      backend_.upload(*t, in, n, static_cast<size_t>(b) * n);
+      const size_t whole = t->row_bytes() * static_cast<size_t>(opt_.block_size), n = t->row_bytes() * static_cast<size_t>(n_cells);
+      backend_.upload(*t, in, n, static_cast<size_t>(b) * whole);
       in += n;
     }
   }

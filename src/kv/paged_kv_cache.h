@@ -74,8 +74,12 @@ class PagedKvCache final : public KvCache {
   bool attach_partial(int seq, int32_t src, int n_cells);
   // The K and V rows of one block over every attention layer (layer order, K then V), as bytes.
   size_t block_bytes() const { return block_bytes_; }
-  void read_block(int32_t b, uint8_t* out) const;   // writes block_bytes()
-  void write_block(int32_t b, const uint8_t* in);   // reads block_bytes()
+  void read_block(int32_t b, uint8_t* out) const { read_cells(b, opt_.block_size, out); }  // writes block_bytes()
+  void write_block(int32_t b, const uint8_t* in) { write_cells(b, opt_.block_size, in); }  // reads block_bytes()
+  // The same for cells [0, n_cells) of the block only (a partly filled tail: n_cells·bytes_per_token()
+  // bytes, layer order, K then V); write_cells leaves the block's other cells as they were.
+  void read_cells(int32_t b, int n_cells, uint8_t* out) const;
+  void write_cells(int32_t b, int n_cells, const uint8_t* in);
   // K/V rows moved so far by commit() and copy-on-write (per layer count once): a chain verified as a
   // tree commits with none.
   int64_t rows_copied() const { return rows_copied_; }

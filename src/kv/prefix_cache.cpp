@@ -246,20 +246,25 @@ PrefixHit PrefixCache::attach(int seq, const std::vector<int32_t>& prompt) {
   }
   blocks.resize(static_cast<size_t>(base));
   int got = base;
-  bool from_disk = false;
-  if (disk_ && disk_->enabled() && max_blocks > base) {
-    // The disk serves the hit only where it reaches past what RAM serves (whole blocks beyond the tail).
-    // The tail's block is held meanwhile: an eviction for the disk's blocks must not take it.
+  bool from_disk = false, state = true;
+  const int ram_tokens = base * bs_ + (pm.key ? pm.n : 0);
+  if (disk_ && disk_->enabled() && max_blocks > 0 && ram_tokens < n - 1) {
+    // The disk serves the hit only where it reaches past what RAM serves (more blocks, or the same
+    // blocks and more tail cells; RAM serving all but the last token needs no look). The RAM tail's
+    // block is held meanwhile: an eviction for the disk's blocks must not take it.
     const int32_t tail_block = pm.key ? index_.at(pm.key).block : -1;
     if (tail_block >= 0) kv_.hold_block(tail_block);
-    const int d = attach_disk(seq, prompt, keys, base, max_blocks);
+    uint64_t disk_tail = 0;
+    const int d = attach_disk(seq, prompt, keys, ram_tokens, disk_tail, state);
     if (tail_block >= 0) kv_.drop_block(tail_block);
     if (d > 0) {
-      hit.n_disk = (d - usable) * bs_;
       got = d;
       from_disk = true;
       pm = opt_.partial ? find_partial(key_of(d), prompt, d * bs_, n - 1 - d * bs_) : PartialMatch{};
+      // attach_disk left a free block when it loaded a tail: the copy cannot fail then.
       if (pm.key && !room_for_copy({}, pm)) pm = {};
+      PG_CHECK(state || pm.key, "prefix cache: a disk hit on a hybrid tail lost its snapshot");
+      hit.n_disk = (d - usable) * bs_ + (pm.key && pm.key == disk_tail ? pm.n : 0);
     }
   }
   if (!from_disk && base > 0) {
@@ -286,16 +291,45 @@ PrefixHit PrefixCache::attach(int seq, const std::vector<int32_t>& prompt) {
   return hit;
 }
 
-int PrefixCache::attach_disk(int seq, const std::vector<int32_t>& prompt, const std::vector<uint64_t>& keys, int n_ram,
-                             int max_blocks) {
-  const DiskCache::Found f = disk_->find(keys, rs_ != nullptr);
-  if (f.n_blocks <= n_ram || f.n_blocks > max_blocks) return 0;
+int PrefixCache::attach_disk(int seq, const std::vector<int32_t>& prompt, const std::vector<uint64_t>& keys, int ram_tokens,
+                             uint64_t& disk_tail, bool& state) {
+  disk_tail = 0;
+  state = true;
+  const DiskCache::Found f = disk_->find(keys, prompt, opt_.partial);
+  if (f.tokens <= ram_tokens || f.n_blocks == 0 || f.n_blocks > static_cast<int>(keys.size())) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   BlockFileHeader h;
   std::vector<uint8_t> payload;
   if (!disk_->load(f, keys, prompt, h, payload)) return 0;
   const auto t_read = std::chrono::steady_clock::now();
   const size_t bb = kv_.block_bytes();
+  // The partly used block, when f uses one — the file's tail, or (attention) its block after the
+  // attached ones, whose leading cells the prompt shares: a fresh index entry (new_tail), or the RAM
+  // index's own entry of the same tokens; attach() copies the cells from it, as for a RAM hit. Its
+  // key is recomputed from its tokens: the index files it under that.
+  const uint64_t parent = keys[static_cast<size_t>(f.n_blocks - 1)];
+  const int m = f.part_tail ? static_cast<int>(h.tail_cells) : bs_;  // the entry's cells
+  const int32_t* part_tokens = f.part_tail ? h.tail_tokens.data() : h.tokens.data() + static_cast<size_t>(f.n_blocks) * static_cast<size_t>(bs_);
+  bool use_tail = f.part_cells > 0, new_tail = false;
+  uint64_t tail_key = 0;
+  int32_t ram_tail_block = -1;
+  if (use_tail) {
+    tail_key = prefix_block_key(parent, part_tokens, m);
+    auto it = index_.find(tail_key);
+    if (tail_key != (f.part_tail ? h.tail_key : h.keys[static_cast<size_t>(f.n_blocks)])) {
+      use_tail = false;  // (the header checksum held: a writer bug, not corruption) the blocks still serve
+      PG_WARN("prefix cache: block file %s: a key does not match its tokens: only the blocks before it are used", f.name.c_str());
+    } else if (it == index_.end()) {
+      new_tail = true;
+    } else if (static_cast<int>(it->second.tokens.size()) == m && std::equal(part_tokens, part_tokens + m, it->second.tokens.begin()) &&
+               (!rs_ || it->second.snap >= 0)) {
+      ram_tail_block = it->second.block;
+    } else {
+      use_tail = false;  // another entry under that key (a collision)
+    }
+    // Hybrid: without its tail the file has a state only at its snapshot depth.
+    if (!use_tail && rs_ && static_cast<int>(h.snap_depth) != f.n_blocks) return 0;
+  }
   // The blocks: RAM entries where the index has them (identical KV), fresh blocks loaded from the file
   // for the rest. The found blocks are held while fresh ones are allocated (an eviction to make room
   // must not take them); fresh blocks come from the free pool — the empty slot's share guarantees room
@@ -317,14 +351,37 @@ int PrefixCache::attach_disk(int seq, const std::vector<int32_t>& prompt, const 
       ++n_fresh;
     }
   }
+  if (ram_tail_block >= 0) {
+    kv_.hold_block(ram_tail_block);
+    held.push_back(ram_tail_block);
+  }
+  // Beyond the chain's fresh blocks: the new tail entry's block, and one left free for the sequence's
+  // copy of the tail (attach() copies it; nothing may take that block in between).
+  const int n_alloc = n_fresh + (use_tail && new_tail ? 1 : 0) + (use_tail ? 1 : 0);
   std::vector<int32_t> fresh;
-  while (static_cast<int>(fresh.size()) < n_fresh) {
+  while (static_cast<int>(fresh.size()) < n_alloc) {
     int32_t b = kv_.alloc_block();
     while (b < 0 && evict_one()) b = kv_.alloc_block();
     if (b < 0) break;
     fresh.push_back(b);
   }
-  if (static_cast<int>(fresh.size()) < n_fresh) {
+  bool ok = static_cast<int>(fresh.size()) == n_alloc;
+  // Hybrid: the new tail's state needs a snapshot slot (none: the block snapshot serves, if the file has
+  // one at this depth).
+  int tail_snap = -1;
+  if (ok && rs_ && new_tail) {
+    tail_snap = take_snapshot_slot();
+    if (tail_snap < 0 && static_cast<int>(h.snap_depth) != f.n_blocks) {
+      ok = false;
+    } else if (tail_snap < 0) {
+      for (int k = 0; k < 2; ++k) {
+        kv_.drop_block(fresh.back());
+        fresh.pop_back();
+      }
+      use_tail = new_tail = false;
+    }
+  }
+  if (!ok) {
     for (int32_t b : fresh) kv_.drop_block(b);
     for (int32_t b : held) kv_.drop_block(b);
     return 0;
@@ -340,8 +397,28 @@ int PrefixCache::attach_disk(int seq, const std::vector<int32_t>& prompt, const 
   }
   kv_.attach_blocks(seq, blocks);
   for (int32_t b : held) kv_.drop_block(b);
-  if (rs_) {
-    rs_->load_slot(seq, payload.data() + static_cast<size_t>(f.n_blocks) * bb);
+  int32_t tail_block = use_tail ? ram_tail_block : -1;
+  if (use_tail) {
+    // The copy's block goes back to the pool, free for attach_partial.
+    kv_.drop_block(fresh.back());
+    fresh.pop_back();
+    if (new_tail) {
+      tail_block = fresh.back();
+      if (f.part_tail)
+        kv_.write_cells(tail_block, m, payload.data() + h.tail_at());
+      else
+        kv_.write_block(tail_block, payload.data() + static_cast<size_t>(f.n_blocks) * bb);
+      insert(tail_key, parent, f.n_blocks, tail_block, part_tokens, m);
+      if (rs_) {
+        rs_->load_slot(rs_->snapshot_slot(tail_snap), payload.data() + h.tail_snapshot_at());
+        index_.at(tail_key).snap = tail_snap;
+        snap_owner_[static_cast<size_t>(tail_snap)] = tail_key;
+      }
+      disk_tail = tail_key;
+    }
+  }
+  if (rs_ && !use_tail) {
+    rs_->load_slot(seq, payload.data() + h.block_snapshot_at());
     rs_->invalidate(seq, 0);
     Entry& last = index_.at(keys[static_cast<size_t>(f.n_blocks - 1)]);
     if (last.snap < 0) {
@@ -353,11 +430,15 @@ int PrefixCache::attach_disk(int seq, const std::vector<int32_t>& prompt, const 
       }
     }
   }
+  state = !rs_ || !use_tail;
+  // The tail entry (index-only, the newest leaf) is held through the budget check: attach() copies from it.
+  if (tail_block >= 0) kv_.hold_block(tail_block);
   enforce_budget();
-  PG_INFO("prefix cache: %d blocks from disk (%s, %.1f MiB) in %.2f ms (read and verify %.2f ms)", f.n_blocks - n_ram, f.name.c_str(),
-           static_cast<double>(payload.size()) / (1024.0 * 1024.0),
-           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
-           std::chrono::duration<double, std::milli>(t_read - t0).count());
+  if (tail_block >= 0) kv_.drop_block(tail_block);
+  PG_INFO("prefix cache: %d blocks and %d cells of a %s from disk (%s, %.1f MiB) in %.2f ms (read and verify %.2f ms)", f.n_blocks,
+          use_tail ? f.part_cells : 0, f.part_tail ? "tail" : "block", f.name.c_str(), static_cast<double>(payload.size()) / (1024.0 * 1024.0),
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+          std::chrono::duration<double, std::milli>(t_read - t0).count());
   return f.n_blocks;
 }
 
@@ -461,23 +542,56 @@ void PrefixCache::release(int seq, const std::vector<int32_t>& history, int n_va
       }
     }
   }
-  // Disk: the chain as deep as a hit could use it (hybrid: up to its deepest snapshot), once.
+  // Disk: the chain as deep as a hit could use it, once: its indexed blocks and its tail (what a RAM hit
+  // copies); hybrid: the deepest block snapshot and the tail with its release snapshot, the chain up to
+  // the deeper of the two.
   if (disk_ && disk_->enabled()) {
-    int depth = rs_ ? 0 : indexed;
+    int snap_depth = 0;
     if (rs_)
       for (int i = indexed; i-- > 0;)
         if (index_.at(keys[static_cast<size_t>(i)]).snap >= 0) {
-          depth = i + 1;
+          snap_depth = i + 1;
           break;
         }
-    if (depth > 0 && !disk_->has(keys[static_cast<size_t>(depth - 1)])) {
+    int m = 0;  // tail cells to write
+    uint64_t tail_key = 0;
+    int tail_snap = -1;
+    if (opt_.partial && n_full > 0 && indexed == n_full && len > n_full * bs_) {
+      m = len - n_full * bs_;
+      const int32_t* toks = history.data() + static_cast<size_t>(n_full) * static_cast<size_t>(bs_);
+      tail_key = prefix_block_key(keys[static_cast<size_t>(n_full - 1)], toks, m);
+      if (rs_) {
+        // A hybrid tail is stored only with the state after it: its RAM entry's snapshot.
+        auto it = index_.find(tail_key);
+        if (it != index_.end() && it->second.snap >= 0 && static_cast<int>(it->second.tokens.size()) == m &&
+            std::equal(toks, toks + m, it->second.tokens.begin()))
+          tail_snap = it->second.snap;
+        else
+          m = 0;
+      }
+    }
+    const int depth = m > 0 ? n_full : rs_ ? snap_depth : indexed;
+    if (depth > 0 && !disk_->has(m > 0 ? tail_key : keys[static_cast<size_t>(depth - 1)])) {
       const size_t bb = kv_.block_bytes();
-      const size_t sb = rs_ ? rs_->slot_bytes() : 0;
-      std::vector<uint8_t> payload(static_cast<size_t>(depth) * bb);
-      for (int i = 0; i < depth; ++i) kv_.read_block(index_.at(keys[static_cast<size_t>(i)]).block, payload.data() + static_cast<size_t>(i) * bb);
-      if (rs_) rs_->save_slot(rs_->snapshot_slot(index_.at(keys[static_cast<size_t>(depth - 1)]).snap), payload);
-      disk_->write(std::vector<uint64_t>(keys.begin(), keys.begin() + depth),
-                   std::vector<int32_t>(history.begin(), history.begin() + static_cast<std::ptrdiff_t>(depth) * bs_), std::move(payload), sb);
+      DiskCache::Chain c;
+      c.keys.assign(keys.begin(), keys.begin() + depth);
+      c.tokens.assign(history.begin(), history.begin() + static_cast<std::ptrdiff_t>(depth) * bs_);
+      c.snap_depth = static_cast<uint32_t>(snap_depth);
+      // (depth·block + snapshot + m cells + snapshot) bytes, in file order.
+      c.payload.resize(static_cast<size_t>(depth) * bb);
+      for (int i = 0; i < depth; ++i) kv_.read_block(index_.at(keys[static_cast<size_t>(i)]).block, c.payload.data() + static_cast<size_t>(i) * bb);
+      if (snap_depth > 0) rs_->save_slot(rs_->snapshot_slot(index_.at(keys[static_cast<size_t>(snap_depth - 1)]).snap), c.payload);
+      if (m > 0) {
+        // The tail's cells from the sequence's own last block (the RAM tail entry, when there is one,
+        // is that block; without one — superseded by an entry starting with it — the cells are the same).
+        c.tail_tokens.assign(history.begin() + static_cast<std::ptrdiff_t>(n_full) * bs_, history.begin() + len);
+        c.tail_key = tail_key;
+        const size_t at = c.payload.size();
+        c.payload.resize(at + static_cast<size_t>(m) * kv_.bytes_per_token());
+        kv_.read_cells(kv_.block_of(seq, n_full), m, c.payload.data() + at);
+        if (rs_) rs_->save_slot(rs_->snapshot_slot(tail_snap), c.payload);
+      }
+      disk_->write(std::move(c));
     }
   }
   kv_.clear(seq);

@@ -38,9 +38,10 @@
 // a snapshot, whose state is copied into the sequence: the prefix is never recomputed. One snapshot per
 // prompt (not per block) keeps the memory at one recurrent slot per cached prompt.
 //
-// Disk tier (kv/disk_cache.h): when enabled, a released sequence's cached chain is also written as one
-// block file (off the engine thread); a lookup that the RAM index cannot serve as deeply reads the file
-// back (verified) into fresh blocks, which then join the RAM index.
+// Disk tier (kv/disk_cache.h): when enabled, a released sequence's cached chain — its full blocks and
+// its tail (hybrid: with the snapshots the RAM entries have) — is also written as one block file (off
+// the engine thread); a lookup that the RAM index cannot serve as deeply reads the file back (verified)
+// into fresh blocks, which then join the RAM index, the tail as a tail entry copied like a RAM one.
 //
 // Engine-thread only, except stats(), which any thread may read.
 #pragma once
@@ -172,7 +173,14 @@ class PrefixCache {
   void enforce_budget();
   int count_idle() const;
   bool evict_one();
-  int attach_disk(int seq, const std::vector<int32_t>& prompt, const std::vector<uint64_t>& keys, int n_ram, int max_blocks);
+  // The disk tier's part of a hit, when a block file serves more than `ram_tokens` (what RAM serves):
+  // attaches its blocks to seq (RAM entries where the index has them), adds the loaded blocks and its
+  // tail (hybrid: with the tail's snapshot) to the index, leaves a free block for the tail's copy, and
+  // returns the blocks attached (0 = nothing changed). `disk_tail`: the key of a tail entry it loaded
+  // (0 = none), for attach() to copy; hybrid: `state` says whether seq's recurrent state was set (from
+  // the block snapshot) or must come from that tail.
+  int attach_disk(int seq, const std::vector<int32_t>& prompt, const std::vector<uint64_t>& keys, int ram_tokens, uint64_t& disk_tail,
+                  bool& state);
 
   PagedKvCache& kv_;
   RecurrentState* rs_;

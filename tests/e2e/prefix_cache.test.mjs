@@ -3,7 +3,10 @@
 // cache_read_input_tokens, llama-server timings.cache_n — with /metrics and /props agreeing.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { sharedServer, stopSharedServers, postJson, getText, metric } from './helpers.mjs';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { sharedServer, stopSharedServers, startServer, storiesModel, chatmlTemplate, postJson, getText, metric } from './helpers.mjs';
 
 let base;
 before(async () => {
@@ -86,4 +89,33 @@ test('props describe the prefix cache', async () => {
   assert.equal(p.prefix_cache.partial_blocks, true);
   assert.equal(p.prefix_cache.disk_dir, null);
   assert.equal(p.prefix_cache.disk_enabled, false);
+});
+
+test('disk tier: a restarted server repeats a prompt from its block file, the partial tail included', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'peregrine-e2e-disk-'));
+  const args = ['-m', storiesModel(), '--chat-template-file', chatmlTemplate(), '-np', '1', '-c', '512', '--kv-cache-dir', dir];
+  const body = { prompt: story, max_tokens: 8, temperature: 0 };
+  try {
+    let s = await startServer(args);
+    const a = await postJson(s.url + '/v1/completions', body);
+    assert.equal(a.status, 200, a.text);
+    await s.stop();  // the writer thread finishes its queue before the process exits
+    s = await startServer(args);
+    try {
+      const b = await postJson(s.url + '/v1/completions', body);
+      assert.equal(b.status, 200, b.text);
+      assert.equal(b.json.choices[0].text, a.json.choices[0].text, 'the same greedy answer');
+      const n = b.json.usage.prompt_tokens, cached = b.json.usage.prompt_tokens_details.cached_tokens;
+      assert.ok((n - 1) % 64 !== 0 && n > 128, `prompt of ${n} tokens`);
+      // As a RAM hit: all but the last prompt token, the last partly filled block from the file's tail.
+      assert.equal(cached, n - 1, `cached ${cached} of ${n}`);
+      const m = (await getText(s.url + '/metrics')).text;
+      assert.equal(metric(m, 'peregrine_prefix_cache_disk_hit_tokens_total'), cached);
+      assert.equal(metric(m, 'peregrine_prefix_cache_partial_hit_tokens_total'), cached % 64);
+    } finally {
+      await s.stop();
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -471,36 +471,137 @@ std::vector<fs::path> block_files(const fs::path& dir, bool quarantined = false)
 }
 
 // A "restart": a new cache and prefix cache on the same directory hit the block file the first one
-// wrote, with logits bit-identical to the uncached run; attention and hybrid models.
+// wrote — its full blocks and its partial tail (hybrid: through the tail's snapshot) — with logits
+// bit-identical to the uncached run; attention and hybrid models. The disk budget counts the tail.
 TEST(PrefixCache, DiskRoundTripAcrossARestart) {
   for (const char* file : {"tiny-qwen3-f16.gguf", "tiny-qwen35-f16.gguf", "tiny-qwen35moe-f16.gguf", "tiny-llama-Q4_K_M.gguf"}) {
     SCOPED_TRACE(file);
     Env e(file);
+    const bool hybrid = e.model->config().has_recurrent();
     TempDir dir;
     const auto p1 = tokens(70, e.V, 1), p2 = cat(p1, tokens(21, e.V, 2));
+    size_t bpt = 0;
     {
       Cached c(*e.model, 1, 256, 4, dir.p.string());
       ASSERT_TRUE(c.pc->disk_enabled());
+      bpt = c.kv->bytes_per_token();
       std::vector<float> l;
       prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l);
       c.pc->release(0, p1);
       c.pc->flush();
       EXPECT_EQ(c.pc->stats().disk_files, 1u);
     }
-    ASSERT_EQ(block_files(dir.p).size(), 1u);
+    const auto files = block_files(dir.p);
+    ASSERT_EQ(files.size(), 1u);
+    // 4 blocks and the 6 tail cells (hybrid: and two snapshots) after the header; the budget counts them all.
+    EXPECT_GE(fs::file_size(files[0]), 70 * bpt);
     Cached c(*e.model, 1, 256, 4, dir.p.string());
     EXPECT_EQ(c.pc->stats().disk_files, 1u) << "the index is rebuilt by the scan";
+    EXPECT_EQ(c.pc->stats().disk_bytes, fs::file_size(files[0]));
     std::vector<float> l2;
     const PrefixHit hit = prefill(*e.model, *c.kv, c.pc.get(), 0, p2, l2);
-    EXPECT_EQ(hit.n_tokens, 64);
-    EXPECT_EQ(hit.n_disk, 64);
-    EXPECT_TRUE(same(l2, reference(*e.model, p1, p2, 64)));
+    EXPECT_EQ(hit.n_tokens, 70) << "p1 whole: 4 blocks and its tail";
+    EXPECT_EQ(hit.n_disk, 70);
+    EXPECT_EQ(hit.n_partial, 6);
+    std::vector<Chunk> ref;
+    prefill_chunks(ref, p1, 0, hybrid);
+    prefill_chunks(ref, p2, 70, hybrid);
+    const auto r2 = run_chunks(*e.model, ref);
+    EXPECT_TRUE(same(l2, r2)) << "worst |diff| " << worst(l2, r2);
     c.pc->release(0, p2);
-    // The blocks joined the RAM index: the same prompt again is a RAM hit.
+    // The blocks and the tail joined the RAM index: the same prompt again is a RAM hit.
     const PrefixHit again = prefill(*e.model, *c.kv, c.pc.get(), 0, p2, l2);
-    EXPECT_GE(again.n_tokens, 64);
+    EXPECT_GE(again.n_tokens, 70);
     EXPECT_EQ(again.n_disk, 0);
     c.pc->release(0, p2);
+  }
+}
+
+// Greedy tokens of seq after its prompt (`last`: the prefill's last chunk's logits), decoding one row
+// at a time as the engine does.
+std::vector<int32_t> greedy(Model& m, KvCache& c, int seq, std::vector<int32_t> toks, const std::vector<float>& last, int steps) {
+  const int V = m.config().n_vocab;
+  std::vector<float> row(last.end() - V, last.end());
+  std::vector<int32_t> out;
+  for (int s = 0; s < steps; ++s) {
+    const int32_t t = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    out.push_back(t);
+    toks.push_back(t);
+    row = forward(m, c, toks, seq, static_cast<int>(toks.size()) - 1, static_cast<int>(toks.size()));
+  }
+  return out;
+}
+
+// The restarted server's first repeat: turn 1 (prompt, then its answer decoded row by row) on a
+// server with the disk tier, a restart, then (a) turn 2 = turn 1's prompt + answer + a new message and
+// (b) turn 1's prompt again. The disk hit reuses what the RAM hit reuses — the tail included — and its
+// logits and greedy tokens are bit-identical to the RAM hit's and to no cache's (same batch shapes).
+// Attention and hybrid (tiny-qwen35: the tail's release snapshot; the repeat, which ends inside the
+// tail, falls back to the block snapshot as RAM does).
+TEST(PrefixCache, DiskTailHitMatchesRamHitAndNoCache) {
+  for (const char* file : {"tiny-qwen3-f16.gguf", "tiny-llama-Q4_K_M.gguf", "tiny-qwen35-f16.gguf"}) {
+    SCOPED_TRACE(file);
+    Env e(file);
+    const bool hybrid = e.model->config().has_recurrent();
+    const auto p1 = tokens(70, e.V, 1), h1 = cat(p1, tokens(13, e.V, 4)), p2 = cat(h1, tokens(21, e.V, 2));
+    // Turn 1 on a cache: prefill p1, decode h1's answer, release.
+    auto turn1 = [&](Cached& c) {
+      std::vector<float> l;
+      prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l);
+      for (int i = 70; i < 83; ++i) forward(*e.model, *c.kv, h1, 0, i, i + 1);
+      c.pc->release(0, h1);
+    };
+    std::vector<Chunk> first;  // turn 1's forwards, uncached
+    prefill_chunks(first, p1, 0, hybrid);
+    for (int i = 70; i < 83; ++i) first.push_back({&h1, i, i + 1});
+    for (int which = 0; which < 2; ++which) {
+      SCOPED_TRACE(which == 0 ? "turn 2" : "turn 1 repeated");
+      const auto& q = which == 0 ? p2 : p1;
+      // RAM: the same server, no restart.
+      Cached ram(*e.model, 1, 256, 4);
+      turn1(ram);
+      std::vector<float> l_ram;
+      const PrefixHit h_ram = prefill(*e.model, *ram.kv, ram.pc.get(), 0, q, l_ram);
+      const auto g_ram = greedy(*e.model, *ram.kv, 0, q, l_ram, 4);
+      // Disk: turn 1, restart, q.
+      TempDir dir;
+      {
+        Cached c(*e.model, 1, 256, 4, dir.p.string());
+        turn1(c);
+        c.pc->flush();
+      }
+      Cached disk(*e.model, 1, 256, 4, dir.p.string());
+      std::vector<float> l_disk;
+      const PrefixHit h_disk = prefill(*e.model, *disk.kv, disk.pc.get(), 0, q, l_disk);
+      const auto g_disk = greedy(*e.model, *disk.kv, 0, q, l_disk, 4);
+      EXPECT_EQ(h_disk.n_tokens, h_ram.n_tokens);
+      EXPECT_EQ(h_disk.n_partial, h_ram.n_partial);
+      EXPECT_EQ(h_disk.n_disk, h_disk.n_tokens);
+      // What each reuses: turn 2 all of h1 (5 blocks and the 3 cells of its tail); the repeat all but
+      // p1's last token (attention: 4 blocks and 5 cells of h1's block 4, which the file holds whole) or
+      // the 64 of the block snapshot (hybrid).
+      const int want = which == 0 ? 83 : hybrid ? 64 : 69;
+      EXPECT_EQ(h_disk.n_tokens, want);
+      EXPECT_EQ(h_disk.n_partial, which == 0 ? 3 : hybrid ? 0 : 5);
+      // No cache, with the batch shapes the cached KV was computed with.
+      std::vector<Chunk> ref = first;
+      if (hybrid && want == 64) ref = {{&p1, 0, 64}};
+      else if (!hybrid && want < 83) ref.push_back({nullptr, want, 0});
+      prefill_chunks(ref, q, want, hybrid);
+      auto plain = e.model->make_cache({1, 1024, DType::F16, 16});
+      std::vector<float> l_ref;
+      for (const auto& ch : ref) {
+        if (ch.toks) l_ref = forward(*e.model, *plain, *ch.toks, 0, ch.from, ch.to);
+        else plain->truncate(0, ch.from);
+      }
+      const auto g_ref = greedy(*e.model, *plain, 0, q, l_ref, 4);
+      EXPECT_TRUE(same(l_disk, l_ram)) << "worst |diff| " << worst(l_disk, l_ram);
+      EXPECT_TRUE(same(l_disk, l_ref)) << "worst |diff| " << worst(l_disk, l_ref);
+      EXPECT_EQ(g_disk, g_ram);
+      EXPECT_EQ(g_disk, g_ref);
+      disk.pc->release(0, cat(q, g_disk));
+      ram.pc->release(0, cat(q, g_ram));
+    }
   }
 }
 
@@ -566,11 +667,64 @@ TEST(PrefixCache, CorruptTruncatedAndForeignFilesAreSkipped) {
       EXPECT_EQ(block_files(dir.p).size(), 0u);
       EXPECT_EQ(block_files(dir.p, true).size(), 1u) << "quarantined";
     } else {
-      EXPECT_EQ(hit.n_disk, 64) << "the good file still serves";
+      EXPECT_EQ(hit.n_disk, 70) << "the good file still serves";
       EXPECT_EQ(block_files(dir.p).size(), 1u);
       EXPECT_EQ(block_files(dir.p, true).size(), 1u);
     }
     c.pc->release(0, p2);
+  }
+}
+
+// The tail section of a block file (its cells, its snapshot, its tokens in the header) is covered
+// like the rest: a flipped byte in it or a cut inside it quarantines the file and the request is a miss
+// computed as without the cache; so is a version 1 file (found at the scan, by its version).
+TEST(PrefixCache, CorruptOrTruncatedTailSectionIsRejected) {
+  for (const char* file : {"tiny-qwen3-f16.gguf", "tiny-qwen35-f16.gguf"}) {
+    SCOPED_TRACE(file);
+    Env e(file);
+    const auto p1 = tokens(70, e.V, 1), p2 = cat(p1, tokens(21, e.V, 2));
+    std::vector<Chunk> miss;  // a miss's forwards (hybrid: stopping at p2's last boundary)
+    prefill_chunks(miss, p2, 0, e.model->config().has_recurrent());
+    const auto ref = run_chunks(*e.model, miss);
+    for (int mode = 0; mode < 5; ++mode) {
+      SCOPED_TRACE(mode);
+      TempDir dir;
+      {
+        Cached c(*e.model, 1, 256, 4, dir.p.string());
+        std::vector<float> l;
+        prefill(*e.model, *c.kv, c.pc.get(), 0, p1, l);
+        c.pc->release(0, p1);
+        c.pc->flush();
+      }
+      auto files = block_files(dir.p);
+      ASSERT_EQ(files.size(), 1u);
+      const fs::path f = files[0];
+      const uint64_t size = fs::file_size(f);
+      std::vector<uint8_t> bytes(size);
+      std::ifstream(f, std::ios::binary).read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
+      BlockFileHeader h;
+      std::string why;
+      ASSERT_TRUE(parse_block_file_header(bytes, size, h, why)) << why;
+      ASSERT_EQ(h.tail_cells, 6u);
+      const uint64_t tail = h.header_bytes + h.tail_at();
+      if (mode == 0) flip_byte(f, tail + h.tail_bytes() / 2);  // a tail cell's K/V (found at load: the checksum)
+      if (mode == 1) flip_byte(f, h.tail_snapshot_at() < h.payload_bytes() ? h.header_bytes + h.tail_snapshot_at() + 5 : size - 1);  // its snapshot (hybrid), else its last byte
+      if (mode == 2) flip_byte(f, h.header_bytes - 16 - 4 * 6 + 8);  // a tail token in the header (found at the scan)
+      if (mode == 3) fs::resize_file(f, tail + h.tail_bytes() / 3);  // cut inside the tail
+      if (mode == 4) {  // a version 1 file (its version field; the parser reads no further)
+        std::fstream v(f, std::ios::in | std::ios::out | std::ios::binary);
+        v.seekp(8);
+        v.put(1);
+      }
+      Cached c(*e.model, 1, 256, 4, dir.p.string());
+      std::vector<float> l2;
+      const PrefixHit hit = prefill(*e.model, *c.kv, c.pc.get(), 0, p2, l2);
+      EXPECT_EQ(hit.n_tokens, 0);
+      EXPECT_TRUE(same(l2, ref)) << "a miss computes everything";
+      EXPECT_EQ(block_files(dir.p).size(), 0u);
+      EXPECT_EQ(block_files(dir.p, true).size(), 1u) << "quarantined";
+      c.pc->release(0, p2);
+    }
   }
 }
 
@@ -602,7 +756,7 @@ TEST(PrefixCache, TwoServersShareOneDirectory) {
   std::vector<float> l;
   for (const auto* p : {&common, &a_only, &b_only}) {
     const auto q = cat(*p, tokens(5, e.V, 9));
-    EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, q, l).n_disk, 64);
+    EXPECT_EQ(prefill(*e.model, *c.kv, c.pc.get(), 0, q, l).n_disk, 70) << "4 blocks and the tail";
     c.pc->release(0, q);
   }
 }
@@ -618,7 +772,8 @@ TEST(PrefixCache, DiskBudgetAndSupersededFiles) {
   std::unique_ptr<PrefixCache> pc;
   auto kv = engine::make_cache_with_prefix(*e.model, ko, po, pc);
   std::vector<float> l;
-  const auto a = tokens(40, e.V, 1), a2 = cat(a, tokens(40, e.V, 9));
+  // a: 2 blocks and a tail of 8 cells; a2: 6 blocks and a tail of 4 (2.5× a's KV).
+  const auto a = tokens(40, e.V, 1), a2 = cat(a, tokens(60, e.V, 9));
   prefill(*e.model, *kv, pc.get(), 0, a, l);
   pc->release(0, a);
   pc->flush();
@@ -626,14 +781,14 @@ TEST(PrefixCache, DiskBudgetAndSupersededFiles) {
   prefill(*e.model, *kv, pc.get(), 0, a2, l);
   pc->release(0, a2);
   pc->flush();
-  EXPECT_EQ(pc->stats().disk_files, 1u) << "a's 2-block file is a prefix of a2's 5-block file";
+  EXPECT_EQ(pc->stats().disk_files, 1u) << "a's file (its tail the start of a2's block 2) is a prefix of a2's";
   EXPECT_GT(pc->stats().disk_bytes, one);
   kv.reset();
   pc.reset();
   // Budget for about two small files: the oldest goes.
   po.disk_bytes = 2 * one + one / 4;
   kv = engine::make_cache_with_prefix(*e.model, ko, po, pc);
-  EXPECT_EQ(pc->stats().disk_files, 0u) << "the 5-block file is over the new budget";
+  EXPECT_EQ(pc->stats().disk_files, 0u) << "a2's file is over the new budget";
   for (uint32_t s = 0; s < 3; ++s) {
     const auto p = tokens(40, e.V, 20 + s);
     prefill(*e.model, *kv, pc.get(), 0, p, l);
@@ -683,33 +838,78 @@ TEST(PrefixCache, ByteSizes) {
   for (const char* bad : {"", "G", "-1G", "12Q", "1e400", "abc", "nan"}) EXPECT_THROW(parse_byte_size(bad), Error) << bad;
 }
 
-// The parser of block files never reads out of bounds and rejects every cut of a valid header.
+// The parser of block files never reads out of bounds and rejects every cut of a valid header and
+// every flipped byte — with and without a tail (version 2) — and version 1 files by their version.
 TEST(PrefixCache, BlockFileHeaderParser) {
-  BlockFileHeader h;
-  h.model_id = 42;
-  h.k_type = 1;
-  h.v_type = 1;
-  h.block_size = 4;
-  h.n_blocks = 2;
-  h.block_bytes = 10;
-  h.keys = {7, 8};
-  h.tokens = {1, 2, 3, 4, 5, 6, 7, 8};
-  const auto bytes = make_block_file_header(h);
-  BlockFileHeader g;
-  std::string why;
-  ASSERT_TRUE(parse_block_file_header(bytes, bytes.size() + 20, g, why)) << why;
-  EXPECT_EQ(g.keys, h.keys);
-  EXPECT_EQ(g.tokens, h.tokens);
-  EXPECT_FALSE(parse_block_file_header(bytes, bytes.size() + 19, g, why)) << "truncated payload";
-  for (size_t n = 0; n < bytes.size(); ++n) {
-    const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
-    EXPECT_FALSE(parse_block_file_header(cut, bytes.size() + 20, g, why));
+  for (int with_tail = 0; with_tail < 2; ++with_tail) {
+    SCOPED_TRACE(with_tail);
+    BlockFileHeader h;
+    h.model_id = 42;
+    h.k_type = 1;
+    h.v_type = 1;
+    h.block_size = 4;
+    h.n_blocks = 2;
+    h.block_bytes = 12;  // 3 bytes per cell
+    h.keys = {7, 8};
+    h.tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+    if (with_tail) {
+      h.tail_tokens = {9, 10, 11};
+      h.tail_cells = 3;
+      h.tail_key = 99;
+    }
+    const uint64_t payload = 2 * 12 + (with_tail ? 9 : 0);
+    EXPECT_EQ(h.payload_bytes(), payload);
+    const auto bytes = make_block_file_header(h);
+    BlockFileHeader g;
+    std::string why;
+    ASSERT_TRUE(parse_block_file_header(bytes, bytes.size() + payload, g, why)) << why;
+    EXPECT_EQ(g.version, 2u);
+    EXPECT_EQ(g.keys, h.keys);
+    EXPECT_EQ(g.tokens, h.tokens);
+    EXPECT_EQ(g.tail_tokens, h.tail_tokens);
+    EXPECT_EQ(g.tail_key, h.tail_key);
+    EXPECT_EQ(g.tail_at(), 24u);
+    EXPECT_FALSE(parse_block_file_header(bytes, bytes.size() + payload - 1, g, why)) << "truncated payload (the tail's last byte)";
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
+      EXPECT_FALSE(parse_block_file_header(cut, bytes.size() + payload, g, why));
+    }
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      auto bad = bytes;
+      bad[i] ^= 1;
+      EXPECT_FALSE(parse_block_file_header(bad, bytes.size() + payload, g, why)) << "flipped byte " << i;
+    }
+    // A version 1 file: rejected by its version, saying so.
+    auto v1 = bytes;
+    v1[8] = 1;
+    EXPECT_FALSE(parse_block_file_header(v1, v1.size() + payload, g, why));
+    EXPECT_NE(why.find("version 1"), std::string::npos) << why;
   }
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    auto bad = bytes;
-    bad[i] ^= 1;
-    EXPECT_FALSE(parse_block_file_header(bad, bytes.size() + 20, g, why)) << "flipped byte " << i;
-  }
+  // Inconsistent tail fields, each with a valid header checksum: a tail as long as a block, a tail key
+  // without a tail, a snapshot depth past the chain or on an attention file, cells of unequal size.
+  auto bad_header = [](auto edit) {
+    BlockFileHeader h;
+    h.block_size = 4;
+    h.n_blocks = 1;
+    h.block_bytes = 8;
+    h.keys = {7};
+    h.tokens = {1, 2, 3, 4};
+    edit(h);
+    h.tail_cells = static_cast<uint32_t>(h.tail_tokens.size());
+    const auto bytes = make_block_file_header(h);
+    BlockFileHeader g;
+    std::string why;
+    return !parse_block_file_header(bytes, bytes.size() + h.payload_bytes(), g, why) && !why.empty();
+  };
+  EXPECT_FALSE(bad_header([](BlockFileHeader&) {})) << "the unedited header is valid";
+  EXPECT_TRUE(bad_header([](BlockFileHeader& h) { h.tail_tokens = {1, 2, 3, 4}, h.tail_key = 5; }));
+  EXPECT_TRUE(bad_header([](BlockFileHeader& h) { h.tail_key = 5; }));
+  EXPECT_TRUE(bad_header([](BlockFileHeader& h) { h.tail_tokens = {1}; }));
+  EXPECT_TRUE(bad_header([](BlockFileHeader& h) { h.snap_depth = 1; }));
+  EXPECT_TRUE(bad_header([](BlockFileHeader& h) { h.snapshot_bytes = 16, h.snap_depth = 2; }));
+  EXPECT_TRUE(bad_header([](BlockFileHeader& h) { h.snapshot_bytes = 16; }));
+  EXPECT_TRUE(bad_header([](BlockFileHeader& h) { h.block_bytes = 9; }));
+  EXPECT_FALSE(bad_header([](BlockFileHeader& h) { h.snapshot_bytes = 16, h.tail_tokens = {1}, h.tail_key = 5; })) << "hybrid, tail only";
 }
 
 }  // namespace
