@@ -800,6 +800,40 @@ INSTANTIATE_TEST_SUITE_P(Golden, PrefillSplit, testing::Values("tiny-qwen35-f16"
                            return s;
                          });
 
+// Issue 10 at token level: the prompt of request 5 of GreedyLossless (random_requests(6, 512, 48, 42) in
+// tests/spec/test_lossless.cpp) prefilled in three steps, every cut. With the chunked delta rule counted
+// from each step's start, 9 of the 66 cuts changed the greedy continuation at token 18 — where the flaky
+// "self-draft adaptive ddtree budget 22" run diverged from plain decoding.
+TEST(PrefillSplit, GreedyContinuationOfTheIssue10PromptForEveryThreeStepCut) {
+  CpuOptions co;  // the engine's settings
+  co.n_threads = 2;
+  CpuBackend be(co);
+  auto m = Model::load(test::shared_path("golden/models/tiny-qwen35-f16.gguf").string(), be);
+  const std::vector<int32_t> p = {34, 205, 80, 419, 49, 359, 387, 1, 509, 34, 205, 80, 419};
+  const int n = static_cast<int>(p.size());
+  auto greedy = [&](const std::vector<int>& steps) {
+    auto cache = m->make_cache({1, 320, DType::F16, 16});
+    std::vector<float> out;
+    int pos = 0;
+    for (int len : steps) {
+      Batch b;
+      for (int t = 0; t < len; ++t, ++pos) b.add(p[static_cast<size_t>(pos)], pos, 0, pos + 1 == n);
+      m->forward(b, *cache, out);
+    }
+    std::vector<int32_t> ids;
+    for (int t = 0; t < 24; ++t) {
+      ids.push_back(static_cast<int32_t>(std::max_element(out.begin(), out.end()) - out.begin()));
+      Batch b;
+      b.add(ids.back(), pos++, 0, true);
+      m->forward(b, *cache, out);
+    }
+    return ids;
+  };
+  const auto ref = greedy({n});
+  for (int a = 1; a < n; ++a)
+    for (int b = 1; a + b < n; ++b) EXPECT_EQ(greedy({a, b, n - a - b}), ref) << "steps " << a << " + " << b << " + " << n - a - b;
+}
+
 // Save a sequence, keep decoding, restore it (into another slot too) and decode the same tokens again.
 TEST(Qwen35Model, SaveRestoreSequenceState) {
   for (DType kv : {DType::F32, DType::F16}) {
