@@ -9,9 +9,9 @@
 // token-by-token form does the same float operations per token whatever the cut; the chunked form's
 // rounding depends on where its chunks start (at the segment start), and aligning chunks to absolute
 // positions would not help: a cut inside a chunk still replaces that chunk's computation by two others.
-// Measured (one thread, d_k = d_v = 128, 32 value heads, 512-token segment, CPU time): token by token
-// ~80-90 µs/token, chunked C=64 (the former default) ~90-120, C=16 ~60-80; decode ~60 µs vs ~115 µs for
-// the former token-by-token loop. The delta rule is ~1% of a 27B model's prefill flops.
+// Measured (one thread, d_k = d_v = 128, 32 value heads, 512-token segment, CPU time; docs/benchmarks.md):
+// token by token 72-77 µs/token, chunked C=64 (the former default) 96-106, C=16 70-85; decode 60-70 µs vs
+// 105-116 µs for the former token-by-token loop. The delta rule is ~1% of a 27B model's prefill flops.
 //
 // The chunked form, for one value head. Row-vector convention: the state S is (d_k, d_v); a token writes
 // k (d_k) and v (d_v), reads with q (d_k). One recurrent step is
