@@ -206,8 +206,11 @@ class Backend {
   // ggml broadcasts). With S (d_k, d_v) the head's state, per row t in chain order:
   //   S ← exp(g_t)·S;  δ = β_t·(v_t − Sᵀk_t);  S ← S + k_t δᵀ;  o_t = scale · Sᵀq_t.
   // q, k (n, n_k_heads·d_k) (L2-normalised by the caller); v, out (n, n_v_heads·d_v); g, beta (n, n_v_heads);
-  // state (n_slots, n_v_heads·d_k·d_v) F32, slot layout [head][d_k][d_v]. Long segments without captures
-  // run in a chunked parallel form (same result up to float rounding); captured rows run token by token.
+  // state (n_slots, n_v_heads·d_k·d_v) F32, slot layout [head][d_k][d_v]. A row's outputs and the state
+  // after it must not depend on how the history was cut into segments and steps (bit for bit): the
+  // scheduler splits prompts by the room other sequences' rows leave, and greedy speculative decoding
+  // must emit the tokens of plain decoding. Token-by-token forms have this by construction; a chunked
+  // form (chunks counted from the segment start) does not.
   virtual void gated_delta_net(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                Tensor& state, const RecurrentBatch& rb, int d_k, int d_v, float scale, Tensor& out) {
     not_implemented("gated_delta_net");

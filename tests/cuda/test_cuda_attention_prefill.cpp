@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <numeric>
 
 #include "backend/cuda/kernels.h"
 #include "cuda_test_util.h"
@@ -58,47 +57,17 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
   auto cpu = test::make_cpu_exact();
   auto gpu = std::make_unique<CudaBackend>(0, fa_options(0));
   // Sequences: 0 holds 3000 cached tokens + a 300-row chunk, 1 holds 100 + 300, 2 holds 300.
-  const int n_seq = 3, block_size = 64;
+  const int n_seq = 3;
   const int lens[n_seq] = {3300, 400, 300};
-  const int max_blocks = (3300 + block_size - 1) / block_size;
-  const int n_blocks = n_seq * max_blocks;
-  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
-  std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), std::mt19937(7));  // physical blocks in a shuffled order
-  auto cell = [&](int s, int p) { return table[static_cast<size_t>(s * max_blocks + p / block_size)] * block_size + p % block_size; };
+  const test::PagedKvLayout layout(n_seq, 3300, 64, 7);
   const int64_t kvw = static_cast<int64_t>(c.n_head_kv) * c.head_dim, qw = static_cast<int64_t>(c.n_head) * c.head_dim;
 
-  struct Side {
-    Backend* be;
-    KvLayer kv;
-    Tensor table;
-  };
-  Side sides[2] = {{cpu.get(), {}, {}}, {gpu.get(), {}, {}}};
+  test::KvSide sides[2] = {{cpu.get(), {}, {}}, {gpu.get(), {}, {}}};
   for (auto& s : sides) {
-    s.kv.k = s.be->alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
-    s.kv.v = s.be->alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
-    s.table = make_tensor(*s.be, DType::I32, max_blocks, n_seq, table.data());
+    s.kv.k = s.be->alloc(DType::F16, kvw, layout.n_cells());
+    s.kv.v = s.be->alloc(DType::F16, kvw, layout.n_cells());
+    s.table = test::upload_block_table(*s.be, layout);
   }
-  auto make_batch = [&](Side& s, const std::vector<int32_t>& pos, const std::vector<int32_t>& seq, std::vector<Tensor>& keep) {
-    AttentionBatch b;
-    const int n = static_cast<int>(pos.size());
-    std::vector<int32_t> cells(pos.size());
-    int mx = 0;
-    for (size_t i = 0; i < pos.size(); ++i) {
-      cells[i] = cell(seq[i], pos[i]);
-      mx = std::max(mx, pos[i] + 1);
-    }
-    b.n_tokens = n;
-    b.positions = make_tensor(*s.be, DType::I32, n, 1, pos.data());
-    b.seq = make_tensor(*s.be, DType::I32, n, 1, seq.data());
-    b.cells = make_tensor(*s.be, DType::I32, n, 1, cells.data());
-    keep.insert(keep.end(), {b.positions, b.seq, b.cells});
-    b.block_table = s.table;
-    b.block_size = block_size;
-    b.max_blocks = max_blocks;
-    b.max_kv_len = mx;
-    return b;
-  };
   for (int sq = 0; sq < n_seq; ++sq)
     for (int p0 = 0; p0 < lens[sq]; p0 += 512) {
       std::vector<int32_t> pos, seq;
@@ -106,16 +75,7 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
       const int n = static_cast<int>(pos.size());
       const auto k = randn(static_cast<size_t>(n * kvw), static_cast<uint32_t>(1000 + sq * 31 + p0));
       const auto v = randn(static_cast<size_t>(n * kvw), static_cast<uint32_t>(2000 + sq * 31 + p0));
-      for (auto& s : sides) {
-        std::vector<Tensor> keep;
-        AttentionBatch b = make_batch(s, pos, seq, keep);
-        Tensor kt = make_tensor(*s.be, DType::F32, kvw, n, k.data()), vt = make_tensor(*s.be, DType::F32, kvw, n, v.data());
-        s.be->kv_store(s.kv, kt, vt, b);
-        s.be->synchronize();
-        for (auto& t : keep) s.be->free(t);
-        s.be->free(kt);
-        s.be->free(vt);
-      }
+      for (auto& s : sides) test::store_kv_rows(s, layout, pos, seq, kvw, k, v);
     }
   AttentionParams ap;
   ap.n_head = c.n_head;
@@ -173,10 +133,10 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
     // 0: CPU, 1: CUDA FP32 kernel, 2: CUDA tensor-core kernel.
     std::vector<float> out[3];
     for (int run = 0; run < 3; ++run) {
-      Side& s = sides[run == 0 ? 0 : 1];
+      test::KvSide& s = sides[run == 0 ? 0 : 1];
       if (run > 0) gpu->set_options(fa_options(run == 2 ? 1 : 0));
       std::vector<Tensor> keep;
-      AttentionBatch b = make_batch(s, fb.pos, fb.seq, keep);
+      AttentionBatch b = test::paged_batch(s, layout, fb.pos, fb.seq, keep);
       Tensor qt = make_tensor(*s.be, DType::F32, qw, n, q.data());
       const std::vector<float> poison(static_cast<size_t>(n * qw), std::nanf(""));
       Tensor ot = make_tensor(*s.be, DType::F32, qw, n, poison.data());

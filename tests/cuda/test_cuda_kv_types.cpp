@@ -24,7 +24,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
 
 #include "core/kv_quant.h"
 #include "cuda_test_util.h"
@@ -37,14 +36,9 @@ namespace {
 using test::compare;
 using test::ErrStats;
 using test::fetch;
+using test::fetch_bytes;
 using test::make_tensor;
 using test::randn;
-
-std::vector<uint8_t> fetch_bytes(Backend& be, const Tensor& t) {
-  std::vector<uint8_t> b(t.nbytes());
-  be.download(t, b.data(), b.size());
-  return b;
-}
 
 // K rows with a few persistent large channels (as real K caches have), V rows Gaussian.
 std::vector<float> kv_rows(size_t n, int width, uint32_t seed, bool outliers) {
@@ -128,53 +122,22 @@ TEST_P(CudaKvAttention, MatchesCpu) {
   const KvAttnCase c = GetParam();
   auto cpu = test::make_cpu_exact();
   auto gpu = test::make_cuda(false, false);  // attention.cu at every row count (the FA path: test_cuda_attention_prefill)
-  const int n_seq = 3, block_size = 16;
+  const int n_seq = 3;
   const int lens[n_seq] = {2500, 45, 300};
-  const int max_blocks = (2500 + block_size - 1) / block_size;
-  const int n_blocks = n_seq * max_blocks;
-  std::vector<int32_t> perm(static_cast<size_t>(n_blocks));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937(42));
-  std::vector<int32_t> table(perm.begin(), perm.end());
-  auto cell = [&](int s, int p) { return table[static_cast<size_t>(s * max_blocks + p / block_size)] * block_size + p % block_size; };
+  const test::PagedKvLayout layout(n_seq, 2500, 16, 42);
   const int hd = c.head_dim;
   const int64_t kvw = static_cast<int64_t>(c.n_head_kv) * hd, qw = static_cast<int64_t>(c.n_head) * hd;
 
-  struct Side {
-    Backend* be;
-    KvLayer kv;
-    Tensor table;
-  };
-  Side sides[2] = {{cpu.get(), {}, {}}, {gpu.get(), {}, {}}};
+  test::KvSide sides[2] = {{cpu.get(), {}, {}}, {gpu.get(), {}, {}}};
   for (auto& s : sides) {
-    s.kv.k = s.be->alloc(c.k, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.k, hd), static_cast<int64_t>(n_blocks) * block_size);
-    s.kv.v = s.be->alloc(c.v, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.v, hd), static_cast<int64_t>(n_blocks) * block_size);
+    s.kv.k = s.be->alloc(c.k, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.k, hd), layout.n_cells());
+    s.kv.v = s.be->alloc(c.v, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.v, hd), layout.n_cells());
     s.kv.n_head_kv = c.n_head_kv, s.kv.head_dim = hd, s.kv.head_dim_v = hd;
     const std::vector<uint8_t> zk(s.kv.k.nbytes(), 0), zv(s.kv.v.nbytes(), 0);
     s.be->upload(s.kv.k, zk.data(), zk.size());
     s.be->upload(s.kv.v, zv.data(), zv.size());
-    s.table = make_tensor(*s.be, DType::I32, max_blocks, n_seq, table.data());
+    s.table = test::upload_block_table(*s.be, layout);
   }
-  auto make_batch = [&](Side& s, const std::vector<int32_t>& pos, const std::vector<int32_t>& seq, std::vector<Tensor>& keep) {
-    AttentionBatch b;
-    const int n = static_cast<int>(pos.size());
-    std::vector<int32_t> cells(pos.size());
-    int mx = 0;
-    for (size_t i = 0; i < pos.size(); ++i) {
-      cells[i] = cell(seq[i], pos[i]);
-      mx = std::max(mx, pos[i] + 1);
-    }
-    b.n_tokens = n;
-    b.positions = make_tensor(*s.be, DType::I32, n, 1, pos.data());
-    b.seq = make_tensor(*s.be, DType::I32, n, 1, seq.data());
-    b.cells = make_tensor(*s.be, DType::I32, n, 1, cells.data());
-    keep.insert(keep.end(), {b.positions, b.seq, b.cells});
-    b.block_table = s.table;
-    b.block_size = block_size;
-    b.max_blocks = max_blocks;
-    b.max_kv_len = mx;
-    return b;
-  };
   // Fill both caches through each side's own kv_store, then check that they hold the same bytes: the
   // attention comparison below is then one of kernels on identical inputs.
   for (int sq = 0; sq < n_seq; ++sq)
@@ -184,16 +147,7 @@ TEST_P(CudaKvAttention, MatchesCpu) {
       const int n = static_cast<int>(pos.size());
       const auto k = kv_rows(static_cast<size_t>(n * kvw), static_cast<int>(kvw), static_cast<uint32_t>(100 + sq * 7 + p0), true);
       const auto v = kv_rows(static_cast<size_t>(n * kvw), static_cast<int>(kvw), static_cast<uint32_t>(200 + sq * 7 + p0), false);
-      for (auto& s : sides) {
-        std::vector<Tensor> keep;
-        AttentionBatch b = make_batch(s, pos, seq, keep);
-        Tensor kt = make_tensor(*s.be, DType::F32, kvw, n, k.data()), vt = make_tensor(*s.be, DType::F32, kvw, n, v.data());
-        s.be->kv_store(s.kv, kt, vt, b);
-        s.be->synchronize();
-        for (auto& t : keep) s.be->free(t);
-        s.be->free(kt);
-        s.be->free(vt);
-      }
+      for (auto& s : sides) test::store_kv_rows(s, layout, pos, seq, kvw, k, v);
     }
   ASSERT_TRUE(fetch_bytes(*cpu, sides[0].kv.k) == fetch_bytes(*gpu, sides[1].kv.k)) << "K caches differ after kv_store";
   ASSERT_TRUE(fetch_bytes(*cpu, sides[0].kv.v) == fetch_bytes(*gpu, sides[1].kv.v)) << "V caches differ after kv_store";
@@ -266,9 +220,9 @@ TEST_P(CudaKvAttention, MatchesCpu) {
     const auto q = randn(static_cast<size_t>(n * qw), static_cast<uint32_t>(n) + 5, 2.0f);  // sharp attention
     std::vector<float> out[2];
     for (int si = 0; si < 2; ++si) {
-      Side& s = sides[si];
+      test::KvSide& s = sides[si];
       std::vector<Tensor> keep;
-      AttentionBatch b = make_batch(s, ab.pos, ab.seq, keep);
+      AttentionBatch b = test::paged_batch(s, layout, ab.pos, ab.seq, keep);
       if (!ab.mask.empty()) {
         b.kv_len = make_tensor(*s.be, DType::I32, n, 1, ab.kv_len.data());
         b.tree_mask = make_tensor(*s.be, DType::I32, kTreeMaskWords, n, ab.mask.data());

@@ -18,7 +18,11 @@ class CpuRunner;  // cpu_backend.cpp: the parallel loops of the CPU kernels
 struct CpuOptions {
   int n_threads = 0;       // 0 = all cores
   bool exact_f32 = false;  // F32 matmuls on dequantized weights
-  int deltanet_chunk = 64;  // Gated DeltaNet prefill chunk length; 1 = always token by token
+  // Gated DeltaNet: 1 = token by token for every segment (the default: the result does not depend on how
+  // a prompt is split into steps, which greedy speculative decoding relies on). > 1 = long segments
+  // without captures in the chunked form with chunks of this length, counted from the segment start: a
+  // different rounding for each split, so only for measurements and the tests comparing the two forms.
+  int deltanet_chunk = 1;
 };
 
 class CpuBackend final : public Backend {

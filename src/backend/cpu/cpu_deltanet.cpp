@@ -1,7 +1,17 @@
 // Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention) on the CPU: the causal depthwise conv with its
-// rolling state, the gate nonlinearities, and the gated delta rule in two forms — token by token for
-// decode and captured verification rows, and a chunked parallel form (the WY/UT-transform form of the
-// Gated DeltaNet paper, Yang et al. 2024, as used by flash-linear-attention) for long segments.
+// rolling state, the gate nonlinearities, and the gated delta rule in two forms — token by token (the
+// default for every segment: decode, verification rows and prefill), and a chunked parallel form (the
+// WY/UT-transform form of the Gated DeltaNet paper, Yang et al. 2024, as used by flash-linear-attention),
+// opt-in with CpuOptions::deltanet_chunk > 1.
+//
+// Why token by token for prefill too: the scheduler cuts a prompt into steps by the room other
+// sequences' decode and verify rows leave, so the cut differs between plain and speculative runs. The
+// token-by-token form does the same float operations per token whatever the cut; the chunked form's
+// rounding depends on where its chunks start (at the segment start), and aligning chunks to absolute
+// positions would not help: a cut inside a chunk still replaces that chunk's computation by two others.
+// Measured (one thread, d_k = d_v = 128, 32 value heads, 512-token segment, CPU time; docs/benchmarks.md):
+// token by token 72-77 µs/token, chunked C=64 (the former default) 96-106, C=16 70-85; decode 60-70 µs vs
+// 105-116 µs for the former token-by-token loop. The delta rule is ~1% of a 27B model's prefill flops.
 //
 // The chunked form, for one value head. Row-vector convention: the state S is (d_k, d_v); a token writes
 // k (d_k) and v (d_v), reads with q (d_k). One recurrent step is
@@ -17,7 +27,7 @@
 //     S_c = e^{G_c} S₀ + Σ_j e^{G_c−G_j} k_j δ_jᵀ.
 // The state is read once and written once per chunk instead of twice per token; the rest is dense
 // (c × c) and (c × d) work. Both forms compute the same function up to float rounding (tests check
-// ≤ 1e-5 over 1000+ tokens).
+// ≤ 1e-5 over 1000+ tokens), but the chunked form's rounding depends on where the chunks start.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -79,6 +89,126 @@ void gemm(int M, int N, int K, const float* A, int lda, const float* B, int ldb,
     float* c = C + i * ldc;
     if (!accumulate) std::fill(c, c + N, 0.0f);
     for (int k = 0; k < K; ++k) axpy(N, A[i * lda + k], B + k * ldb, c);
+  }
+}
+
+// The token-by-token delta rule for value columns [j0, j0 + w) of one head over the rows of a segment.
+// Value columns are independent (kv_j = Σ_a k_a S_aj, δ_j, S[:, j] and o_j involve column j only), so a
+// block's state S[:, j0 : j0+w] (d_k × 16 floats, 8 KiB at d_k = 128) stays in L1 for the whole
+// segment. Every token does the same float operations in the same order whatever the segment's length
+// and whatever came before it in the step, so a prompt prefilled in any split (steps of the scheduler,
+// a decode of its last token) gives the outputs and the state of one long segment bit for bit: greedy
+// speculative decoding relies on it (the scheduler splits prompts by the room verify rows leave).
+struct DeltaBlockArgs {
+  const float *q, *k, *v, *g, *beta;  // q, k (n, hk·d_k); v, out (n, hv·d_v); g, beta (n, hv)
+  float* out;
+  int64_t qw, vw;
+  int hv, d_k, d_v;
+  float scale;
+};
+
+constexpr int kDeltaCols = 16;      // value columns per block: one 64-byte line of each state row
+constexpr int kDeltaCopyRows = 8;  // segments this long or longer work on a contiguous copy of the block
+
+// rows × w floats from src (row stride lds) to dst (row stride ldd).
+void copy_block(const float* src, int64_t lds, float* dst, int64_t ldd, int rows, int w) {
+  for (int a = 0; a < rows; ++a) {
+    const float* s = src + a * lds;
+    float* d = dst + a * ldd;
+    int j = 0;
+#if defined(__AVX2__)
+    for (; j + 8 <= w; j += 8) _mm256_storeu_ps(d + j, _mm256_loadu_ps(s + j));
+#endif
+    for (; j < w; ++j) d[j] = s[j];
+  }
+}
+
+// S: the block's state, row a at S + a·ld (w columns). cap_base: state tensor base; a captured row r
+// stores the block into slot cap (row stride d_v, the slot's layout) at column j0 of head h.
+void delta_block(const DeltaBlockArgs& p, int64_t h, int64_t kh, int j0, int w, float* S, int64_t ld, const int32_t* rows,
+                 int n_rows, const int32_t* capture, float* cap_base, int64_t hs) {
+  const int d_k = p.d_k;
+  for (int t = 0; t < n_rows; ++t) {
+    const int32_t r = rows[t];
+    const float* kr = p.k + r * p.qw + kh * d_k;
+    const float* qr = p.q + r * p.qw + kh * d_k;
+    const float* vr = p.v + r * p.vw + h * p.d_v + j0;
+    float* orow = p.out + r * p.vw + h * p.d_v + j0;
+    const float gamma = std::exp(p.g[r * p.hv + h]), b = p.beta[r * p.hv + h];
+#if defined(__AVX2__) && defined(__FMA__)
+    if (w == kDeltaCols) {
+      // kv = Sᵀk with four partial sums over a (FMA latency), added in a fixed order.
+      __m256 k0[4], k1[4];
+      for (int u = 0; u < 4; ++u) k0[u] = k1[u] = _mm256_setzero_ps();
+      int a = 0;
+      for (; a + 4 <= d_k; a += 4)
+        for (int u = 0; u < 4; ++u) {
+          const float* row = S + (a + u) * ld;
+          const __m256 ka = _mm256_broadcast_ss(kr + a + u);
+          k0[u] = _mm256_fmadd_ps(ka, _mm256_loadu_ps(row), k0[u]);
+          k1[u] = _mm256_fmadd_ps(ka, _mm256_loadu_ps(row + 8), k1[u]);
+        }
+      for (; a < d_k; ++a) {
+        const __m256 ka = _mm256_broadcast_ss(kr + a);
+        k0[0] = _mm256_fmadd_ps(ka, _mm256_loadu_ps(S + a * ld), k0[0]);
+        k1[0] = _mm256_fmadd_ps(ka, _mm256_loadu_ps(S + a * ld + 8), k1[0]);
+      }
+      const __m256 vg = _mm256_set1_ps(gamma), vb = _mm256_set1_ps(b);
+      const __m256 kv0 = _mm256_add_ps(_mm256_add_ps(k0[0], k0[1]), _mm256_add_ps(k0[2], k0[3]));
+      const __m256 kv1 = _mm256_add_ps(_mm256_add_ps(k1[0], k1[1]), _mm256_add_ps(k1[2], k1[3]));
+      // δ = β(v − γ·kv)
+      const __m256 d0 = _mm256_mul_ps(vb, _mm256_fnmadd_ps(vg, kv0, _mm256_loadu_ps(vr)));
+      const __m256 d1 = _mm256_mul_ps(vb, _mm256_fnmadd_ps(vg, kv1, _mm256_loadu_ps(vr + 8)));
+      // S ← γS + kδᵀ and o = Sᵀq in the same pass.
+      __m256 o0[4], o1[4];
+      for (int u = 0; u < 4; ++u) o0[u] = o1[u] = _mm256_setzero_ps();
+      a = 0;
+      for (; a + 4 <= d_k; a += 4)
+        for (int u = 0; u < 4; ++u) {
+          float* row = S + (a + u) * ld;
+          const __m256 ka = _mm256_broadcast_ss(kr + a + u), qa = _mm256_broadcast_ss(qr + a + u);
+          const __m256 s0 = _mm256_fmadd_ps(ka, d0, _mm256_mul_ps(vg, _mm256_loadu_ps(row)));
+          const __m256 s1 = _mm256_fmadd_ps(ka, d1, _mm256_mul_ps(vg, _mm256_loadu_ps(row + 8)));
+          _mm256_storeu_ps(row, s0);
+          _mm256_storeu_ps(row + 8, s1);
+          o0[u] = _mm256_fmadd_ps(qa, s0, o0[u]);
+          o1[u] = _mm256_fmadd_ps(qa, s1, o1[u]);
+        }
+      for (; a < d_k; ++a) {
+        float* row = S + a * ld;
+        const __m256 ka = _mm256_broadcast_ss(kr + a), qa = _mm256_broadcast_ss(qr + a);
+        const __m256 s0 = _mm256_fmadd_ps(ka, d0, _mm256_mul_ps(vg, _mm256_loadu_ps(row)));
+        const __m256 s1 = _mm256_fmadd_ps(ka, d1, _mm256_mul_ps(vg, _mm256_loadu_ps(row + 8)));
+        _mm256_storeu_ps(row, s0);
+        _mm256_storeu_ps(row + 8, s1);
+        o0[0] = _mm256_fmadd_ps(qa, s0, o0[0]);
+        o1[0] = _mm256_fmadd_ps(qa, s1, o1[0]);
+      }
+      const __m256 sc = _mm256_set1_ps(p.scale);
+      _mm256_storeu_ps(orow, _mm256_mul_ps(sc, _mm256_add_ps(_mm256_add_ps(o0[0], o0[1]), _mm256_add_ps(o0[2], o0[3]))));
+      _mm256_storeu_ps(orow + 8, _mm256_mul_ps(sc, _mm256_add_ps(_mm256_add_ps(o1[0], o1[1]), _mm256_add_ps(o1[2], o1[3]))));
+    } else
+#endif
+    {
+      // Narrow blocks (d_v not a multiple of 16) and builds without AVX2: the same recurrence per column.
+      float kv[kDeltaCols], acc[kDeltaCols];
+      for (int j = 0; j < w; ++j) kv[j] = acc[j] = 0.0f;
+      for (int a = 0; a < d_k; ++a)
+        for (int j = 0; j < w; ++j) kv[j] += kr[a] * S[a * ld + j];
+      for (int j = 0; j < w; ++j) kv[j] = b * (vr[j] - gamma * kv[j]);
+      for (int a = 0; a < d_k; ++a) {
+        float* row = S + a * ld;
+        for (int j = 0; j < w; ++j) {
+          row[j] = gamma * row[j] + kr[a] * kv[j];
+          acc[j] += qr[a] * row[j];
+        }
+      }
+      for (int j = 0; j < w; ++j) orow[j] = p.scale * acc[j];
+    }
+    const int32_t cap = capture[r];
+    if (cap >= 0) {
+      copy_block(S, ld, cap_base + cap * p.hv * hs + h * hs + j0, p.d_v, d_k, w);
+    }
   }
 }
 
@@ -236,14 +366,40 @@ void CpuBackend::gated_delta_net(const Tensor& q, const Tensor& k, const Tensor&
     const bool chunked = chunk > 1 && sg.len > 1 && !any_capture;
     const int C = chunked ? std::min(chunk, sg.len) : 1;
 
+    if (!chunked) {
+      // Token by token: one task per (head, block of value columns).
+      const int nb = (d_v + kDeltaCols - 1) / kDeltaCols;
+      const DeltaBlockArgs da{qp, kp, vp, gp, bp, op, qw, vw, hv, d_k, d_v, scale};
+      const int32_t* seg_rows = rb.h_rows.data() + sg.start;
+      pool_.parallel_for(static_cast<int64_t>(hv) * nb, 1, [&](int64_t t0, int64_t t1, int tid) {
+        auto& buf = scratch(static_cast<size_t>(d_k) * kDeltaCols * sizeof(float), tid);
+        float* work = reinterpret_cast<float*>(buf.data());  // (d_k, kDeltaCols) the block's state
+        for (int64_t task = t0; task < t1; ++task) {
+          const int64_t h = task / nb, kh = h % hk;
+          const int j0 = static_cast<int>(task % nb) * kDeltaCols, w = std::min(kDeltaCols, d_v - j0);
+          const float* s_src = sp + sg.src * hv * hs + h * hs + j0;
+          float* s_dst = sg.dst >= 0 ? sp + sg.dst * hv * hs + h * hs + j0 : nullptr;
+          if (s_dst && sg.len < kDeltaCopyRows) {
+            // Decode and short verify chains: in place in the slot (the state is read from memory
+            // once either way).
+            if (s_dst != s_src) copy_block(s_src, d_v, s_dst, d_v, d_k, w);
+            delta_block(da, h, kh, j0, w, s_dst, d_v, seg_rows, sg.len, rb.h_capture.data(), sp, hs);
+          } else {
+            // Longer segments work on a contiguous copy: rows of the slot's layout are d_v floats apart,
+            // which maps a block's d_k lines onto a few L1 sets.
+            copy_block(s_src, d_v, work, kDeltaCols, d_k, w);
+            delta_block(da, h, kh, j0, w, work, kDeltaCols, seg_rows, sg.len, rb.h_capture.data(), sp, hs);
+            if (s_dst) copy_block(work, kDeltaCols, s_dst, d_v, d_k, w);
+          }
+        }
+      });
+      continue;
+    }
     pool_.parallel_for(hv, 1, [&](int64_t h0, int64_t h1, int tid) {
-      // Scratch: working state when there is no dst slot; for the chunked form, per-chunk buffers.
-      const size_t floats =
-          static_cast<size_t>(hs + 2 * d_v) + (chunked ? static_cast<size_t>(C) * (3 * d_k + 3 * d_v + 2 * C + 2) : 0);
+      // Scratch: working state when there is no dst slot, and the per-chunk buffers.
+      const size_t floats = static_cast<size_t>(hs) + static_cast<size_t>(C) * (3 * d_k + 3 * d_v + 2 * C + 2);
       auto& buf = scratch(floats * sizeof(float), tid);
       float* work = reinterpret_cast<float*>(buf.data());  // (d_k, d_v)
-      float* kv = work + hs;                               // (d_v)
-      float* acc = kv + d_v;                               // (d_v)
       for (int64_t h = h0; h < h1; ++h) {
         const int64_t kh = h % hk;  // tiled key-head mapping
         const float* s_src = sp + sg.src * hv * hs + h * hs;
@@ -256,34 +412,8 @@ void CpuBackend::gated_delta_net(const Tensor& q, const Tensor& k, const Tensor&
           std::memcpy(S, s_src, static_cast<size_t>(hs) * sizeof(float));
         }
 
-        if (!chunked) {
-          for (int i = 0; i < sg.len; ++i) {
-            const int32_t r = rb.h_rows[static_cast<size_t>(sg.start + i)];
-            const float* qr = qp + r * qw + kh * d_k;
-            const float* kr = kp + r * qw + kh * d_k;
-            const float* vr = vp + r * vw + h * d_v;
-            const float decay = std::exp(gp[r * hv + h]), b = bp[r * hv + h];
-            // kv = Sᵀk on the undecayed state; δ = β(v − γ·kv)
-            std::fill(kv, kv + d_v, 0.0f);
-            for (int a = 0; a < d_k; ++a) axpy(d_v, kr[a], S + a * d_v, kv);
-            for (int j = 0; j < d_v; ++j) kv[j] = b * (vr[j] - decay * kv[j]);
-            // S ← γS + kδᵀ and o = Sᵀq in the same pass over S
-            std::fill(acc, acc + d_v, 0.0f);
-            for (int a = 0; a < d_k; ++a) {
-              float* row = S + a * d_v;
-              const float ka = kr[a], qa = qr[a];
-              for (int j = 0; j < d_v; ++j) {
-                row[j] = decay * row[j] + ka * kv[j];
-                acc[j] += qa * row[j];
-              }
-            }
-            float* orow = op + r * vw + h * d_v;
-            for (int j = 0; j < d_v; ++j) orow[j] = scale * acc[j];
-            const int32_t cap = rb.h_capture[static_cast<size_t>(r)];
-            if (cap >= 0) std::memcpy(sp + cap * hv * hs + h * hs, S, static_cast<size_t>(hs) * sizeof(float));
-          }
-        } else {
-          float* Kc = acc + d_v;                          // (C, d_k) keys, rows of the chunk
+        {
+          float* Kc = work + hs;                          // (C, d_k) keys, rows of the chunk
           float* Qc = Kc + static_cast<size_t>(C) * d_k;  // (C, d_k) queries
           float* KT = Qc + static_cast<size_t>(C) * d_k;  // (d_k, C) keys transposed (then decay-scaled)
           float* U = KT + static_cast<size_t>(C) * d_k;   // (C, d_v) right-hand side, then δ

@@ -10,8 +10,11 @@
 // kv = Sᵀk and o = Sᵀq reduce over the warps through shared memory, δ = β(v − γ·kv), S ← γS + kδᵀ. The
 // state is read from memory once per segment and written once (plus capture slots), which is what decode
 // needs (a step reads and writes every head's state once: the recurrent part of the roofline). Long
-// prefill segments run token by token inside the kernel; the chunked form (cpu_deltanet.cpp) on tensor
-// cores is the next step for prefill.
+// prefill segments run token by token inside the kernel too, with the same float operations per token
+// whatever the segment's length, so a prompt's outputs and state do not depend on how the scheduler cut
+// it into steps (backend.h, gated_delta_net; greedy speculative decoding relies on it). A chunked
+// tensor-core form for prefill would have to keep that property, which chunks counted from the segment
+// start do not (cpu_deltanet.cpp, header).
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
