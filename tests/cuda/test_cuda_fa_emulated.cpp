@@ -218,11 +218,9 @@ INSTANTIATE_TEST_SUITE_P(TypedKv, CudaFaEmulated,
                                          EmuCase{2, 1, 128, 0, 0.0f, 64, DType::TQ3_0, DType::TQ3_0},   // rotations, split-K combine
                                          EmuCase{4, 2, 64, 0, 0.0f, 1, DType::TQ3_0, DType::TQ3_0},     // padded 64 → 128, in-kernel R⁻¹
                                          EmuCase{6, 2, 64, 0, 0.0f, 1, DType::F16, DType::Q8_0},        // mixed, GQA 3
-                                         EmuCase{2, 2, 256, 37, 0.0f, 1, DType::BF16, DType::BF16},     // D 256, window
-                                         EmuCase{2, 1, 128, 0, 0.0f, 1, DType::Q4_1, DType::Q5_0},      // offset / 5-bit decoders
-                                         EmuCase{4, 2, 64, 0, 0.0f, 64, DType::Q5_1, DType::TQ3_0},     // widths 64 / 128, R⁻¹ in the combine
-                                         EmuCase{4, 2, 64, 0, 0.0f, 1, DType::TQ3_0, DType::Q8_0},      // widths 128 / 64
-                                         EmuCase{2, 1, 256, 0, 0.0f, 64, DType::Q8_0, DType::BF16}),    // D 256, split-K
+                                         EmuCase{2, 2, 256, 37, 0.0f, 1, DType::BF16, DType::Q4_1},     // D 256, window
+                                         EmuCase{2, 1, 64, 0, 0.0f, 64, DType::Q5_1, DType::TQ3_0},     // widths 64 / 128, R⁻¹ in the combine
+                                         EmuCase{2, 1, 64, 0, 0.0f, 1, DType::TQ3_0, DType::Q5_0}),     // widths 128 / 64
                          emu_name);
 
 TEST(CudaFaEmulatedTyped, Routing) {

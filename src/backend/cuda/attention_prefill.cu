@@ -387,8 +387,9 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
       const auto* vc = static_cast<const uint8_t*>(p.v) + static_cast<int64_t>(kvh) * P.v_head_bytes;
       const int kn = P.k_head_bytes / P.k_unit, vn = P.v_head_bytes / P.v_unit;  // copies per head
       const DType kty = p.k_type, vty = p.v_type;
-      const int ek = kvq_plain(kty) ? 8 : 16, ev = kvq_plain(vty) ? 8 : 16;  // values per decode step
-      const int uk = DK / ek, upk = uk + DV / ev;                             // decode steps per key
+      // Decode steps per key: 16 values for the block types, 8 for F16/BF16 (one 16-byte load).
+      const int ek = kvq_plain(kty) ? 8 : 16, ev = kvq_plain(vty) ? 8 : 16;
+      const int uk = DK / ek, uv = DV / ev;
       auto copy = [](uint8_t* dst, const uint8_t* src, int unit) {
         if (unit == 16)
           cp_async16(dst, src);
@@ -410,16 +411,14 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
         }
         cp_async_commit();
       };
-      auto decode = [&](int kt, int st) {
-        const uint8_t* kr = raw + st * stage_bytes;
-        const uint8_t* vr = kr + BN * P.k_pitch;
-        for (int idx = tid; idx < BN * upk; idx += fa::kThreads) {
-          const int key = idx / upk, u0 = idx - key * upk;
-          const bool is_v = u0 >= uk;
-          const int u = is_v ? u0 - uk : u0, e = is_v ? ev : ek;
+      // Staged heads (BN at `pitch`) of type t → F16 tile rows (BN at ld halves), u_per decode steps of e
+      // values per key. K and V run as separate loops, so a warp never mixes the two types' decoders.
+      auto decode = [&](int kt, DType t, const uint8_t* src, int pitch, int u_per, int e, uint16_t* tile, int ld) {
+        for (int idx = tid; idx < BN * u_per; idx += fa::kThreads) {
+          const int key = idx / u_per, u = idx - key * u_per;
           float f[16];
           if (kt + key < hi) {
-            kvq_load(is_v ? vty : kty, is_v ? vr + key * P.v_pitch : kr + key * P.k_pitch, u, f);
+            kvq_load(t, src + key * pitch, u, f);
           } else {
 #pragma unroll
             for (int i = 0; i < 16; ++i) f[i] = 0.0f;
@@ -427,7 +426,7 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
           uint32_t w[8];
 #pragma unroll
           for (int i = 0; i < 8; ++i) w[i] = pack_h2(f[2 * i], f[2 * i + 1]);
-          uint4* dst = reinterpret_cast<uint4*>(is_v ? v_tile + key * LDV + u * e : k_tile + key * LDK + u * e);  // 16-byte aligned
+          uint4* dst = reinterpret_cast<uint4*>(tile + key * ld + u * e);  // 16-byte aligned: ld·2 and e·2 are multiples of 16
           dst[0] = uint4{w[0], w[1], w[2], w[3]};
           if (e == 16) dst[1] = uint4{w[4], w[5], w[6], w[7]};
         }
@@ -444,7 +443,9 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
           cp_async_wait<0>();
         }
         __syncthreads();  // raw tile t visible to every thread; every warp done with the F16 tiles of t−1
-        decode(kt, t & 1);
+        const uint8_t* kr = raw + (t & 1) * stage_bytes;
+        decode(kt, kty, kr, P.k_pitch, uk, ek, k_tile, LDK);
+        decode(kt, vty, kr + BN * P.k_pitch, P.v_pitch, uv, ev, v_tile, LDV);
         __syncthreads();  // F16 tiles of t visible
         if (kt < whi && kt + BN > wlo) consume(kt, k_tile, v_tile);
       }
