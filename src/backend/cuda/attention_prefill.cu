@@ -1,12 +1,16 @@
-// Prefill attention on tensor cores (FA2 form) over the paged F16 KV cache. CudaOptions::fa_prefill_min_rows
-// (default 32) selects it; tests/cuda/test_cuda_attention_prefill.cpp proves it on the device (passed on the
-// H200, 2026-12-02; README.md: Attention).
+// Prefill attention on tensor cores (FA2 form) over the paged KV cache: F16, or any typed pair without F32
+// (q8_0, q4_0, q4_1, q5_0, q5_1, bf16, tq3_0, mixed), read in the cache's own blocks. CudaOptions::
+// fa_prefill_min_rows (default 32) selects it (typed caches also need CudaOptions::fa_prefill_typed);
+// tests/cuda/test_cuda_attention_prefill.cpp proves it on the device (F16: passed on the H200, 2026-12-02;
+// README.md: Attention). The typed path was written without device time: NOT YET RUN ON A GPU (its code
+// runs in the host emulation below), hence off by default.
 //
 // Contract (attention_prefill): out (n, n_head·head_dim) FP32 = softmax(scale·q·kᵀ, soft-capped, masked)·v
 // for causal rows — row r sees the keys of its sequence at logical positions [begin, positions[r]] with
 // begin = 0 or, with a sliding window w, positions[r] + 1 − w — read through the block table exactly as
 // attention.cu does (cell = table[seq][p / block_size]·block_size + p % block_size). No tree masks (those
-// batches keep attention.cu). KV F16 only; head_dim 64, 128 or 256; n_head / n_head_kv ≤ 64.
+// batches keep attention.cu). KV F16/F16 or typed (fa_typed_ok); head_dim 64, 128 or 256; n_head /
+// n_head_kv ≤ 64.
 //
 // Layout: one block = 4 warps = 64 query rows of one KV head, a query row being a (batch row, head)
 // pair: rows_per_block(g) = 64 / g consecutive batch rows × the g query heads of the KV head (GQA: the
@@ -21,9 +25,23 @@
 // pass are masked), like attention.cu. When the grid is small (few rows at long depth) the key range is
 // split over blockIdx.z and a combine kernel merges (m, l, O) partials.
 //
+// Typed caches (issue 12: attention reads each type directly, no dequantized copy of the cache): separate
+// instantiations (TYPED = true; the F16 ones compile to the same code as before). Per tile, the raw bytes
+// of each key's head (k_head_bytes: whole blocks) are cp.async-copied into one of two staging stages (tile
+// t+1 in flight while t is used), then decoded by the whole block with kv_quant.cuh's kvq_load (the
+// decoders of attn_kvq_kernel, values bit-identical to core's dequantizers) and rounded to FP16 into one
+// K and one V tile of the usual layout; the mma code is the same. Head widths are the types' (DK = wk,
+// DV = wv: head_dim rounded up to 32 or to TQ3_0's 128-value group, so only TQ3_0 at head 64 pads). TQ3_0
+// stores R(x) (core/kv_quant.h): a TQ3_0 K rotates the block's 64 query rows once in shared memory before
+// the key loop (q·k = R(q)·R(k), padding zero); a TQ3_0 V accumulates R(Σ p·v) and un-rotates once — the
+// block's normalised rows in shared memory at the end, or, with split-K, fa_combine_typed_kernel after the
+// merge. Shared memory: typed_smem_bytes (q8_0 at head 128: 70 KB, like F16's 68 KB).
+//
 // Numerics vs the FP32 kernel: q and p rounded to FP16 (relative 2⁻¹¹ each, random), l summed from the
-// rounded p (so the weights used and the normalisation agree), exp2 of base-2 scores. Expected relative
-// output error ~3e-4, bounded at 2e-3 by the tests.
+// rounded p (so the weights used and the normalisation agree), exp2 of base-2 scores; typed caches also
+// round the decoded K/V values to FP16 (the CPU uses them in FP32; BF16 values beyond the FP16 range
+// would overflow, K/V never come near it). Expected relative output error ~3e-4 (typed 3e-4..5e-4 in the
+// emulation), bounded at 2e-3 by the tests.
 //
 // Host emulation: with PG_CUDA_HOST_SHIM this file compiles with the host compiler against
 // tests/cuda/cuda_thread_shim.h (one host thread per CUDA thread, the warp intrinsics, ldmatrix, mma and
