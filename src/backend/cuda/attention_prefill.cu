@@ -147,10 +147,10 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
   static_assert(TYPED || DK == DV, "an F16/F16 cache has one head width");
   constexpr int LDK = fa::tile_pitch(DK);  // halves per K tile row
   constexpr int LDV = fa::tile_pitch(DV);  // halves per V tile row
-  constexpr int KS = DK / 16;               // k-steps of Q·Kᵀ
-  constexpr int NT = BN / 8;                // score n-tiles (8 keys each)
-  constexpr int DT = DV / 8;                // output n-tiles (8 dims each)
-  constexpr int CPR = DK / 8;               // 16-byte chunks per F16 K/V row
+  constexpr int KS = DK / 16;              // k-steps of Q·Kᵀ
+  constexpr int NT = BN / 8;               // score n-tiles (8 keys each)
+  constexpr int DT = DV / 8;               // output n-tiles (8 dims each)
+  constexpr int CPR = DK / 8;              // 16-byte chunks per F16 K/V row
   static_assert(TYPED || fa::smem_bytes(DK) == 2 * 2 * BN * LDK * 2, "smem accounting");
   // F16: [stage][K | V] tiles, each (BN keys, LDK halves). TYPED: typed_smem_bytes' layout.
 #ifdef PG_CUDA_HOST_SHIM
@@ -277,7 +277,9 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
     const bool warp_all = __all_sync(0xffffffffu, in_pass[0] && in_pass[1]);
 
     const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks;
-    const auto cell_of = [&](int kp) { return static_cast<int64_t>(table[kp / p.block_size]) * p.block_size + kp % p.block_size; };
+    const auto cell_of = [&](int kp) {
+      return static_cast<int64_t>(table[kp / p.block_size]) * p.block_size + kp % p.block_size;
+    };
 
     // Multiplies tile kt (K at kt_s, V at vt_s: F16, pitches LDK / LDV) into this warp's rows.
     auto consume = [&](int kt, const uint16_t* kt_s, const uint16_t* vt_s) {
@@ -421,11 +423,15 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
         uint8_t* vd = kd + BN * P.k_pitch;
         for (int idx = tid; idx < BN * kn; idx += fa::kThreads) {
           const int key = idx / kn, c = idx - key * kn;
-          if (kt + key < hi) copy(kd + key * P.k_pitch + c * P.k_unit, kc + cell_of(kt + key) * static_cast<int64_t>(p.k_row_bytes) + c * P.k_unit, P.k_unit);
+          if (kt + key < hi)
+            copy(kd + key * P.k_pitch + c * P.k_unit, kc + cell_of(kt + key) * static_cast<int64_t>(p.k_row_bytes) + c * P.k_unit,
+                 P.k_unit);
         }
         for (int idx = tid; idx < BN * vn; idx += fa::kThreads) {
           const int key = idx / vn, c = idx - key * vn;
-          if (kt + key < hi) copy(vd + key * P.v_pitch + c * P.v_unit, vc + cell_of(kt + key) * static_cast<int64_t>(p.v_row_bytes) + c * P.v_unit, P.v_unit);
+          if (kt + key < hi)
+            copy(vd + key * P.v_pitch + c * P.v_unit, vc + cell_of(kt + key) * static_cast<int64_t>(p.v_row_bytes) + c * P.v_unit,
+                 P.v_unit);
         }
         cp_async_commit();
       };
@@ -669,7 +675,8 @@ bool fa_typed_ok(const AttentionArgs& a) {
   const int wk = kv_head_width(a.k_type, a.head_dim), wv = kv_head_width(a.v_type, a.head_dim);
   const auto ok_w = [](int w) { return w == 64 || w == 128 || w == 256; };
   // cp.async needs 4-byte aligned heads (true for every KV type at head_dim 64/128/256; checked, not assumed).
-  return ok_w(wk) && ok_w(wv) && copy_unit_of({kv_head_bytes(a.k_type, a.head_dim), a.k_row_bytes, reinterpret_cast<uintptr_t>(a.k)}) > 0 &&
+  return ok_w(wk) && ok_w(wv) &&
+         copy_unit_of({kv_head_bytes(a.k_type, a.head_dim), a.k_row_bytes, reinterpret_cast<uintptr_t>(a.k)}) > 0 &&
          copy_unit_of({kv_head_bytes(a.v_type, a.head_dim), a.v_row_bytes, reinterpret_cast<uintptr_t>(a.v)}) > 0;
 }
 
@@ -700,7 +707,8 @@ void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStre
   PG_CHECK(fa_supported(a),
            "attention_prefill: unsupported shape (F16 KV or a typed pair without F32, head_dim 64/128/256, GQA ≤ 64, no tree)");
   if (a.typed)
-    PG_CHECK(a.k_row_bytes == kv_row_bytes(a.k_type, a.n_head_kv, a.head_dim) && a.v_row_bytes == kv_row_bytes(a.v_type, a.n_head_kv, a.head_dim),
+    PG_CHECK(a.k_row_bytes == kv_row_bytes(a.k_type, a.n_head_kv, a.head_dim) &&
+                 a.v_row_bytes == kv_row_bytes(a.v_type, a.n_head_kv, a.head_dim),
              "attention_prefill: cache row bytes do not match the " + kv_type_name(a.k_type) + "/" + kv_type_name(a.v_type) +
                  " layout of n_head_kv·head_dim");
   const FaPlan pl = fa_plan(a, n_sm);
