@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
     CudaOptions off, on;
     off.fa_prefill_min_rows = 0;  // attention.cu at every row count (the default routes ≥ 32 rows to tensor cores)
     on.fa_prefill_min_rows = 1;
+    on.fa_prefill_typed = true;  // --kv of a quantized type: the typed tensor-core path (off by default) vs attn_kvq_kernel
     CudaBackend be(0, off);
     std::printf("device: %s, %d SMs, KV %s\n", be.device_name().c_str(), be.multiprocessor_count(), kv_type_name(kv_t).c_str());
     std::printf("| heads/kv × dim | rows | depth | FP32 kernel ms | TFLOP/s | KV GB/s | tensor-core ms | TFLOP/s | KV GB/s | speed-up | rel L2 diff |\n");

@@ -174,6 +174,11 @@ if ((BUILD_OK && FA_PREFILL)); then
     run_step "attention kernels alone, FP32 vs tensor cores" "$OUT/kernels-attn.log" 150 "$BUILD/tests/cuda/pg_cuda_attn_bench" \
       --rows 512,4096 --depth 0,4096 --reps 5
     grep -E "^\||device:" "$OUT/kernels-attn.log" >>"$SUMMARY"
+    for kvt in $ATTN_KV; do  # typed caches: attn_kvq_kernel vs the typed tensor-core path (CudaOptions::fa_prefill_typed)
+      run_step "prefill attention alone, KV $kvt" "$OUT/kernels-attn-fa-$kvt.log" 90 "$BUILD/tests/cuda/pg_cuda_attn_bench" \
+        --rows 512,4096 --depth 0,4096 --reps 5 --shapes 32:8:128 --kv "$kvt"
+      grep -E "^\||device:" "$OUT/kernels-attn-fa-$kvt.log" >>"$SUMMARY"
+    done
   fi
 fi
 if ((BUILD_OK && ATTN_DECODE)) && [ -x "$BUILD/tests/cuda/pg_cuda_attn_bench" ]; then

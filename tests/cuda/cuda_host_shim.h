@@ -12,7 +12,9 @@
 #define __device__
 #define __forceinline__ inline
 
-// Vector types with CUDA's alignment (the decoders load through them).
+// Vector types with CUDA's alignment (the decoders load through them). A file that already has the
+// toolkit's host definitions (cuda_runtime_api.h: tests/cuda/cuda_thread_shim.h's users) keeps those.
+#ifndef __VECTOR_TYPES_H__
 struct alignas(16) uint4 {
   uint32_t x, y, z, w;
 };
@@ -22,6 +24,7 @@ struct alignas(8) uint2 {
 struct alignas(16) float4 {
   float x, y, z, w;
 };
+#endif
 
 struct pg_host_half {
   uint16_t bits;

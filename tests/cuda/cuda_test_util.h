@@ -169,6 +169,7 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true
   // Tensor-core prefill attention for calls of ≥ N rows (scripts/device-check.sh FA_PREFILL=1 runs the
   // model tests with it; op tests that bound attention at FP32 precision are not meant to run with it).
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) o.fa_prefill_min_rows = std::atoi(e);
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL_TYPED"); e && *e) o.fa_prefill_typed = std::strcmp(e, "0") != 0;
   if (!fa_prefill) o.fa_prefill_min_rows = 0;
   return std::make_unique<CudaBackend>(0, o);
 }

@@ -8,13 +8,17 @@
 //    area and barrier (all 32 lanes must take part, as the kernel's full masks promise);
 //  - ldmatrix.x4 (plain and .trans) and mma.m16n8k16 (f16 in, f32 accumulate) from the PTX ISA's
 //    fragment definitions (the same tables test_cuda_fa_layout.cpp checks the kernel's helpers against);
-//  - cp.async: a copy is queued when issued and performed at the cp.async.wait_group that retires its
-//    group, not before, so a read of a tile before its wait sees the old contents (NaN at first).
+//  - cp.async (16 bytes with zero fill, and the plain 16/8/4-byte forms, alignment checked): a copy is queued
+//    when issued and performed at the cp.async.wait_group that retires its group, not before, so a read of a
+//    tile before its wait sees the old contents (NaN at first);
+//  - the scalar intrinsics of backend/cuda/common.cuh and kv_quant.cuh (the typed-KV decoders) come from
+//    tests/cuda/cuda_host_shim.h, which common.cuh includes under PG_CUDA_HOST_SHIM.
 // FP16 conversions round to nearest even (core/fp16.h), as __floats2half2_rn does.
 #pragma once
 #include <cuda_runtime_api.h>  // dim3, float2 (host definitions)
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -80,9 +84,11 @@ T* dynamic_smem() {
 struct Copy {
   void* dst;
   const void* src;
-  int bytes;  // 16, or 0: zero fill
+  int bytes;  // bytes read from src (0: none)
+  int total;  // bytes written at dst: the read ones, then zeros (cp.async's src-size < cp-size)
 };
 inline thread_local std::vector<Copy> t_open;
+inline std::atomic<long> g_misaligned{0};  // cp.async copies issued with a misaligned address (never performed)
 inline thread_local std::vector<std::vector<Copy>> t_groups;
 
 // Runs body() as every thread of every block of the grid (blocks in order x, then y, then z).
@@ -141,7 +147,18 @@ inline bool __all_sync(unsigned, bool pred) {
 }
 inline int __ffsll(long long v) { return __builtin_ffsll(v); }
 
-inline void cp_async16_zfill(void* dst, const void* src, int src_bytes) { shim::t_open.push_back({dst, src, src_bytes}); }
+inline void cp_async16_zfill(void* dst, const void* src, int src_bytes) { shim::t_open.push_back({dst, src, src_bytes, 16}); }
+// async_copy.cuh's plain forms (the typed-KV staging copies): 16, 8 or 4 bytes, both pointers aligned to it.
+inline void cp_async_bytes(void* dst, const void* src, int bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % static_cast<uintptr_t>(bytes) != 0 || reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(bytes) != 0) {
+    shim::g_misaligned.fetch_add(1);  // the hardware faults on a misaligned cp.async: the test checks this count
+    return;
+  }
+  shim::t_open.push_back({dst, src, bytes, bytes});
+}
+inline void cp_async16(void* dst, const void* src) { cp_async_bytes(dst, src, 16); }
+inline void cp_async8(void* dst, const void* src) { cp_async_bytes(dst, src, 8); }
+inline void cp_async4(void* dst, const void* src) { cp_async_bytes(dst, src, 4); }
 inline void cp_async_commit() {
   shim::t_groups.push_back(std::move(shim::t_open));
   shim::t_open.clear();
@@ -150,10 +167,8 @@ template <int N>
 void cp_async_wait() {
   while (shim::t_groups.size() > static_cast<size_t>(N)) {
     for (const shim::Copy& c : shim::t_groups.front()) {
-      if (c.bytes == 16)
-        std::memcpy(c.dst, c.src, 16);
-      else
-        std::memset(c.dst, 0, 16);
+      if (c.bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+      if (c.total > c.bytes) std::memset(static_cast<uint8_t*>(c.dst) + c.bytes, 0, static_cast<size_t>(c.total - c.bytes));
     }
     shim::t_groups.erase(shim::t_groups.begin());
   }

@@ -1,14 +1,18 @@
 // The tensor-core prefill attention (backend/cuda/attention_prefill.cu, CudaOptions::fa_prefill_min_rows)
-// against the CPU reference (exact mode, F16 cache) and against the CUDA FP32 kernel (attention.cu) on the
-// same device cache: head sizes 64/128/256, GQA ratios 1..64 (7: partial row tiles of the 64-row block),
+// against the CPU reference (exact mode, same cache type) and against the CUDA FP32 kernel (attention.cu) on
+// the same device cache: F16 caches and typed ones (q8_0, q4_0, q4_1, q5_0, q5_1, bf16, tq3_0, mixed pairs,
+// TQ3_0 padded at head 64; the kernel decodes the cache's blocks per tile, the FP32 kernel is
+// attn_kvq_kernel), head sizes 64/128/256, GQA ratios 1..64 (7: partial row tiles of the 64-row block),
 // 1..300 rows (partial tiles), prefill chunks after 0/100/3000 cached tokens (split-K at long depth),
 // sliding window, soft-capping, several sequences in one batch; and whole tiny golden models with the
 // option on vs off vs the CPU, prompts in one batch and in chunks.
 //
 // Written without device time: these run for the first time on the GPU (label `cuda`). Bounds: the new
-// kernel rounds q and the softmax weights to FP16 (relative 2⁻¹¹ each, random), so op outputs are
-// expected within ~5e-4 relative of the FP32 result; the bound is 2e-3. The FP32 kernel itself stays at
-// its 2e-5 (test_cuda_ops.cpp) and is checked here as well, so a failure says which side moved.
+// kernel rounds q and the softmax weights to FP16 (relative 2⁻¹¹ each, random), and for a typed cache the
+// decoded K/V values too, so op outputs are expected within ~5e-4 relative of the FP32 result (host
+// emulation of the same code, test_cuda_fa_emulated: 1.7e-4..5.1e-4); the bound is 2e-3. The FP32 kernel
+// itself stays at its 2e-5 (test_cuda_ops.cpp; 5e-5 for typed caches, test_cuda_kv_types.cpp) and is checked
+// here as well, so a failure says which side moved.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +20,7 @@
 #include <cstdio>
 
 #include "backend/cuda/kernels.h"
+#include "core/kv_quant.h"
 #include "cuda_test_util.h"
 #include "model/model.h"
 #include "testutil.h"
@@ -26,6 +31,7 @@ namespace {
 using test::compare;
 using test::ErrStats;
 using test::fetch;
+using test::fetch_bytes;
 using test::make_tensor;
 using test::randn;
 
@@ -33,18 +39,24 @@ struct FaCase {
   int n_head, n_head_kv, head_dim;
   int window;
   float softcap;
+  DType k = DType::F16, v = DType::F16;  // cache types: F16/F16 is the untyped kernel, any other pair the typed one
 };
+
+bool typed_pair(DType k, DType v) { return !(k == DType::F16 && v == DType::F16); }
 
 std::string case_name(const testing::TestParamInfo<FaCase>& i) {
   const FaCase& c = i.param;
   char buf[96];  // (not std::string operator+: gcc 12's -Wrestrict false positive on "h" + to_string)
   std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d", c.n_head, c.n_head_kv, c.head_dim, c.window, static_cast<int>(c.softcap));
-  return buf;
+  std::string name;
+  if (typed_pair(c.k, c.v)) name.append(kv_type_name(c.k)).append("_").append(kv_type_name(c.v)).append("_");
+  return name.append(buf);
 }
 
 CudaOptions fa_options(int min_rows) {
   CudaOptions o;
   o.fa_prefill_min_rows = min_rows;
+  o.fa_prefill_typed = true;  // typed caches take the tensor-core kernel too (off by default until this test passes)
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::string(e) == "0") o.pdl = false;
   return o;
 }
@@ -62,10 +74,18 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
   const test::PagedKvLayout layout(n_seq, 3300, 64, 7);
   const int64_t kvw = static_cast<int64_t>(c.n_head_kv) * c.head_dim, qw = static_cast<int64_t>(c.n_head) * c.head_dim;
 
+  const bool typed = typed_pair(c.k, c.v);
   test::KvSide sides[2] = {{cpu.get(), {}, {}}, {gpu.get(), {}, {}}};
   for (auto& s : sides) {
-    s.kv.k = s.be->alloc(DType::F16, kvw, layout.n_cells());
-    s.kv.v = s.be->alloc(DType::F16, kvw, layout.n_cells());
+    // Each head in whole blocks of its type (kv_head_width: TQ3_0 pads head 64 to its 128-value group).
+    s.kv.k = s.be->alloc(c.k, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.k, c.head_dim), layout.n_cells());
+    s.kv.v = s.be->alloc(c.v, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.v, c.head_dim), layout.n_cells());
+    if (typed) {
+      s.kv.n_head_kv = c.n_head_kv, s.kv.head_dim = c.head_dim, s.kv.head_dim_v = c.head_dim;
+      const std::vector<uint8_t> zk(s.kv.k.nbytes(), 0), zv(s.kv.v.nbytes(), 0);  // the same bytes in unwritten cells
+      s.be->upload(s.kv.k, zk.data(), zk.size());
+      s.be->upload(s.kv.v, zv.data(), zv.size());
+    }
     s.table = test::upload_block_table(*s.be, layout);
   }
   for (int sq = 0; sq < n_seq; ++sq)
@@ -77,6 +97,12 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
       const auto v = randn(static_cast<size_t>(n * kvw), static_cast<uint32_t>(2000 + sq * 31 + p0));
       for (auto& s : sides) test::store_kv_rows(s, layout, pos, seq, kvw, k, v);
     }
+  // Typed: the two kv_stores write identical bytes (test_cuda_kv_types' StoreBytesEqualCpuQuantizer), so the
+  // comparisons below are of kernels on the same cache.
+  if (typed) {
+    ASSERT_TRUE(fetch_bytes(*cpu, sides[0].kv.k) == fetch_bytes(*gpu, sides[1].kv.k)) << "K caches differ after kv_store";
+    ASSERT_TRUE(fetch_bytes(*cpu, sides[0].kv.v) == fetch_bytes(*gpu, sides[1].kv.v)) << "V caches differ after kv_store";
+  }
   AttentionParams ap;
   ap.n_head = c.n_head;
   ap.n_head_kv = c.n_head_kv;
@@ -87,7 +113,11 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
 
   // The shape must be one the new kernel takes, else the "on" runs below would silently test attention.cu.
   cuda::AttentionArgs probe;
-  probe.kv_f16 = true;
+  probe.kv_f16 = c.k == DType::F16;
+  probe.typed = typed;
+  probe.k_type = c.k, probe.v_type = c.v;
+  probe.k = sides[1].kv.k.data, probe.v = sides[1].kv.v.data;
+  probe.k_row_bytes = sides[1].kv.k.row_bytes(), probe.v_row_bytes = sides[1].kv.v.row_bytes();
   probe.n_head = c.n_head;
   probe.n_head_kv = c.n_head_kv;
   probe.head_dim = c.head_dim;
@@ -148,7 +178,7 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
     }
     const ErrStats e32 = compare(out[1], out[0]);
     EXPECT_EQ(e32.bad, 0u);
-    EXPECT_LE(e32.rel, 2e-5) << "FP32 kernel vs CPU, max_abs " << e32.max_abs;
+    EXPECT_LE(e32.rel, typed ? 5e-5 : 2e-5) << "FP32 kernel vs CPU, max_abs " << e32.max_abs;
     const ErrStats efa = compare(out[2], out[0]);
     EXPECT_EQ(efa.bad, 0u) << "tensor-core kernel: NaN/Inf or unwritten outputs";
     EXPECT_LE(efa.rel, 2e-3) << "tensor-core kernel vs CPU, max_abs " << efa.max_abs;
@@ -159,7 +189,8 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
   // FP16 rounding makes the two kernels differ somewhere: identical outputs would mean the option did
   // not route any batch to the new kernel.
   EXPECT_GT(worst_fa_vs_fp32, 0.0) << "fa_prefill_min_rows = 1 gave bit-identical results: the tensor-core kernel did not run";
-  std::printf("h%d/kv%d d%d w%d cap%g: max |fa − fp32| %.3g\n", c.n_head, c.n_head_kv, c.head_dim, c.window, c.softcap, worst_fa_vs_fp32);
+  std::printf("%s/%s h%d/kv%d d%d w%d cap%g: max |fa − fp32| %.3g\n", kv_type_name(c.k).c_str(), kv_type_name(c.v).c_str(), c.n_head,
+              c.n_head_kv, c.head_dim, c.window, c.softcap, worst_fa_vs_fp32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPrefill,
@@ -173,6 +204,22 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPrefill,
                                          FaCase{24, 4, 256, 0, 0.0f},    // qwen35-27b
                                          FaCase{8, 4, 256, 1024, 50.0f}, // gemma3: 256, window, softcap
                                          FaCase{16, 2, 256, 0, 0.0f}),   // GQA 8 at 256
+                         case_name);
+
+// Typed caches (issue 12: the kernel reads the cache's own blocks): every decoder, TQ3_0's query rotation
+// and output un-rotation (with and without split-K at depth 3000), the padded widths of TQ3_0 at head 64
+// ((128, 128), (128, 64), (64, 128)), mixed pairs.
+INSTANTIATE_TEST_SUITE_P(TypedKv, CudaAttentionPrefill,
+                         testing::Values(FaCase{32, 8, 128, 0, 0.0f, DType::Q8_0, DType::Q8_0},       // qwen3-8b, q8_0
+                                         FaCase{16, 4, 64, 0, 30.0f, DType::Q4_0, DType::Q4_0},       // softcap
+                                         FaCase{32, 4, 128, 100, 0.0f, DType::TQ3_0, DType::TQ3_0},   // window
+                                         FaCase{4, 4, 64, 0, 0.0f, DType::TQ3_0, DType::TQ3_0},       // padded 64 → 128
+                                         FaCase{28, 4, 128, 0, 0.0f, DType::F16, DType::Q8_0},        // mixed, GQA 7
+                                         FaCase{24, 4, 256, 0, 0.0f, DType::BF16, DType::BF16},       // qwen35-27b, bf16
+                                         FaCase{8, 4, 256, 1024, 50.0f, DType::Q8_0, DType::TQ3_0},   // gemma3-like
+                                         FaCase{64, 1, 64, 0, 0.0f, DType::Q4_1, DType::Q5_0},        // GQA 64
+                                         FaCase{16, 2, 64, 0, 0.0f, DType::TQ3_0, DType::Q8_0},       // widths 128 / 64
+                                         FaCase{8, 2, 64, 37, 0.0f, DType::Q5_1, DType::TQ3_0}),      // widths 64 / 128
                          case_name);
 
 TEST(CudaAttentionPrefillOptions, ShapesOutsideTheKernelKeepTheFp32Kernel) {
@@ -193,6 +240,18 @@ TEST(CudaAttentionPrefillOptions, ShapesOutsideTheKernelKeepTheFp32Kernel) {
   a.tree_mask = nullptr;
   a.n_head = 128, a.n_head_kv = 1;
   EXPECT_FALSE(cuda::attention_prefill_supported(a)) << "GQA 128";
+  // Typed caches: every KV type pair without F32, at head 64/128/256.
+  a.n_head = 32, a.n_head_kv = 8, a.typed = true;
+  a.k_type = DType::Q8_0, a.v_type = DType::TQ3_0;
+  a.k_row_bytes = kv_row_bytes(a.k_type, a.n_head_kv, 128), a.v_row_bytes = kv_row_bytes(a.v_type, a.n_head_kv, 128);
+  EXPECT_TRUE(cuda::attention_prefill_supported(a)) << "q8_0/tq3_0";
+  a.head_dim = 64;
+  EXPECT_TRUE(cuda::attention_prefill_supported(a)) << "q8_0/tq3_0 at head 64 (V padded to 128)";
+  a.head_dim = 128;
+  a.k_type = DType::F32;
+  EXPECT_FALSE(cuda::attention_prefill_supported(a)) << "an F32 side";
+  a.k_type = DType::Q4_K;
+  EXPECT_FALSE(cuda::attention_prefill_supported(a)) << "not a KV type";
 }
 
 // ---- whole models ---------------------------------------------------------------------------------------
@@ -207,9 +266,13 @@ std::vector<int32_t> prompt_tokens(int n) {
 
 // All logits of a prompt of `tokens`, fed in chunks of `chunk` rows (later chunks attend to the cached
 // earlier ones), plus 8 decode steps feeding fixed tokens.
-std::vector<float> run_prompt(Backend& be, const std::string& path, const std::vector<int32_t>& tokens, int chunk) {
+std::vector<float> run_prompt(Backend& be, const std::string& path, const std::vector<int32_t>& tokens, int chunk, DType k = DType::F16,
+                              DType v = DType::F16) {
   auto model = Model::load(path, be);
-  auto cache = model->make_cache({1, 512, DType::F16, 16});
+  KvCacheOptions o{1, 512, k, 16};
+  o.type_k = k;
+  o.type_v = v;
+  auto cache = model->make_cache(o);
   std::vector<float> all, out;
   Batch b;
   const int n = static_cast<int>(tokens.size());
@@ -244,14 +307,21 @@ LogitDiff logit_diff(const std::vector<float>& a, const std::vector<float>& ref)
   return d;
 }
 
-class CudaAttentionPrefillModel : public testing::TestWithParam<std::string> {};
+struct ModelCase {
+  const char* stem;
+  DType k = DType::F16, v = DType::F16;  // KV cache types (the same on the CPU)
+};
 
-// F16 files, CUDA default mode vs the CPU's exact mode (both F16 KV), option on vs off: on vs off within the
-// F16-file bound of test_cuda_model.cpp (max 0.05; the attention is the only difference), on vs CPU within
-// that bound on top of off vs CPU. Measured values are printed for the device log.
+class CudaAttentionPrefillModel : public testing::TestWithParam<ModelCase> {};
+
+// F16 files, CUDA default mode vs the CPU's exact mode (same KV types: F16, or a typed pair), option on vs
+// off: on vs off within the F16-file bound of test_cuda_model.cpp (max 0.05; the attention is the only
+// difference), on vs CPU within that bound on top of off vs CPU (which for a typed cache also holds the
+// quantizer's neighbouring-quantum flips of test_cuda_kv_types' model test). Measured values are printed.
 TEST_P(CudaAttentionPrefillModel, LogitsOnVsOffVsCpu) {
   PG_REQUIRE_GPU();
-  const std::string stem = GetParam();
+  const ModelCase mc = GetParam();
+  const std::string stem = mc.stem;
   const std::string path = test::shared_path("golden/models/" + stem + ".gguf").string();
   CpuOptions co;
   co.n_threads = 2;
@@ -261,12 +331,15 @@ TEST_P(CudaAttentionPrefillModel, LogitsOnVsOffVsCpu) {
     const auto tokens = prompt_tokens(len);
     for (int chunk : {len, 64}) {
       if (chunk == 64 && len <= 64) continue;
-      SCOPED_TRACE(stem + ": prompt " + std::to_string(len) + " in chunks of " + std::to_string(chunk));
-      const auto ref = run_prompt(cpu, path, tokens, chunk);
+      char what[160];
+      std::snprintf(what, sizeof what, "%s %s/%s: prompt %d in chunks of %d", stem.c_str(), kv_type_name(mc.k).c_str(), kv_type_name(mc.v).c_str(),
+                    len, chunk);
+      SCOPED_TRACE(what);
+      const auto ref = run_prompt(cpu, path, tokens, chunk, mc.k, mc.v);
       CudaBackend off(0, fa_options(0));
-      const auto l_off = run_prompt(off, path, tokens, chunk);
+      const auto l_off = run_prompt(off, path, tokens, chunk, mc.k, mc.v);
       CudaBackend on(0, fa_options(16));
-      const auto l_on = run_prompt(on, path, tokens, chunk);
+      const auto l_on = run_prompt(on, path, tokens, chunk, mc.k, mc.v);
       ASSERT_EQ(l_on.size(), ref.size());
       const LogitDiff d_on = logit_diff(l_on, ref), d_off = logit_diff(l_off, ref), d_x = logit_diff(l_on, l_off);
       // Long prompts in one batch take the FP16 GEMM (activations rounded to FP16), so the FP32 kernel's own
@@ -275,14 +348,15 @@ TEST_P(CudaAttentionPrefillModel, LogitsOnVsOffVsCpu) {
       EXPECT_LE(d_on.rms, 0.01 + d_off.rms) << "on vs CPU";
       EXPECT_LE(d_x.max, 0.05) << "on vs off";
       EXPECT_GT(d_x.max, 0.0) << "on and off bit-identical: the tensor-core kernel did not run";
-      std::printf("%-18s len %3d chunk %3d | off vs cpu max %.2e rms %.2e | on vs cpu max %.2e rms %.2e | on vs off max %.2e\n",
-                  stem.c_str(), len, chunk, d_off.max, d_off.rms, d_on.max, d_on.rms, d_x.max);
+      std::printf("%-18s %s/%s len %3d chunk %3d | off vs cpu max %.2e rms %.2e | on vs cpu max %.2e rms %.2e | on vs off max %.2e\n",
+                  stem.c_str(), kv_type_name(mc.k).c_str(), kv_type_name(mc.v).c_str(), len, chunk, d_off.max, d_off.rms, d_on.max, d_on.rms, d_x.max);
     }
   }
 }
 
-std::string model_name(const testing::TestParamInfo<std::string>& i) {
-  std::string s = i.param;
+std::string model_name(const testing::TestParamInfo<ModelCase>& i) {
+  std::string s = i.param.stem;
+  if (typed_pair(i.param.k, i.param.v)) s.append("_").append(kv_type_name(i.param.k)).append("_").append(kv_type_name(i.param.v));
   for (char& ch : s)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return s;
@@ -291,8 +365,17 @@ std::string model_name(const testing::TestParamInfo<std::string>& i) {
 // F16 golden models with attention layers (all head 64, GQA 2): qwen3 (qk-norm), gemma3 (sliding window 8 on
 // alternate layers), llama, qwen2, qwen3moe, and qwen35's gated full-attention layers.
 INSTANTIATE_TEST_SUITE_P(Golden, CudaAttentionPrefillModel,
-                         testing::Values("tiny-qwen3-f16", "tiny-gemma3-f16", "tiny-llama-f16", "tiny-qwen2-f16", "tiny-qwen3moe-f16",
-                                         "tiny-qwen35-f16"),
+                         testing::Values(ModelCase{"tiny-qwen3-f16"}, ModelCase{"tiny-gemma3-f16"}, ModelCase{"tiny-llama-f16"},
+                                         ModelCase{"tiny-qwen2-f16"}, ModelCase{"tiny-qwen3moe-f16"}, ModelCase{"tiny-qwen35-f16"}),
+                         model_name);
+
+// Quantized caches (head 64: TQ3_0 pads to 128) through whole models, prefill on the typed tensor-core path.
+INSTANTIATE_TEST_SUITE_P(TypedKv, CudaAttentionPrefillModel,
+                         testing::Values(ModelCase{"tiny-qwen3-f16", DType::Q8_0, DType::Q8_0},
+                                         ModelCase{"tiny-qwen3-f16", DType::TQ3_0, DType::TQ3_0},
+                                         ModelCase{"tiny-llama-f16", DType::Q4_0, DType::Q4_0},
+                                         ModelCase{"tiny-gemma3-f16", DType::F16, DType::Q8_0},
+                                         ModelCase{"tiny-qwen35-f16", DType::Q8_0, DType::TQ3_0}),
                          model_name);
 
 }  // namespace

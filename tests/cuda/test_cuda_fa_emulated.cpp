@@ -1,6 +1,8 @@
 // The tensor-core prefill attention's own code (backend/cuda/attention_prefill.cu: host plan, kernel,
 // split-K combine), compiled for the host against the thread-level emulation of tests/cuda/
-// cuda_thread_shim.h, against the CPU backend's attention (exact mode, F16 cache). No GPU: runs in CI
+// cuda_thread_shim.h, against the CPU backend's attention (exact mode) on the same cache: F16, and typed
+// caches (q8_0, q4_0, q4_1, q5_0, q5_1, bf16, tq3_0, mixed pairs, TQ3_0 padded at head 64) whose blocks
+// the kernel decodes tile by tile into its F16 tiles (the CPU decodes the same bytes). No GPU: runs in CI
 // wherever the CUDA backend is configured. This catches errors of the kernel's logic — row tiling and
 // GQA packing, per-sequence passes, causal / sliding-window masks, the cp.async double buffer (copies
 // land only at their wait: a tile read too early is NaN), online softmax, the output and partial
@@ -19,6 +21,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/attention_prefill.cu"  // with PG_CUDA_HOST_SHIM: into pg::cuda::host_emu
+#include "core/kv_quant.h"
 
 namespace pg {
 namespace {
@@ -41,9 +44,19 @@ struct EmuCase {
   int n_head, n_head_kv, head_dim, window;
   float softcap;
   int n_sm;  // the plan's SM count: small grids below 2·n_sm blocks split the keys (split-K)
+  DType k = DType::F16, v = DType::F16;  // cache types (F16/F16: the untyped kernel; else the typed one)
 };
 
 class CudaFaEmulated : public testing::TestWithParam<EmuCase> {};
+
+std::string emu_name(const testing::TestParamInfo<EmuCase>& i) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d_sm%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim, i.param.window,
+                static_cast<int>(i.param.softcap), i.param.n_sm);
+  std::string name = buf;
+  if (i.param.k != DType::F16 || i.param.v != DType::F16) name = kv_type_name(i.param.k) + "_" + kv_type_name(i.param.v) + "_" + name;
+  return name;
+}
 
 TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
   const EmuCase c = GetParam();
@@ -59,9 +72,19 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
   std::shuffle(table.begin(), table.end(), std::mt19937(3));
   auto cell = [&](int s, int p) { return table[static_cast<size_t>(s * max_blocks + p / block_size)] * block_size + p % block_size; };
   const int64_t kvw = static_cast<int64_t>(c.n_head_kv) * c.head_dim, qw = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const bool typed = !(c.k == DType::F16 && c.v == DType::F16);
   KvLayer kv;
-  kv.k = cpu.alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
-  kv.v = cpu.alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
+  // Each head in whole blocks of its type (kv_head_width: TQ3_0 pads head 64 to its 128-value group).
+  kv.k = cpu.alloc(c.k, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.k, c.head_dim), static_cast<int64_t>(n_blocks) * block_size);
+  kv.v = cpu.alloc(c.v, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.v, c.head_dim), static_cast<int64_t>(n_blocks) * block_size);
+  if (typed) kv.n_head_kv = c.n_head_kv, kv.head_dim = c.head_dim, kv.head_dim_v = c.head_dim;
+  ASSERT_EQ(kv.k.row_bytes(), kv_row_bytes(c.k, c.n_head_kv, c.head_dim));
+  ASSERT_EQ(kv.v.row_bytes(), kv_row_bytes(c.v, c.n_head_kv, c.head_dim));
+  {  // defined bytes in the cells no sequence writes (alloc does not promise zeros)
+    const std::vector<uint8_t> zk(kv.k.nbytes(), 0), zv(kv.v.nbytes(), 0);
+    cpu.upload(kv.k, zk.data(), zk.size());
+    cpu.upload(kv.v, zv.data(), zv.size());
+  }
   Tensor tt = make(cpu, DType::I32, max_blocks, n_seq, table.data());
   std::vector<Tensor> keep;
   auto batch_of = [&](const std::vector<int32_t>& pos, const std::vector<int32_t>& seq) {
@@ -127,7 +150,12 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
     a.q_stride = qw;
     a.k = kv.k.data;
     a.v = kv.v.data;
-    a.kv_f16 = true;
+    a.kv_f16 = c.k == DType::F16;
+    a.typed = typed;
+    a.k_type = c.k;
+    a.v_type = c.v;
+    a.k_row_bytes = kv.k.row_bytes();
+    a.v_row_bytes = kv.v.row_bytes();
     a.positions = b.positions.as<int32_t>();
     a.seq = b.seq.as<int32_t>();
     a.block_table = tt.as<int32_t>();
@@ -145,7 +173,9 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
     a.out_stride = qw;
     ASSERT_TRUE(cuda::host_emu::attention_prefill_supported(a));
     std::vector<float> scratch(cuda::host_emu::attention_prefill_scratch_bytes(a, c.n_sm) / sizeof(float) + 1, std::nanf(""));
+    const long misaligned0 = cuda::host_emu::shim::g_misaligned.load();
     cuda::host_emu::attention_prefill(a, scratch.data(), c.n_sm, nullptr);
+    EXPECT_EQ(cuda::host_emu::shim::g_misaligned.load(), misaligned0) << "misaligned cp.async (a fault on the device)";
     const float* r = ref.as<float>();
     double num = 0, den = 0, worst = 0;
     size_t bad = 0;
@@ -159,9 +189,12 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
     }
     EXPECT_EQ(bad, 0u) << "NaN/Inf or unwritten outputs";
     const double rel = std::sqrt(num / den);
+    // F16: q and p rounded to FP16. Typed: the decoded K/V values are rounded to FP16 as well (the CPU
+    // uses the same decoded values in FP32), one more 2⁻¹² relative per operand: the same bound holds.
     EXPECT_LE(rel, 2e-3) << "max abs " << worst;
     EXPECT_GT(rel, 0.0) << "exactly the FP32 result: FP16 rounding should show";
-    std::printf("%s: rel %.2e max abs %.2e (splits scratch %zu floats)\n", bt.what, rel, worst, scratch.size() - 1);
+    std::printf("%s/%s %s: rel %.2e max abs %.2e (splits scratch %zu floats)\n", kv_type_name(c.k).c_str(), kv_type_name(c.v).c_str(), bt.what,
+                rel, worst, scratch.size() - 1);
     cpu.free(qt);
     cpu.free(ref);
   }
@@ -174,12 +207,56 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaEmulated,
                                          EmuCase{6, 2, 64, 0, 0.0f, 1},       // GQA 3: 63 of the 64 query rows of a block
                                          EmuCase{2, 1, 128, 0, 0.0f, 64},     // D 128, split-K
                                          EmuCase{2, 2, 256, 37, 0.0f, 1}),    // D 256 (32-key tiles), window
-                         [](const testing::TestParamInfo<EmuCase>& i) {
-                           char buf[64];
-                           std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d_sm%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim,
-                                         i.param.window, static_cast<int>(i.param.softcap), i.param.n_sm);
-                           return std::string(buf);
-                         });
+                         emu_name);
+
+// Typed caches: the cache's own blocks decoded tile by tile (issue 12: no dequantized copy), every decoder
+// family, TQ3_0's query rotation (K) and output un-rotation (V) in the kernel and in the split-K combine,
+// TQ3_0 at head 64 (heads padded to 128: the (128, 64), (64, 128) and (128, 128) width instantiations).
+INSTANTIATE_TEST_SUITE_P(TypedKv, CudaFaEmulated,
+                         testing::Values(EmuCase{4, 2, 64, 0, 0.0f, 64, DType::Q8_0, DType::Q8_0},      // split-K
+                                         EmuCase{8, 1, 64, 50, 20.0f, 1, DType::Q4_0, DType::Q4_0},     // GQA 8, window, softcap
+                                         EmuCase{2, 1, 128, 0, 0.0f, 64, DType::TQ3_0, DType::TQ3_0},   // rotations, split-K combine
+                                         EmuCase{4, 2, 64, 0, 0.0f, 1, DType::TQ3_0, DType::TQ3_0},     // padded 64 → 128, in-kernel R⁻¹
+                                         EmuCase{6, 2, 64, 0, 0.0f, 1, DType::F16, DType::Q8_0},        // mixed, GQA 3
+                                         EmuCase{2, 2, 256, 37, 0.0f, 1, DType::BF16, DType::Q4_1},     // D 256, window
+                                         EmuCase{2, 1, 64, 0, 0.0f, 64, DType::Q5_1, DType::TQ3_0},     // widths 64 / 128, R⁻¹ in the combine
+                                         EmuCase{2, 1, 64, 0, 0.0f, 1, DType::TQ3_0, DType::Q5_0}),     // widths 128 / 64
+                         emu_name);
+
+TEST(CudaFaEmulatedTyped, Routing) {
+  // Which typed caches the kernel takes (the rest keep attention.cu), and bad input: a clear error.
+  cuda::AttentionArgs a;
+  a.typed = true;
+  a.n_head = 8, a.n_head_kv = 2, a.head_dim = 128;
+  const DType ok[] = {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::TQ3_0};
+  for (DType k : ok)
+    for (DType v : ok) {
+      a.k_type = k, a.v_type = v;
+      a.k_row_bytes = kv_row_bytes(k, a.n_head_kv, a.head_dim), a.v_row_bytes = kv_row_bytes(v, a.n_head_kv, a.head_dim);
+      for (int hd : {64, 128, 256}) {
+        a.head_dim = hd;
+        a.k_row_bytes = kv_row_bytes(k, a.n_head_kv, hd), a.v_row_bytes = kv_row_bytes(v, a.n_head_kv, hd);
+        EXPECT_TRUE(cuda::host_emu::attention_prefill_supported(a)) << kv_type_name(k) << "/" << kv_type_name(v) << " head " << hd;
+      }
+    }
+  a.head_dim = 128;
+  a.k_type = DType::F32, a.v_type = DType::Q8_0;
+  EXPECT_FALSE(cuda::host_emu::attention_prefill_supported(a)) << "an F32 side keeps attention.cu";
+  a.k_type = DType::Q8_0, a.v_type = DType::Q4_K;
+  EXPECT_FALSE(cuda::host_emu::attention_prefill_supported(a)) << "not a KV type";
+  a.v_type = DType::Q8_0, a.head_dim = 80;
+  EXPECT_FALSE(cuda::host_emu::attention_prefill_supported(a)) << "head 80";
+  a.head_dim = 128;
+  alignas(16) static uint8_t buf[64];
+  a.k = buf + 2;  // a cache base that no cp.async unit divides
+  EXPECT_FALSE(cuda::host_emu::attention_prefill_supported(a)) << "2-byte aligned cache";
+  a.k = buf;
+  EXPECT_TRUE(cuda::host_emu::attention_prefill_supported(a));
+  a.n = 1;
+  a.k_row_bytes = kv_row_bytes(DType::Q8_0, a.n_head_kv, a.head_dim) + 4;  // rows of another layout
+  a.v_row_bytes = kv_row_bytes(DType::Q8_0, a.n_head_kv, a.head_dim);
+  EXPECT_THROW(cuda::host_emu::attention_prefill(a, nullptr, 1, nullptr), Error);
+}
 
 }  // namespace
 }  // namespace pg

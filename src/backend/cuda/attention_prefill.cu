@@ -1,12 +1,16 @@
-// Prefill attention on tensor cores (FA2 form) over the paged F16 KV cache. CudaOptions::fa_prefill_min_rows
-// (default 32) selects it; tests/cuda/test_cuda_attention_prefill.cpp proves it on the device (passed on the
-// H200, 2026-12-02; README.md: Attention).
+// Prefill attention on tensor cores (FA2 form) over the paged KV cache: F16, or any typed pair without F32
+// (q8_0, q4_0, q4_1, q5_0, q5_1, bf16, tq3_0, mixed), read in the cache's own blocks. CudaOptions::
+// fa_prefill_min_rows (default 32) selects it (typed caches also need CudaOptions::fa_prefill_typed);
+// tests/cuda/test_cuda_attention_prefill.cpp proves it on the device (F16: passed on the H200, 2026-12-02;
+// README.md: Attention). The typed path was written without device time: NOT YET RUN ON A GPU (its code
+// runs in the host emulation below), hence off by default.
 //
 // Contract (attention_prefill): out (n, n_head·head_dim) FP32 = softmax(scale·q·kᵀ, soft-capped, masked)·v
 // for causal rows — row r sees the keys of its sequence at logical positions [begin, positions[r]] with
 // begin = 0 or, with a sliding window w, positions[r] + 1 − w — read through the block table exactly as
 // attention.cu does (cell = table[seq][p / block_size]·block_size + p % block_size). No tree masks (those
-// batches keep attention.cu). KV F16 only; head_dim 64, 128 or 256; n_head / n_head_kv ≤ 64.
+// batches keep attention.cu). KV F16/F16 or typed (fa_typed_ok); head_dim 64, 128 or 256; n_head /
+// n_head_kv ≤ 64.
 //
 // Layout: one block = 4 warps = 64 query rows of one KV head, a query row being a (batch row, head)
 // pair: rows_per_block(g) = 64 / g consecutive batch rows × the g query heads of the KV head (GQA: the
@@ -21,9 +25,23 @@
 // pass are masked), like attention.cu. When the grid is small (few rows at long depth) the key range is
 // split over blockIdx.z and a combine kernel merges (m, l, O) partials.
 //
+// Typed caches (issue 12: attention reads each type directly, no dequantized copy of the cache): separate
+// instantiations (TYPED = true; the F16 ones compile to the same code as before). Per tile, the raw bytes
+// of each key's head (k_head_bytes: whole blocks) are cp.async-copied into one of two staging stages (tile
+// t+1 in flight while t is used), then decoded by the whole block with kv_quant.cuh's kvq_load (the
+// decoders of attn_kvq_kernel, values bit-identical to core's dequantizers) and rounded to FP16 into one
+// K and one V tile of the usual layout; the mma code is the same. Head widths are the types' (DK = wk,
+// DV = wv: head_dim rounded up to 32 or to TQ3_0's 128-value group, so only TQ3_0 at head 64 pads). TQ3_0
+// stores R(x) (core/kv_quant.h): a TQ3_0 K rotates the block's 64 query rows once in shared memory before
+// the key loop (q·k = R(q)·R(k), padding zero); a TQ3_0 V accumulates R(Σ p·v) and un-rotates once — the
+// block's normalised rows in shared memory at the end, or, with split-K, fa_combine_typed_kernel after the
+// merge. Shared memory: typed_smem_bytes (q8_0 at head 128: 70 KB, like F16's 68 KB).
+//
 // Numerics vs the FP32 kernel: q and p rounded to FP16 (relative 2⁻¹¹ each, random), l summed from the
-// rounded p (so the weights used and the normalisation agree), exp2 of base-2 scores. Expected relative
-// output error ~3e-4, bounded at 2e-3 by the tests.
+// rounded p (so the weights used and the normalisation agree), exp2 of base-2 scores; typed caches also
+// round the decoded K/V values to FP16 (the CPU uses them in FP32; BF16 values beyond the FP16 range
+// would overflow, K/V never come near it). Expected relative output error ~3e-4 (typed 2.5e-4..5.1e-4 in the
+// emulation), bounded at 2e-3 by the tests.
 //
 // Host emulation: with PG_CUDA_HOST_SHIM this file compiles with the host compiler against
 // tests/cuda/cuda_thread_shim.h (one host thread per CUDA thread, the warp intrinsics, ldmatrix, mma and
@@ -31,10 +49,14 @@
 // tests/cuda/test_cuda_fa_emulated.cpp runs this kernel code itself — passes, masks, pipeline, softmax,
 // split-K and the host plan — against the CPU backend without a GPU. Only the intrinsics differ.
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include "backend/cuda/attention_prefill.cuh"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
+#include "core/kv_quant.h"
 #ifdef PG_CUDA_HOST_SHIM
 #include "cuda_thread_shim.h"  // namespace pg::cuda::host_emu: the emulated intrinsics
 #define PG_FA_NAMESPACE pg::cuda::host_emu
@@ -47,6 +69,9 @@
 #define PG_FA_NAMESPACE pg::cuda
 #define PG_FA_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #endif
+// The typed-KV tile decoders (kvq_load, bit-identical to core's dequantizers) and the TQ3_0 rotation, in
+// pg::cuda (the host emulation's namespace sits inside it, so they resolve the same way in both builds).
+#include "backend/cuda/kv_quant.cuh"
 
 namespace PG_FA_NAMESPACE {
 namespace {
@@ -57,8 +82,12 @@ struct FaParams {
   AttentionArgs a;
   int br;          // batch rows per block (fa::rows_per_block)
   int n_splits, chunk;
-  float* part_acc;  // (n_splits, n, n_head, head_dim) unnormalised O of each split
+  float* part_acc;  // (n_splits, n, n_head, DV) unnormalised O of each split (rotated domain for a TQ3_0 V)
   float* part_ml;   // (n_splits, n, n_head, 2): running max (base 2) and sum of each split
+  // Typed caches only (TYPED kernels): bytes of one stored head, their pitch in the staging buffer (rounded
+  // up to 16 so every staged head is 16-byte aligned, as the decoders' block alignment assumes), and the
+  // cp.async unit (16, 8 or 4: divides the row bytes, the head bytes and the cache's base address).
+  int k_head_bytes, v_head_bytes, k_pitch, v_pitch, k_unit, v_unit;
 };
 
 #ifndef PG_CUDA_HOST_SHIM
@@ -91,17 +120,39 @@ __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
 __device__ __forceinline__ float2 unpack_h2(uint32_t u) { return __half22float2(*reinterpret_cast<const __half2*>(&u)); }
 #endif  // the host shim defines the same helpers
 
-// D: head size; BN: keys per tile. Grid (row tiles, n_head_kv, n_splits), 128 threads.
-template <int D, int BN>
+// Typed-KV shared memory (TYPED kernels, host and device): one F16 K tile (BN, DK + 8) and one F16 V tile
+// (BN, DV + 8) that the mma path reads, then 2 stages of raw cache bytes (BN heads of K at k_pitch, BN of V
+// at v_pitch) that cp.async fills; the query (64, DK) FP32 of a TQ3_0 K and the output (64, DV) FP32 of a
+// TQ3_0 V are rotated in the same memory before / after the key loop.
+PG_FA_HD int typed_tile_halves(int dk, int dv, int bn) { return bn * (fa::tile_pitch(dk) + fa::tile_pitch(dv)); }
+PG_FA_HD int typed_smem_bytes(int dk, int dv, int bn, int k_pitch, int v_pitch, bool rot_k, bool rot_v) {
+  int b = typed_tile_halves(dk, dv, bn) * 2 + 2 * bn * (k_pitch + v_pitch);
+  if (rot_k && fa::kTileM * dk * 4 > b) b = fa::kTileM * dk * 4;
+  if (rot_v && fa::kTileM * dv * 4 > b) b = fa::kTileM * dv * 4;
+  return b;
+}
+
+// Block-wide TQ3_0 rotation of shared-memory rows (kv_quant.cuh's tq3_rotate_par; every thread calls it).
+__device__ __forceinline__ void fa_rotate_block(float* x, int n, bool inverse) {
+  tq3_rotate_par(x, n, inverse, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), [] { __syncthreads(); });
+}
+
+// DK: values per K head the scores run over (= head_dim for F16; kv_head_width of the K type when TYPED);
+// DV: values per V head accumulated (the same for V); BN: keys per tile; TYPED: the cache holds other types
+// than F16/F16 (AttentionArgs::typed), decoded tile by tile into the F16 tiles (the F16 instantiations have
+// none of that code). Grid (row tiles, n_head_kv, n_splits), 128 threads.
+template <int DK, int DV, int BN, bool TYPED>
 __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams P) {
   const AttentionArgs& p = P.a;
-  constexpr int LD = fa::tile_pitch(D);  // halves per K/V tile row
-  constexpr int KS = D / 16;              // k-steps of Q·Kᵀ
-  constexpr int NT = BN / 8;              // score n-tiles (8 keys each)
-  constexpr int DT = D / 8;               // output n-tiles (8 dims each)
-  constexpr int CPR = D / 8;              // 16-byte chunks per K/V row
-  static_assert(fa::smem_bytes(D) == 2 * 2 * BN * LD * 2, "smem accounting");
-  // [stage][K | V] tiles, each (BN keys, LD halves).
+  static_assert(TYPED || DK == DV, "an F16/F16 cache has one head width");
+  constexpr int LDK = fa::tile_pitch(DK);  // halves per K tile row
+  constexpr int LDV = fa::tile_pitch(DV);  // halves per V tile row
+  constexpr int KS = DK / 16;              // k-steps of Q·Kᵀ
+  constexpr int NT = BN / 8;               // score n-tiles (8 keys each)
+  constexpr int DT = DV / 8;               // output n-tiles (8 dims each)
+  constexpr int CPR = DK / 8;              // 16-byte chunks per F16 K/V row
+  static_assert(TYPED || fa::smem_bytes(DK) == 2 * 2 * BN * LDK * 2, "smem accounting");
+  // F16: [stage][K | V] tiles, each (BN keys, LDK halves). TYPED: typed_smem_bytes' layout.
 #ifdef PG_CUDA_HOST_SHIM
   uint16_t* const fa_sm = shim::dynamic_smem<uint16_t>();
 #else
@@ -111,6 +162,7 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int group = p.n_head / p.n_head_kv;
+  const int hd = p.head_dim;  // DK == DV == hd except for a TQ3_0 K or V at head_dim 64 (padded to 128)
   const int br = P.br;
   // Row tiles in reverse launch order: the last rows of a causal chunk see the most keys, so starting them
   // first leaves the short blocks for the tail of the grid (longest-first scheduling).
@@ -119,6 +171,7 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
   const int kvh = static_cast<int>(blockIdx.y);
   const int z = static_cast<int>(blockIdx.z);
   const int split_lo = z * P.chunk, split_hi = split_lo + P.chunk;
+  const bool rot_k = TYPED && p.k_type == DType::TQ3_0, rot_v = TYPED && p.v_type == DType::TQ3_0;  // block-uniform
 
   for (int i = tid; i < nr; i += fa::kThreads) {
     sh_seq[i] = p.seq[r0 + i];
@@ -140,30 +193,47 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
   }
   // Q fragments (A operand, rows a_row = C rows), pre-scaled: scores come out as scale·q·k.
   uint32_t qf[KS][4];
-#pragma unroll
-  for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = r & 1;  // a_row(lane, r) is C row g (r even) or g+8 (r odd)
-      float v0 = 0.0f, v1 = 0.0f;
-      if (q_ok[i]) {
-        const float* qp = p.q + static_cast<int64_t>(q_row[i]) * p.q_stride + static_cast<int64_t>(q_head[i]) * D + ks * 16;
-        v0 = qp[fa::a_col(lane, r, 0)] * p.scale;
-        v1 = qp[fa::a_col(lane, r, 1)] * p.scale;
-      }
-      qf[ks][r] = pack_h2(v0, v1);
+  if (rot_k) {
+    // A TQ3_0 K holds R(k): the scores need R(q) (q·k = R(q)·R(k)). The block's 64 query rows, zero-padded
+    // to DK, are rotated once in shared memory (before any tile is loaded there), then fragmented as below.
+    float* qs = reinterpret_cast<float*>(fa_sm);  // (kTileM, DK)
+    for (int idx = tid; idx < fa::kTileM * DK; idx += fa::kThreads) {
+      const int m = idx / DK, d = idx - m * DK;
+      int rl = 0, g = 0;
+      fa::pair_of(m, group, rl, g);
+      const bool ok = m < br * group && rl < nr && d < hd;
+      qs[idx] = ok ? p.q[static_cast<int64_t>(r0 + rl) * p.q_stride + static_cast<int64_t>(kvh * group + g) * hd + d] : 0.0f;
     }
+    __syncthreads();
+    fa_rotate_block(qs, fa::kTileM * DK, false);  // ends with a barrier: the rotated rows are visible
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float* qr = qs + (warp * fa::kRowsPerWarp + fa::a_row(lane, r)) * DK + ks * 16;
+        qf[ks][r] = pack_h2(qr[fa::a_col(lane, r, 0)] * p.scale, qr[fa::a_col(lane, r, 1)] * p.scale);
+      }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = r & 1;  // a_row(lane, r) is C row g (r even) or g+8 (r odd)
+        float v0 = 0.0f, v1 = 0.0f;
+        if (q_ok[i]) {  // (here DK == head_dim: only a TQ3_0 K pads the head)
+          const float* qp = p.q + static_cast<int64_t>(q_row[i]) * p.q_stride + static_cast<int64_t>(q_head[i]) * DK + ks * 16;
+          v0 = qp[fa::a_col(lane, r, 0)] * p.scale;
+          v1 = qp[fa::a_col(lane, r, 1)] * p.scale;
+        }
+        qf[ks][r] = pack_h2(v0, v1);
+      }
+  }
 
   float o[DT][4];
 #pragma unroll
   for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  __syncthreads();
-
-  const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * D;  // halves per cache row
-  const auto* kc = static_cast<const uint16_t*>(p.k) + static_cast<int64_t>(kvh) * D;
-  const auto* vc = static_cast<const uint16_t*>(p.v) + static_cast<int64_t>(kvh) * D;
-  uint16_t* const ks_base = fa_sm;  // stage s: K at (2s)·BN·LD, V at (2s+1)·BN·LD
+  __syncthreads();  // row data visible; the rotated query's shared memory read by every thread
 
   uint64_t remaining = nr >= 64 ? ~0ull : ((1ull << nr) - 1ull);
   while (remaining) {
@@ -207,121 +277,247 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
     const bool warp_all = __all_sync(0xffffffffu, in_pass[0] && in_pass[1]);
 
     const int32_t* table = p.block_table + static_cast<int64_t>(s) * p.max_blocks;
-    // Issues the cp.async copies of the K and V rows of keys kt..kt+BN−1 into stage st (zeros past hi).
-    auto load_tile = [&](int kt, int st) {
-      uint16_t* kd = ks_base + (2 * st) * BN * LD;
-      uint16_t* vd = kd + BN * LD;
-      static_assert(BN * CPR % fa::kThreads == 0, "whole copy rounds");
+    const auto cell_of = [&](int kp) {
+      return static_cast<int64_t>(table[kp / p.block_size]) * p.block_size + kp % p.block_size;
+    };
+
+    // Multiplies tile kt (K at kt_s, V at vt_s: F16, pitches LDK / LDV) into this warp's rows.
+    auto consume = [&](int kt, const uint16_t* kt_s, const uint16_t* vt_s) {
+      // S = (scale·Q)·Kᵀ: 16 rows × BN keys.
+      float sc[NT][4];
 #pragma unroll
-      for (int it = 0; it < BN * CPR / fa::kThreads; ++it) {
-        const int idx = tid + it * fa::kThreads;
-        const int key = idx / CPR, c = idx - key * CPR;
-        const int kp = kt + key;
-        const bool ok = kp < hi;
-        const int64_t cell = ok ? static_cast<int64_t>(table[kp / p.block_size]) * p.block_size + kp % p.block_size : 0;
-        const int64_t off = cell * kv_w + c * 8;
-        cp_async16_zfill(kd + key * LD + c * 8, kc + off, ok ? 16 : 0);
-        cp_async16_zfill(vd + key * LD + c * 8, vc + off, ok ? 16 : 0);
+      for (int j = 0; j < NT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int nj = 0; nj < NT / 2; ++nj) {
+          uint32_t b[4];
+          ldsm_x4(b, kt_s + (nj * 16 + fa::k_ld_key(lane)) * LDK + ks * 16 + fa::k_ld_dim(lane));
+          mma_f16(sc[2 * nj], qf[ks], b[0], b[1]);
+          mma_f16(sc[2 * nj + 1], qf[ks], b[2], b[3]);
+        }
+      // Soft-cap, base 2, mask; online softmax per row (the quad of lanes 4g..4g+3 holds row g).
+      const bool full = warp_all && kt >= wfb && kt + BN <= wfe;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = sc[j][e];
+          if (p.softcap > 0.0f) v = p.softcap * tanhf(v / p.softcap);
+          v *= kLog2e;
+          if (!full) {
+            const int i = e >> 1, kp = kt + 8 * j + fa::c_col(lane, e);
+            if (kp < rb[i] || kp >= re[i]) v = -INFINITY;
+          }
+          sc[j][e] = v;
+        }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * i], sc[j][2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m_run[i], mx);
+        const float ref = mn == -INFINITY ? 0.0f : mn;  // a row with nothing visible yet stays at 0
+        const float corr = exp2f(m_run[i] - ref);
+        m_run[i] = mn;
+        l_run[i] *= corr;
+#pragma unroll
+        for (int d = 0; d < DT; ++d) o[d][2 * i] *= corr, o[d][2 * i + 1] *= corr;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          sc[j][2 * i] = exp2f(sc[j][2 * i] - ref);
+          sc[j][2 * i + 1] = exp2f(sc[j][2 * i + 1] - ref);
+        }
       }
-      cp_async_commit();
+      // O += P·V, P in FP16 from the score registers; l sums the rounded weights that are used.
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t pa[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float* t4 = sc[fa::p_tile(kk, r)];
+          pa[r] = pack_h2(t4[fa::p_elem(r, 0)], t4[fa::p_elem(r, 1)]);
+          const float2 back = unpack_h2(pa[r]);
+          l_run[r & 1] += back.x + back.y;  // register r holds row g (r even) or g+8 (r odd)
+        }
+#pragma unroll
+        for (int dj = 0; dj < DV / 16; ++dj) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, vt_s + (kk * 16 + fa::v_ld_key(lane)) * LDV + dj * 16 + fa::v_ld_dim(lane));
+          mma_f16(o[2 * dj], pa, b[0], b[1]);
+          mma_f16(o[2 * dj + 1], pa, b[2], b[3]);
+        }
+      }
     };
 
     const int n_tiles = (hi - lo + BN - 1) / BN;
-    load_tile(lo, 0);
-    for (int t = 0; t < n_tiles; ++t) {
-      const int kt = lo + t * BN;
-      if (t + 1 < n_tiles) {
-        load_tile(kt + BN, (t + 1) & 1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();  // tile t visible to every warp
-      if (kt < whi && kt + BN > wlo) {
-        const uint16_t* kt_s = ks_base + (2 * (t & 1)) * BN * LD;
-        const uint16_t* vt_s = kt_s + BN * LD;
-        // S = (scale·Q)·Kᵀ: 16 rows × BN keys.
-        float sc[NT][4];
+    if constexpr (!TYPED) {
+      const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * DK;  // halves per cache row
+      const auto* kc = static_cast<const uint16_t*>(p.k) + static_cast<int64_t>(kvh) * DK;
+      const auto* vc = static_cast<const uint16_t*>(p.v) + static_cast<int64_t>(kvh) * DK;
+      uint16_t* const ks_base = fa_sm;  // stage s: K at (2s)·BN·LD, V at (2s+1)·BN·LD
+      // Issues the cp.async copies of the K and V rows of keys kt..kt+BN−1 into stage st (zeros past hi).
+      auto load_tile = [&](int kt, int st) {
+        uint16_t* kd = ks_base + (2 * st) * BN * LDK;
+        uint16_t* vd = kd + BN * LDK;
+        static_assert(BN * CPR % fa::kThreads == 0, "whole copy rounds");
 #pragma unroll
-        for (int j = 0; j < NT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-          for (int nj = 0; nj < NT / 2; ++nj) {
-            uint32_t b[4];
-            ldsm_x4(b, kt_s + (nj * 16 + fa::k_ld_key(lane)) * LD + ks * 16 + fa::k_ld_dim(lane));
-            mma_f16(sc[2 * nj], qf[ks], b[0], b[1]);
-            mma_f16(sc[2 * nj + 1], qf[ks], b[2], b[3]);
-          }
-        // Soft-cap, base 2, mask; online softmax per row (the quad of lanes 4g..4g+3 holds row g).
-        const bool full = warp_all && kt >= wfb && kt + BN <= wfe;
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float v = sc[j][e];
-            if (p.softcap > 0.0f) v = p.softcap * tanhf(v / p.softcap);
-            v *= kLog2e;
-            if (!full) {
-              const int i = e >> 1, kp = kt + 8 * j + fa::c_col(lane, e);
-              if (kp < rb[i] || kp >= re[i]) v = -INFINITY;
-            }
-            sc[j][e] = v;
-          }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * i], sc[j][2 * i + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float mn = fmaxf(m_run[i], mx);
-          const float ref = mn == -INFINITY ? 0.0f : mn;  // a row with nothing visible yet stays at 0
-          const float corr = exp2f(m_run[i] - ref);
-          m_run[i] = mn;
-          l_run[i] *= corr;
-#pragma unroll
-          for (int d = 0; d < DT; ++d) o[d][2 * i] *= corr, o[d][2 * i + 1] *= corr;
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            sc[j][2 * i] = exp2f(sc[j][2 * i] - ref);
-            sc[j][2 * i + 1] = exp2f(sc[j][2 * i + 1] - ref);
-          }
+        for (int it = 0; it < BN * CPR / fa::kThreads; ++it) {
+          const int idx = tid + it * fa::kThreads;
+          const int key = idx / CPR, c = idx - key * CPR;
+          const int kp = kt + key;
+          const bool ok = kp < hi;
+          const int64_t cell = ok ? cell_of(kp) : 0;
+          const int64_t off = cell * kv_w + c * 8;
+          cp_async16_zfill(kd + key * LDK + c * 8, kc + off, ok ? 16 : 0);
+          cp_async16_zfill(vd + key * LDK + c * 8, vc + off, ok ? 16 : 0);
         }
-        // O += P·V, P in FP16 from the score registers; l sums the rounded weights that are used.
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-          uint32_t pa[4];
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const float* t4 = sc[fa::p_tile(kk, r)];
-            pa[r] = pack_h2(t4[fa::p_elem(r, 0)], t4[fa::p_elem(r, 1)]);
-            const float2 back = unpack_h2(pa[r]);
-            l_run[r & 1] += back.x + back.y;  // register r holds row g (r even) or g+8 (r odd)
-          }
-#pragma unroll
-          for (int dj = 0; dj < D / 16; ++dj) {
-            uint32_t b[4];
-            ldsm_x4_trans(b, vt_s + (kk * 16 + fa::v_ld_key(lane)) * LD + dj * 16 + fa::v_ld_dim(lane));
-            mma_f16(o[2 * dj], pa, b[0], b[1]);
-            mma_f16(o[2 * dj + 1], pa, b[2], b[3]);
-          }
+        cp_async_commit();
+      };
+
+      load_tile(lo, 0);
+      for (int t = 0; t < n_tiles; ++t) {
+        const int kt = lo + t * BN;
+        if (t + 1 < n_tiles) {
+          load_tile(kt + BN, (t + 1) & 1);
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
         }
+        __syncthreads();  // tile t visible to every warp
+        if (kt < whi && kt + BN > wlo) {
+          const uint16_t* kt_s = ks_base + (2 * (t & 1)) * BN * LDK;
+          consume(kt, kt_s, kt_s + BN * LDK);
+        }
+        __syncthreads();  // stage t & 1 fully consumed before iteration t + 1 refills it
       }
-      __syncthreads();  // stage t & 1 fully consumed before iteration t + 1 refills it
+    } else {
+      // Typed cache: the raw bytes of each key's head (the cache's own blocks, no dequantized copy anywhere)
+      // stream through two staging stages with cp.async, tile t+1 in flight while tile t is decoded and
+      // multiplied; the decode (kv_quant.cuh's kvq_load: 16 values per step for the block types, 8 for
+      // F16/BF16; values bit-identical to core's dequantizers) rounds them to FP16 into the single F16 K/V
+      // tiles, which the same mma code as above reads. Keys past hi decode as zeros (finite: p = 0 there).
+      uint16_t* const k_tile = fa_sm;
+      uint16_t* const v_tile = fa_sm + BN * LDK;
+      uint8_t* const raw = reinterpret_cast<uint8_t*>(fa_sm + typed_tile_halves(DK, DV, BN));
+      const int stage_bytes = BN * (P.k_pitch + P.v_pitch);
+      const auto* kc = static_cast<const uint8_t*>(p.k) + static_cast<int64_t>(kvh) * P.k_head_bytes;
+      const auto* vc = static_cast<const uint8_t*>(p.v) + static_cast<int64_t>(kvh) * P.v_head_bytes;
+      const int kn = P.k_head_bytes / P.k_unit, vn = P.v_head_bytes / P.v_unit;  // copies per head
+      const DType kty = p.k_type, vty = p.v_type;
+      // Decode steps per key: 16 values for the block types, 8 for F16/BF16 (one 16-byte load).
+      const int ek = kvq_plain(kty) ? 8 : 16, ev = kvq_plain(vty) ? 8 : 16;
+      const int uk = DK / ek, uv = DV / ev;
+      auto copy = [](uint8_t* dst, const uint8_t* src, int unit) {
+        if (unit == 16)
+          cp_async16(dst, src);
+        else if (unit == 8)
+          cp_async8(dst, src);
+        else
+          cp_async4(dst, src);
+      };
+      auto load_raw = [&](int kt, int st) {
+        uint8_t* kd = raw + st * stage_bytes;
+        uint8_t* vd = kd + BN * P.k_pitch;
+        for (int idx = tid; idx < BN * kn; idx += fa::kThreads) {
+          const int key = idx / kn, c = idx - key * kn;
+          if (kt + key < hi)
+            copy(kd + key * P.k_pitch + c * P.k_unit, kc + cell_of(kt + key) * static_cast<int64_t>(p.k_row_bytes) + c * P.k_unit,
+                 P.k_unit);
+        }
+        for (int idx = tid; idx < BN * vn; idx += fa::kThreads) {
+          const int key = idx / vn, c = idx - key * vn;
+          if (kt + key < hi)
+            copy(vd + key * P.v_pitch + c * P.v_unit, vc + cell_of(kt + key) * static_cast<int64_t>(p.v_row_bytes) + c * P.v_unit,
+                 P.v_unit);
+        }
+        cp_async_commit();
+      };
+      // Staged heads (BN at `pitch`) of type t → F16 tile rows (BN at ld halves), u_per decode steps of e
+      // values per key. K and V run as separate loops, so a warp never mixes the two types' decoders.
+      auto decode = [&](int kt, DType t, const uint8_t* src, int pitch, int u_per, int e, uint16_t* tile, int ld) {
+        for (int idx = tid; idx < BN * u_per; idx += fa::kThreads) {
+          const int key = idx / u_per, u = idx - key * u_per;
+          float f[16];
+          if (kt + key < hi) {
+            kvq_load(t, src + key * pitch, u, f);
+          } else {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) f[i] = 0.0f;
+          }
+          uint32_t w[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) w[i] = pack_h2(f[2 * i], f[2 * i + 1]);
+          uint4* dst = reinterpret_cast<uint4*>(tile + key * ld + u * e);  // 16-byte aligned: ld·2 and e·2 are multiples of 16
+          dst[0] = uint4{w[0], w[1], w[2], w[3]};
+          if (e == 16) dst[1] = uint4{w[4], w[5], w[6], w[7]};
+        }
+      };
+
+      load_raw(lo, 0);
+      for (int t = 0; t < n_tiles; ++t) {
+        const int kt = lo + t * BN;
+        // Stage (t+1) & 1 last held tile t−1, decoded before the previous iteration's second barrier.
+        if (t + 1 < n_tiles) {
+          load_raw(kt + BN, (t + 1) & 1);
+          cp_async_wait<1>();
+        } else {
+          cp_async_wait<0>();
+        }
+        __syncthreads();  // raw tile t visible to every thread; every warp done with the F16 tiles of t−1
+        const uint8_t* kr = raw + (t & 1) * stage_bytes;
+        decode(kt, kty, kr, P.k_pitch, uk, ek, k_tile, LDK);
+        decode(kt, vty, kr + BN * P.k_pitch, P.v_pitch, uv, ev, v_tile, LDV);
+        __syncthreads();  // F16 tiles of t visible
+        if (kt < whi && kt + BN > wlo) consume(kt, k_tile, v_tile);
+      }
     }
   }
 
   // Results: the row sum over the quad, then the final output (one split) or this split's partial.
+  float l_fin[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = l_run[i];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
+    l_fin[i] = l;
+  }
+  if (rot_v && P.n_splits == 1) {
+    // A TQ3_0 V accumulated Σ p·R(v) = R(Σ p·v): the block's normalised rows (64, DV) are un-rotated once in
+    // shared memory, then the first head_dim values of each row written out.
+    float* ys = reinterpret_cast<float*>(fa_sm);
+    __syncthreads();  // every warp done with the last tiles
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float inv = l_fin[i] > 0.0f ? 1.0f / l_fin[i] : 0.0f;
+      float* y = ys + (warp * fa::kRowsPerWarp + fa::c_row(lane, 2 * i)) * DV;
+#pragma unroll
+      for (int d = 0; d < DT; ++d) {
+        y[8 * d + fa::c_col(lane, 0)] = o[d][2 * i] * inv;
+        y[8 * d + fa::c_col(lane, 1)] = o[d][2 * i + 1] * inv;
+      }
+    }
+    __syncthreads();
+    fa_rotate_block(ys, fa::kTileM * DV, true);
+    for (int idx = tid; idx < fa::kTileM * hd; idx += fa::kThreads) {
+      const int m = idx / hd, d = idx - m * hd;
+      int rl = 0, g = 0;
+      fa::pair_of(m, group, rl, g);
+      if (m < br * group && rl < nr)
+        p.out[static_cast<int64_t>(r0 + rl) * p.out_stride + static_cast<int64_t>(kvh * group + g) * hd + d] = ys[m * DV + d];
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float l = l_fin[i];
     if (!q_ok[i]) continue;
-    if (P.n_splits == 1) {
+    if (P.n_splits == 1) {  // (no TQ3_0 V here: DV == head_dim)
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      float* out = p.out + static_cast<int64_t>(q_row[i]) * p.out_stride + static_cast<int64_t>(q_head[i]) * D;
+      float* out = p.out + static_cast<int64_t>(q_row[i]) * p.out_stride + static_cast<int64_t>(q_head[i]) * DV;
 #pragma unroll
       for (int d = 0; d < DT; ++d) {
         out[8 * d + fa::c_col(lane, 0)] = o[d][2 * i] * inv;
@@ -329,7 +525,7 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
       }
     } else {
       const int64_t slot = (static_cast<int64_t>(z) * p.n + q_row[i]) * p.n_head + q_head[i];
-      float* out = P.part_acc + slot * D;
+      float* out = P.part_acc + slot * DV;
 #pragma unroll
       for (int d = 0; d < DT; ++d) {
         out[8 * d + fa::c_col(lane, 0)] = o[d][2 * i];
@@ -371,17 +567,82 @@ __global__ void fa_combine_kernel(const float* part_acc,  // (n_splits, n, n_hea
   }
 }
 
+// The typed form of fa_combine_kernel: partials of wv values (the V type's head width) per (row, head),
+// merged into shared memory, un-rotated there for a TQ3_0 V (R⁻¹ once, after the merge: the partials are
+// all in the rotated domain), the first hd values written. Dynamic shared memory: wv floats.
+__global__ void fa_combine_typed_kernel(const float* part_acc,  // (n_splits, n, n_head, wv)
+                                        const float* part_ml,   // (n_splits, n, n_head, 2)
+                                        int n_splits, int n, int n_head, int hd, int wv, bool rot_v,
+                                        float* out,  // (n, out_stride), heads at h·hd
+                                        int64_t out_stride) {
+#ifdef PG_CUDA_HOST_SHIM
+  float* const y = shim::dynamic_smem<float>();
+#else
+  extern __shared__ __align__(16) float y[];  // (wv)
+#endif
+  const int64_t rh = blockIdx.x;
+  const int r = static_cast<int>(rh / n_head), h = static_cast<int>(rh % n_head);
+  const int64_t per_split = static_cast<int64_t>(n) * n_head;
+  float M = -INFINITY;
+  for (int z = 0; z < n_splits; ++z)
+    if (part_ml[2 * (z * per_split + rh) + 1] > 0.0f) M = fmaxf(M, part_ml[2 * (z * per_split + rh)]);
+  float L = 0.0f;
+  for (int z = 0; z < n_splits; ++z) {
+    const float lz = part_ml[2 * (z * per_split + rh) + 1];
+    if (lz > 0.0f) L += lz * exp2f(part_ml[2 * (z * per_split + rh)] - M);
+  }
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  for (int d = static_cast<int>(threadIdx.x); d < wv; d += blockDim.x) {
+    float s = 0.0f;
+    for (int z = 0; z < n_splits; ++z) {
+      const float lz = part_ml[2 * (z * per_split + rh) + 1];
+      if (lz > 0.0f) s += part_acc[(z * per_split + rh) * wv + d] * exp2f(part_ml[2 * (z * per_split + rh)] - M);
+    }
+    y[d] = s * inv;
+  }
+  __syncthreads();
+  if (rot_v) fa_rotate_block(y, wv, true);  // (block-uniform)
+  for (int d = static_cast<int>(threadIdx.x); d < hd; d += blockDim.x)
+    out[static_cast<int64_t>(r) * out_stride + static_cast<int64_t>(h) * hd + d] = y[d];
+}
+
 struct FaPlan {
   int br, n_row_tiles, bn;
   fa::SplitPlan split;
+  // Stored values per K / V head (head_dim for F16/F16; kv_head_width when typed) and, typed only, the
+  // staging pitches, copy units and dynamic shared memory (typed_smem_bytes).
+  int dk, dv;
+  int k_pitch = 0, v_pitch = 0, k_unit = 0, v_unit = 0, smem = 0;
 };
+
+// Largest cp.async unit (16, 8, 4) dividing every value; 0 when none does (not even 4 bytes).
+int copy_unit_of(std::initializer_list<uint64_t> values) {
+  for (int u : {16, 8, 4}) {
+    bool ok = true;
+    for (uint64_t v : values) ok = ok && v % static_cast<uint64_t>(u) == 0;
+    if (ok) return u;
+  }
+  return 0;
+}
 
 FaPlan fa_plan(const AttentionArgs& a, int n_sm) {
   FaPlan pl{};
   const int group = a.n_head / a.n_head_kv;
   pl.br = fa::rows_per_block(group);
   pl.n_row_tiles = (a.n + pl.br - 1) / pl.br;
-  pl.bn = fa::keys_per_tile(a.head_dim);
+  pl.dk = a.typed ? kv_head_width(a.k_type, a.head_dim) : a.head_dim;
+  pl.dv = a.typed ? kv_head_width(a.v_type, a.head_dim) : a.head_dim;
+  pl.bn = fa::keys_per_tile(std::max(pl.dk, pl.dv));
+  if (a.typed) {
+    const size_t kb = kv_head_bytes(a.k_type, a.head_dim), vb = kv_head_bytes(a.v_type, a.head_dim);
+    pl.k_pitch = static_cast<int>((kb + 15) / 16 * 16);
+    pl.v_pitch = static_cast<int>((vb + 15) / 16 * 16);
+    pl.k_unit = copy_unit_of({kb, a.k_row_bytes, reinterpret_cast<uintptr_t>(a.k)});
+    pl.v_unit = copy_unit_of({vb, a.v_row_bytes, reinterpret_cast<uintptr_t>(a.v)});
+    pl.smem = typed_smem_bytes(pl.dk, pl.dv, pl.bn, pl.k_pitch, pl.v_pitch, a.k_type == DType::TQ3_0, a.v_type == DType::TQ3_0);
+  } else {
+    pl.smem = fa::smem_bytes(a.head_dim);
+  }
   int max_kv = std::max(1, a.max_kv_len);
   if (a.kv_capacity > 0) {  // graph-captured shapes: the grid serves every length up to the capacity
     int cap = 64;
@@ -392,11 +653,11 @@ FaPlan fa_plan(const AttentionArgs& a, int n_sm) {
   return pl;
 }
 
-template <int D>
+template <int DK, int DV, bool TYPED>
 void fa_launch(const FaParams& P, const FaPlan& pl, cudaStream_t stream) {
-  constexpr int BN = fa::keys_per_tile(D);
-  auto kernel = fa_prefill_kernel<D, BN>;
-  constexpr int smem = fa::smem_bytes(D);
+  constexpr int BN = fa::keys_per_tile(DK > DV ? DK : DV);
+  auto kernel = fa_prefill_kernel<DK, DV, BN, TYPED>;
+  const int smem = TYPED ? pl.smem : fa::smem_bytes(DK);
 #ifndef PG_CUDA_HOST_SHIM
   static SmemOptIn opt_in;
   opt_in.ensure(reinterpret_cast<const void*>(kernel), smem);
@@ -406,12 +667,26 @@ void fa_launch(const FaParams& P, const FaPlan& pl, cudaStream_t stream) {
   check_launch("attention_prefill");
 }
 
+// Typed caches the kernel reads: every KV type but F32 (FP32 values would be rounded to FP16 tiles, and an
+// F32 head's staging would not fit the shared memory at head 256), head widths 64/128/256 after padding.
+bool fa_typed_ok(const AttentionArgs& a) {
+  for (DType t : {a.k_type, a.v_type})
+    if (!is_kv_type(t) || t == DType::F32) return false;
+  const int wk = kv_head_width(a.k_type, a.head_dim), wv = kv_head_width(a.v_type, a.head_dim);
+  const auto ok_w = [](int w) { return w == 64 || w == 128 || w == 256; };
+  // cp.async needs 4-byte aligned heads (true for every KV type at head_dim 64/128/256; checked, not assumed).
+  return ok_w(wk) && ok_w(wv) &&
+         copy_unit_of({kv_head_bytes(a.k_type, a.head_dim), a.k_row_bytes, reinterpret_cast<uintptr_t>(a.k)}) > 0 &&
+         copy_unit_of({kv_head_bytes(a.v_type, a.head_dim), a.v_row_bytes, reinterpret_cast<uintptr_t>(a.v)}) > 0;
+}
+
 // (Named apart from attention_prefill_supported so that the host emulation's copy of this file, in
 // another namespace, never meets the CUDA library's through argument-dependent lookup.)
 bool fa_supported(const AttentionArgs& a) {
-  if (!a.kv_f16 || a.typed || a.tree_mask != nullptr || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return false;
+  if (a.tree_mask != nullptr || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return false;
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
-  return a.n_head / a.n_head_kv <= fa::kMaxGroup;
+  if (a.n_head / a.n_head_kv > fa::kMaxGroup) return false;
+  return a.typed ? fa_typed_ok(a) : a.kv_f16;
 }
 
 }  // namespace
@@ -422,14 +697,20 @@ size_t attention_prefill_scratch_bytes(const AttentionArgs& a, int n_sm) {
   if (a.n <= 0 || !fa_supported(a)) return 0;
   const FaPlan pl = fa_plan(a, n_sm);
   if (pl.split.n_splits <= 1) return 0;
-  // part_acc (n_splits, n, n_head, head_dim) + part_ml (n_splits, n, n_head, 2), FP32.
+  // part_acc (n_splits, n, n_head, dv) + part_ml (n_splits, n, n_head, 2), FP32.
   return static_cast<size_t>(pl.split.n_splits) * static_cast<size_t>(a.n) * static_cast<size_t>(a.n_head) *
-         static_cast<size_t>(a.head_dim + 2) * sizeof(float);
+         static_cast<size_t>(pl.dv + 2) * sizeof(float);
 }
 
 void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream) {
   if (a.n <= 0) return;
-  PG_CHECK(fa_supported(a), "attention_prefill: unsupported shape (F16 KV, head_dim 64/128/256, GQA ≤ 64, no tree)");
+  PG_CHECK(fa_supported(a),
+           "attention_prefill: unsupported shape (F16 KV or a typed pair without F32, head_dim 64/128/256, GQA ≤ 64, no tree)");
+  if (a.typed)
+    PG_CHECK(a.k_row_bytes == kv_row_bytes(a.k_type, a.n_head_kv, a.head_dim) &&
+                 a.v_row_bytes == kv_row_bytes(a.v_type, a.n_head_kv, a.head_dim),
+             "attention_prefill: cache row bytes do not match the " + kv_type_name(a.k_type) + "/" + kv_type_name(a.v_type) +
+                 " layout of n_head_kv·head_dim");
   const FaPlan pl = fa_plan(a, n_sm);
   PG_CHECK(a.n_head_kv <= 65535 && pl.split.n_splits <= 65535, "attention_prefill: batch too large");
   FaParams P{};
@@ -437,21 +718,45 @@ void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStre
   P.br = pl.br;
   P.n_splits = pl.split.n_splits;
   P.chunk = pl.split.chunk;
+  if (a.typed) {
+    P.k_head_bytes = static_cast<int>(kv_head_bytes(a.k_type, a.head_dim));
+    P.v_head_bytes = static_cast<int>(kv_head_bytes(a.v_type, a.head_dim));
+    P.k_pitch = pl.k_pitch, P.v_pitch = pl.v_pitch, P.k_unit = pl.k_unit, P.v_unit = pl.v_unit;
+  }
   if (P.n_splits > 1) {
     PG_CHECK(scratch != nullptr, "attention_prefill: missing split scratch");
     P.part_acc = static_cast<float*>(scratch);
-    P.part_ml = P.part_acc + static_cast<size_t>(P.n_splits) * a.n * a.n_head * a.head_dim;
+    P.part_ml = P.part_acc + static_cast<size_t>(P.n_splits) * a.n * a.n_head * pl.dv;
   }
-  switch (a.head_dim) {
-    case 64: fa_launch<64>(P, pl, stream); break;
-    case 128: fa_launch<128>(P, pl, stream); break;
-    default: fa_launch<256>(P, pl, stream); break;
+  if (!a.typed) {
+    switch (a.head_dim) {
+      case 64: fa_launch<64, 64, false>(P, pl, stream); break;
+      case 128: fa_launch<128, 128, false>(P, pl, stream); break;
+      default: fa_launch<256, 256, false>(P, pl, stream); break;
+    }
+  } else {
+    // Padding arises only for TQ3_0 at head_dim 64 (a 128-value group): (128, 64) and (64, 128).
+    switch (pl.dk * 1000 + pl.dv) {
+      case 64064: fa_launch<64, 64, true>(P, pl, stream); break;
+      case 128128: fa_launch<128, 128, true>(P, pl, stream); break;
+      case 256256: fa_launch<256, 256, true>(P, pl, stream); break;
+      case 128064: fa_launch<128, 64, true>(P, pl, stream); break;
+      case 64128: fa_launch<64, 128, true>(P, pl, stream); break;
+      default: PG_CHECK(false, "attention_prefill: head widths " + std::to_string(pl.dk) + "/" + std::to_string(pl.dv) + " have no kernel");
+    }
   }
   if (P.n_splits > 1) {
-    const int threads = std::min(256, (a.head_dim + 31) / 32 * 32);
     const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head));
-    PG_FA_LAUNCH(fa_combine_kernel, grid, threads, 0, stream, P.part_acc, P.part_ml, P.n_splits, a.n, a.n_head, a.head_dim, a.out,
-                 a.out_stride);
+    if (!a.typed) {
+      const int threads = std::min(256, (a.head_dim + 31) / 32 * 32);
+      PG_FA_LAUNCH(fa_combine_kernel, grid, threads, 0, stream, P.part_acc, P.part_ml, P.n_splits, a.n, a.n_head, a.head_dim, a.out,
+                   a.out_stride);
+    } else {
+      const int threads = std::min(256, (pl.dv + 31) / 32 * 32);
+      const bool rot_v = a.v_type == DType::TQ3_0;
+      PG_FA_LAUNCH(fa_combine_typed_kernel, grid, threads, static_cast<size_t>(pl.dv) * sizeof(float), stream, P.part_acc, P.part_ml,
+                   P.n_splits, a.n, a.n_head, a.head_dim, pl.dv, rot_v, a.out, a.out_stride);
+    }
     check_launch("attention_prefill combine");
   }
 }

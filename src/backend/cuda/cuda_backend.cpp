@@ -75,6 +75,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
   if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) opt.gemv_rows_per_warp = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) opt.fa_prefill_min_rows = std::atoi(e);
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL_TYPED"); e && *e) opt.fa_prefill_typed = std::strcmp(e, "0") != 0;
   return create_cuda_backend(index, opt);
 }
 
@@ -666,7 +667,9 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   }
   // Prefill batches on tensor cores (attention_prefill.cu) when enabled and the shape is one it takes.
   // Not in exact mode (a validation mode: FP32 arithmetic throughout; this kernel rounds q and p to FP16).
-  if (opt_.fa_prefill_min_rows > 0 && !opt_.exact_f32 && a.n >= opt_.fa_prefill_min_rows && cuda::attention_prefill_supported(a)) {
+  // Typed caches only with fa_prefill_typed (that path has not run on a GPU yet).
+  if (opt_.fa_prefill_min_rows > 0 && !opt_.exact_f32 && a.n >= opt_.fa_prefill_min_rows && (!a.typed || opt_.fa_prefill_typed) &&
+      cuda::attention_prefill_supported(a)) {
     const size_t fb = cuda::attention_prefill_scratch_bytes(a, n_sm_);
     cuda::attention_prefill(a, fb ? scratch(kSlotAttention, fb) : nullptr, n_sm_, as_stream(stream_));
     return;

@@ -63,6 +63,11 @@ struct CudaOptions {
   // verification steps (fewer rows, trees) stay on attention.cu. Environment: PEREGRINE_CUDA_FA_PREFILL=<rows>
   // (factory); 0 turns it off.
   int fa_prefill_min_rows = 32;
+  // The same routing for typed (quantized / mixed) KV caches: attention_prefill.cu decodes the cache's blocks
+  // per tile (every KV type pair without F32). Off by default: written without device time, not yet run on a
+  // GPU; the device session that passes the typed cases of tests/cuda/test_cuda_attention_prefill.cpp and
+  // measures pg_cuda_attn_bench --kv q8_0 / tq3_0 sets it. Environment: PEREGRINE_CUDA_FA_PREFILL_TYPED=1.
+  bool fa_prefill_typed = false;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).

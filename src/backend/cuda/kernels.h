@@ -177,10 +177,12 @@ struct AttentionArgs {
 size_t attention_scratch_bytes(const AttentionArgs& a, int n_sm);
 void attention(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream);
 
-// Prefill attention on tensor cores (attention_prefill.cu; not yet run on a GPU, CudaOptions::
-// fa_prefill_min_rows): the same result as attention() for causal rows (no tree_mask) of an F16 cache with
-// head_dim 64/128/256 and n_head/n_head_kv ≤ 64 (attention_prefill_supported), FP16 q·k and p·v products
-// with FP32 accumulation and softmax. Scratch: attention_prefill_scratch_bytes (split-K partials, may be 0).
+// Prefill attention on tensor cores (attention_prefill.cu, CudaOptions::fa_prefill_min_rows): the same
+// result as attention() for causal rows (no tree_mask) of an F16 cache or a typed one (every KV type pair
+// without F32, read in its own blocks; typed path not yet run on a GPU: the backend routes typed caches here
+// only with CudaOptions::fa_prefill_typed) with head_dim 64/128/256 and
+// n_head/n_head_kv ≤ 64 (attention_prefill_supported), FP16 q·k and p·v products with FP32 accumulation
+// and softmax. Scratch: attention_prefill_scratch_bytes (split-K partials, may be 0).
 bool attention_prefill_supported(const AttentionArgs& a);
 size_t attention_prefill_scratch_bytes(const AttentionArgs& a, int n_sm);
 void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream);
