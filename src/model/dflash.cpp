@@ -320,18 +320,49 @@ std::unique_ptr<KvCache> DFlashModel::make_cache(int n_seq, int n_ctx) const {
 
 void DFlashModel::store_context(KvCache& cache, const float* feats, const int32_t* seq, const int32_t* pos, int n) {
   if (n <= 0) return;
+  Tensor f = scratch(0, n_feat(), n);  // (n, n_feat) target features
+  be_.upload(f, feats, static_cast<size_t>(n) * static_cast<size_t>(n_feat()) * sizeof(float));
+  store_fused(cache, f, seq, pos, n);
+}
+
+Tensor DFlashModel::feature_buffer(int n_rows) {
+  // Slot 7: only store_context_rows reads it; (n_target_layers · n_rows, n_embd).
+  return scratch(7, c_.n_embd, static_cast<int64_t>(c_.n_target_layers) * std::max(n_rows, 1));
+}
+
+void DFlashModel::store_context_rows(KvCache& cache, const Tensor& src, int n_rows, const int32_t* rows, const int32_t* seq,
+                                     const int32_t* pos, int n) {
+  if (n <= 0) return;
+  const int nh = c_.n_target_layers;
+  PG_CHECK(src.type == DType::F32 && src.cols() == c_.n_embd && src.rows() >= static_cast<int64_t>(nh) * n_rows,
+           "DFlash store_context_rows: features must be F32 (n_target_layers·n_rows, n_embd)");
+  // Row i's layers side by side = rows i·nh .. i·nh+nh-1 of an (n·nh, n_embd) gather: the same bytes
+  // as the (n, n_feat) input of fc.
+  std::vector<int32_t> ids(static_cast<size_t>(n) * static_cast<size_t>(nh));
+  for (int i = 0; i < n; ++i) {
+    PG_CHECK(rows[i] >= 0 && rows[i] < n_rows, "DFlash store_context_rows: row " + std::to_string(rows[i]) + " outside the forward's " +
+                                                   std::to_string(n_rows) + " rows");
+    for (int k = 0; k < nh; ++k) ids[static_cast<size_t>(i) * nh + static_cast<size_t>(k)] = k * n_rows + rows[i];
+  }
+  Tensor ti = scratch_i32(6, static_cast<int64_t>(n) * nh);
+  be_.upload(ti, ids.data(), ids.size() * sizeof(int32_t));
+  Tensor f = scratch(0, n_feat(), n);  // (n, n_feat) = (n·nh, n_embd)
+  Tensor fr = f.reshape_2d(c_.n_embd, static_cast<int64_t>(n) * nh);
+  be_.get_rows(src, ti, fr);
+  store_fused(cache, f, seq, pos, n);
+}
+
+void DFlashModel::store_fused(KvCache& cache, const Tensor& f, const int32_t* seq, const int32_t* pos, int n) {
   PG_CHECK(cache.n_layer() == c_.n_layer, "DFlash store_context: the cache is not this draft's (" + std::to_string(cache.n_layer()) +
                                               " layers, the draft has " + std::to_string(c_.n_layer) + ")");
   const int e = c_.n_embd, kvw = kv_width();
   std::vector<int32_t> cells(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) cells[static_cast<size_t>(i)] = cache.write_cell(seq[i], pos[i]);
-  Tensor f = scratch(0, n_feat(), n);  // (n, n_feat) target features
-  Tensor cx = scratch(1, e, n);        // (n, n_embd) fused context
-  Tensor k = scratch(2, kvw, n);       // (n, kv_width)
-  Tensor v = scratch(3, kvw, n);       // (n, kv_width)
-  Tensor p = scratch_i32(4, n);        // I32 (n) RoPE positions
-  Tensor tc = scratch_i32(5, n);       // I32 (n) cache cells
-  be_.upload(f, feats, static_cast<size_t>(n) * static_cast<size_t>(n_feat()) * sizeof(float));
+  Tensor cx = scratch(1, e, n);   // (n, n_embd) fused context
+  Tensor k = scratch(2, kvw, n);  // (n, kv_width)
+  Tensor v = scratch(3, kvw, n);  // (n, kv_width)
+  Tensor p = scratch_i32(4, n);   // I32 (n) RoPE positions
+  Tensor tc = scratch_i32(5, n);  // I32 (n) cache cells
   be_.upload(p, pos, static_cast<size_t>(n) * sizeof(int32_t));
   be_.upload(tc, cells.data(), cells.size() * sizeof(int32_t));
   AttentionBatch ab;  // kv_store reads the cells only

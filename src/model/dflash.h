@@ -94,6 +94,13 @@ class DFlashModel {
   // sequences seq (n) → every layer's k_norm'd, RoPE'd K and V stored at the rows' cells, which the
   // caller reserved (KvCache::reserve). Rewriting a position overwrites its cells.
   void store_context(KvCache& cache, const float* feats, const int32_t* seq, const int32_t* pos, int n);
+  // The same with the features on the backend, in the layout a target forward writes them
+  // (ForwardOptions::hidden_dev): feature layer k of batch row r at row k·n_rows + r of `src`; context
+  // row i is batch row rows[i].
+  void store_context_rows(KvCache& cache, const Tensor& src, int n_rows, const int32_t* rows, const int32_t* seq, const int32_t* pos, int n);
+  // A backend tensor for ForwardOptions::hidden_dev of a forward of n_rows rows (owned here, reused:
+  // valid until the next call).
+  Tensor feature_buffer(int n_rows);
   // One pass over the blocks ([anchor, MASK × n_out] each) with the context read from `cache`. The block
   // rows' K/V go to the scratch cells at positions pos0 .. pos0+n_out of each block's sequence (the caller
   // reserved them; they are not committed: the sequence's length is untouched). For each block, slots
@@ -113,6 +120,8 @@ class DFlashModel {
   DFlashModel(std::unique_ptr<gguf::File> f, Model& target);
   Tensor scratch(int slot, int64_t cols, int64_t rows);
   Tensor scratch_i32(int slot, int64_t cols, int64_t rows = 1);
+  // store_context's layers, from the features f (n, n_feat) on the backend.
+  void store_fused(KvCache& cache, const Tensor& f, const int32_t* seq, const int32_t* pos, int n);
   // The block's rows through the layers up to x (R, n_embd); attention is the callback (layer, q, k, v, out).
   void block_layers(Tensor& x, const Tensor& tpos, int R, const std::function<void(int, Tensor&, Tensor&, Tensor&, Tensor&)>& attend);
   // Final norm, the target's head and top-k / logits of rows 1..n_out of each of nb blocks of x.

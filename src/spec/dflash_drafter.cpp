@@ -32,26 +32,42 @@ class DFlashDrafter final : public Drafter {
     Slot& s = slots_[static_cast<size_t>(slot)];
     s.have.clear();
     s.n_have = 0;
-    s.kv_done = 0;
+    // Rows of the ended sequence not projected yet are dropped with it.
+    size_t w = 0;
+    for (size_t i = 0; i < pend_.size(); ++i)
+      if (pend_[i].slot != slot) {
+        if (!pend_feat_.empty() && w != i)
+          std::memcpy(pend_feat_.data() + w * static_cast<size_t>(nf_), pend_feat_.data() + i * static_cast<size_t>(nf_),
+                      static_cast<size_t>(nf_) * sizeof(float));
+        pend_[w++] = pend_[i];
+      }
+    pend_.resize(w);
+    if (!pend_feat_.empty()) pend_feat_.resize(w * static_cast<size_t>(nf_));
     cache_->clear(slot);
   }
 
+  // Host rows (the fallback: a hybrid target's split verify forward): copied until the next projection.
   void add_features(int slot, int pos, const float* row) override {
-    if (pos < 0 || pos >= n_ctx_) return;
-    Slot& s = slots_[static_cast<size_t>(slot)];
-    const size_t need = static_cast<size_t>(pos + 1);
-    if (s.have.size() < need) {
-      s.have.resize(need, 0);
-      s.feat.resize(need * static_cast<size_t>(nf_));
-    }
-    std::memcpy(s.feat.data() + static_cast<size_t>(pos) * static_cast<size_t>(nf_), row, static_cast<size_t>(nf_) * sizeof(float));
-    s.have[static_cast<size_t>(pos)] = 1;
-    s.kv_done = std::min(s.kv_done, pos);  // a rewritten row invalidates its projection
-    while (s.n_have < static_cast<int>(s.have.size()) && s.have[static_cast<size_t>(s.n_have)]) ++s.n_have;
+    if (!note(slot, pos)) return;
+    pend_.push_back({slot, pos, -1});
+    pend_feat_.insert(pend_feat_.end(), row, row + nf_);
+  }
+
+  // Rows of the forward's device-side features: only their indices until the next projection.
+  Tensor* feature_rows(int n_rows) override {
+    project();  // rows of the previous forward, before this one overwrites them
+    feat_dev_ = m_.feature_buffer(n_rows);
+    feat_rows_ = n_rows;
+    return &feat_dev_;
+  }
+  void add_feature_row(int slot, int pos, int row) override {
+    if (!note(slot, pos)) return;
+    pend_.push_back({slot, pos, row});
   }
 
   void propose(std::span<const DraftInput> in, std::span<Draft> out) override {
     const DFlashConfig& c = m_.config();
+    project();  // the context rows handed over since the last pass
     std::vector<DFlashBlock> blocks;
     std::vector<size_t> who;
     int n_out = 0, k = 1;
@@ -66,7 +82,6 @@ class DFlashDrafter final : public Drafter {
       if (p0 < 1 || want < 1 || s.n_have < p0 || p0 >= n_ctx_) continue;
       // Cells for the context and for a whole block of scratch rows after it (full pool: no draft).
       if (!cache_->reserve(q.slot, p0 + c.block_size)) continue;
-      queue_projection(q.slot, p0);
       DFlashBlock b;
       b.anchor = q.history[static_cast<size_t>(p0)];
       b.pos0 = p0;
@@ -78,7 +93,6 @@ class DFlashDrafter final : public Drafter {
       n_out = std::max(n_out, want);
       k = std::max(k, q.k);
     }
-    project();
     if (blocks.empty()) return;
     k = std::min({k, 64, 1 << 30});
     ids_.resize(blocks.size() * static_cast<size_t>(n_out) * static_cast<size_t>(k));
@@ -104,32 +118,69 @@ class DFlashDrafter final : public Drafter {
 
  private:
   struct Slot {
-    std::vector<float> feat;    // (positions, n_feat) the target's features per committed position
-    std::vector<uint8_t> have;  // (positions) 1 = feat row written
+    std::vector<uint8_t> have;  // (positions) 1 = the position's features were handed over
     int n_have = 0;             // positions [0, n_have) all have features
-    int kv_done = 0;            // positions [0, kv_done) are projected into the draft cache
+  };
+  struct Pending {
+    int slot, pos;
+    int row;  // batch row of the last forward's device features, or -1: host row (pend_feat_)
   };
 
-  // Queues the slot's unprojected context rows [kv_done, p0) for project().
-  void queue_projection(int slot, int p0) {
+  // Records that (slot, pos) has features; false for positions outside the context.
+  bool note(int slot, int pos) {
+    if (pos < 0 || pos >= n_ctx_) return false;
     Slot& s = slots_[static_cast<size_t>(slot)];
-    if (s.kv_done >= p0) return;
-    for (int p = s.kv_done; p < p0; ++p) {
-      pend_seq_.push_back(slot);
-      pend_pos_.push_back(p);
-      const float* f = s.feat.data() + static_cast<size_t>(p) * static_cast<size_t>(nf_);
-      pend_feat_.insert(pend_feat_.end(), f, f + nf_);
-    }
-    s.kv_done = p0;
+    if (s.have.size() <= static_cast<size_t>(pos)) s.have.resize(static_cast<size_t>(pos) + 1, 0);
+    s.have[static_cast<size_t>(pos)] = 1;
+    while (s.n_have < static_cast<int>(s.have.size()) && s.have[static_cast<size_t>(s.n_have)]) ++s.n_have;
+    return true;
   }
 
-  // Projects every queued row, of all slots, into the draft cache in one pass (after prefill that is
-  // whole prompts at once).
+  // Projects every row handed over since the last call, of all slots, into the draft cache in one pass
+  // (after prefill that is whole prompts at once). The rows of one call come from one forward (the
+  // runner hands rows over after each forward, and feature_rows() projects before the next), so they
+  // are all host rows or all device rows. A rewritten position overwrites its cells; a position given
+  // twice keeps the later row (cells are written in parallel on devices).
   void project() {
-    m_.store_context(*cache_, pend_feat_.data(), pend_seq_.data(), pend_pos_.data(), static_cast<int>(pend_seq_.size()));
+    if (pend_.empty()) return;
+    const int n = static_cast<int>(pend_.size());
+    std::vector<uint8_t> keep(static_cast<size_t>(n), 1);
+    {
+      std::vector<std::pair<int64_t, int>> key(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) key[static_cast<size_t>(i)] = {static_cast<int64_t>(pend_[static_cast<size_t>(i)].slot) * (n_ctx_ + 1) + pend_[static_cast<size_t>(i)].pos, i};
+      std::sort(key.begin(), key.end());
+      for (int i = 0; i + 1 < n; ++i)
+        if (key[static_cast<size_t>(i)].first == key[static_cast<size_t>(i + 1)].first) keep[static_cast<size_t>(key[static_cast<size_t>(i)].second)] = 0;
+    }
+    std::vector<int32_t> seq, pos, rows;
+    std::vector<float> feats;
+    const bool dev = pend_[0].row >= 0;
+    for (int i = 0; i < n; ++i) {
+      const Pending& p = pend_[static_cast<size_t>(i)];
+      PG_CHECK((p.row >= 0) == dev, "DFlash drafter: host and device feature rows in one projection");
+      if (!keep[static_cast<size_t>(i)]) continue;
+      // Cells for the position (and the block scratch rows reserved by propose later).
+      if (!cache_->reserve(p.slot, p.pos + 1)) {
+        // Pool full (it is sized for every slot at full context, so not expected): the position has no
+        // K/V, the sequence is not drafted for past it.
+        Slot& s = slots_[static_cast<size_t>(p.slot)];
+        s.have[static_cast<size_t>(p.pos)] = 0;
+        s.n_have = std::min(s.n_have, p.pos);
+        continue;
+      }
+      seq.push_back(p.slot);
+      pos.push_back(p.pos);
+      if (dev)
+        rows.push_back(p.row);
+      else
+        feats.insert(feats.end(), pend_feat_.begin() + static_cast<std::ptrdiff_t>(i) * nf_, pend_feat_.begin() + static_cast<std::ptrdiff_t>(i + 1) * nf_);
+    }
+    pend_.clear();
     pend_feat_.clear();
-    pend_seq_.clear();
-    pend_pos_.clear();
+    if (dev)
+      m_.store_context_rows(*cache_, feat_dev_, feat_rows_, rows.data(), seq.data(), pos.data(), static_cast<int>(seq.size()));
+    else
+      m_.store_context(*cache_, feats.data(), seq.data(), pos.data(), static_cast<int>(seq.size()));
   }
 
   DFlashModel& m_;
@@ -137,8 +188,10 @@ class DFlashDrafter final : public Drafter {
   int window_ = 0;
   std::vector<Slot> slots_;
   std::unique_ptr<KvCache> cache_;   // the draft's layers: (n_slots) sequences of n_ctx + block_size positions
-  std::vector<float> pend_feat_;     // (queued rows, n_feat) features of the rows project() stores
-  std::vector<int32_t> pend_seq_, pend_pos_;  // (queued rows) their slot and position
+  std::vector<Pending> pend_;        // rows handed over, not projected yet
+  std::vector<float> pend_feat_;     // (host rows of pend_, n_feat) their features
+  Tensor feat_dev_;                  // (n_feat_layers · feat_rows_, n_embd) the last forward's features (DFlashModel-owned)
+  int feat_rows_ = 0;
   std::vector<int32_t> ids_;  // (blocks, n_out, k)
   std::vector<float> lps_;    // (blocks, n_out, k)
 };

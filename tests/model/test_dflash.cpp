@@ -352,3 +352,73 @@ INSTANTIATE_TEST_SUITE_P(CpuModes, DFlashPaths, testing::Values(true, false), []
 
 }  // namespace
 }  // namespace pg
+
+namespace pg {
+namespace {
+
+// The features can stay on the backend: ForwardOptions::hidden_dev holds what ForwardOptions::hidden
+// holds (layer k of row r at row k·n + r), and projecting context rows gathered from it
+// (store_context_rows, rows in any order) gives the draft the same K/V as projecting host rows.
+TEST(DFlash, DeviceFeaturesEqualHostFeatures) {
+  const auto dir = models_dir();
+  CpuOptions co;
+  co.n_threads = 2;
+  CpuBackend be(co);
+  auto target = Model::load(bundled_target(), be);
+  auto m = DFlashModel::load((dir / "peregrine-demo-dflash-Q8_0.gguf").string(), *target);
+  const int n = 90, e = target->config().n_embd, nh = m->config().n_target_layers, bs = m->config().block_size;
+  Batch b;
+  for (int i = 0; i < n; ++i) b.add(static_cast<int32_t>((i * 37 + 11) % 4096), i, 0, i + 1 == n);
+  std::vector<float> logits, hidden;
+  ForwardOptions fo;
+  fo.hidden_layers = m->config().target_layers;
+  fo.hidden = &hidden;
+  fo.hidden_all_rows = true;
+  auto c1 = target->make_cache({1, 256, DType::F32});
+  target->forward(b, *c1, logits, fo);
+  Tensor dev = m->feature_buffer(n);
+  ForwardOptions fd = fo;
+  fd.hidden = nullptr;
+  fd.hidden_dev = &dev;
+  auto c2 = target->make_cache({1, 256, DType::F32});
+  target->forward(b, *c2, logits, fd);
+  std::vector<float> got(static_cast<size_t>(nh) * n * e);
+  be.download(dev, got.data(), got.size() * sizeof(float));
+  for (int r = 0; r < n; ++r)
+    for (int k = 0; k < nh; ++k)
+      for (int d = 0; d < e; ++d)
+        ASSERT_EQ(got[(static_cast<size_t>(k) * n + r) * e + d], hidden[(static_cast<size_t>(r) * nh + k) * e + d]) << "row " << r << " layer " << k;
+  // Too small a buffer is refused.
+  Tensor small = dev.rows_view(0, static_cast<int64_t>(nh) * n - 1);
+  fd.hidden_dev = &small;
+  EXPECT_THROW(target->forward(b, *c2, logits, fd), Error);
+  // Context rows 0..n-1 stored from host rows and from device rows given in reverse order.
+  auto dh = m->make_cache(2, n + bs);
+  ASSERT_TRUE(dh->reserve(0, n + bs));
+  ASSERT_TRUE(dh->reserve(1, n + bs));
+  std::vector<int32_t> pos(static_cast<size_t>(n)), rows(static_cast<size_t>(n)), s0(static_cast<size_t>(n), 0), s1(static_cast<size_t>(n), 1);
+  for (int i = 0; i < n; ++i) {
+    pos[static_cast<size_t>(i)] = i;
+    rows[static_cast<size_t>(i)] = n - 1 - i;
+  }
+  m->store_context(*dh, hidden.data(), s0.data(), pos.data(), n);
+  std::vector<int32_t> rpos(pos.rbegin(), pos.rend());
+  m->store_context_rows(*dh, dev, n, rows.data(), s1.data(), rpos.data(), n);
+  std::vector<DFlashBlock> blocks(2);
+  for (int s = 0; s < 2; ++s) {
+    blocks[static_cast<size_t>(s)].anchor = 7;
+    blocks[static_cast<size_t>(s)].pos0 = n;
+    blocks[static_cast<size_t>(s)].n_ctx = n;
+    blocks[static_cast<size_t>(s)].seq = s;
+  }
+  const int n_out = 15, nv = target->config().n_vocab;
+  std::vector<float> out(static_cast<size_t>(2) * n_out * nv);
+  m->propose(*dh, blocks, n_out, 0, nullptr, nullptr, out.data());
+  for (size_t i = 0; i < static_cast<size_t>(n_out) * nv; ++i) ASSERT_EQ(out[i], out[i + static_cast<size_t>(n_out) * nv]) << i;
+  // A row outside the forward is refused.
+  std::vector<int32_t> bad = {n};
+  EXPECT_THROW(m->store_context_rows(*dh, dev, n, bad.data(), s1.data(), pos.data(), 1), Error);
+}
+
+}  // namespace
+}  // namespace pg
