@@ -1,7 +1,7 @@
-// DFlash drafting: per slot, the target's features of the committed tokens (handed over by the runner
-// from the forward it runs anyway) and, per draft layer, the context K/V projected from them into the
-// draft's own KV cache on the target's backend (one sequence per slot); one block pass for every
-// sequence that asks, in Backend ops (so it runs wherever the target runs).
+// DFlash drafting: the target's features of the committed tokens (rows of the forward the runner runs
+// anyway, left on the backend) are projected, per draft layer, into context K/V in the draft's own KV
+// cache on the target's backend (one sequence per slot); one block pass for every sequence that asks,
+// in Backend ops, so it runs wherever the target runs.
 #include <algorithm>
 #include <cstring>
 

@@ -105,7 +105,8 @@ std::unique_ptr<Drafter> make_ngram_drafter(int n_min_ngram = 1, int n_max_ngram
 std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx, int max_depth = kMaxTreeNodes - 1);
 
 // DFlash (docs/dflash.md): one parallel pass of the block-diffusion draft per step for every
-// sequence, from the target's features of its committed tokens (kept per slot, n_ctx positions);
+// sequence, on the target's backend, from the target's features of its committed tokens (taken from
+// the forward's device tensors, projected into a draft KV cache of n_slots × n_ctx positions);
 // per-position top-k for DDTree. fa_window > 0: the draft sees only the last fa_window context
 // positions (0 = the whole context, or the file's own sliding window).
 std::unique_ptr<Drafter> make_dflash_drafter(DFlashModel& draft, int n_slots, int n_ctx, int fa_window = 0);
