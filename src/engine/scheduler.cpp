@@ -390,15 +390,18 @@ void Scheduler::feed_features(int n_first) {
   // Decode rows (the root of a plain step) and prompt rows are committed as they stand; verify rows
   // wait for the walk. Rows before n_first are all outputs, so a verify's nodes are rows out0 + i.
   const int n = batch_.size();
-  if (n == 0 || hidden_.empty()) return;
-  const size_t fw = hidden_.size() / static_cast<size_t>(n);
+  if (n == 0 || (!features_dev_ && hidden_.empty())) return;
+  const size_t fw = features_dev_ ? 0 : hidden_.size() / static_cast<size_t>(n);
   std::vector<uint8_t>& is_verify = is_verify_;  // (n_first) member: no allocation per step
   is_verify.assign(static_cast<size_t>(n_first), 0);
   for (const Verify& v : verify_)
     for (int i = 0; i < v.tree.size(); ++i) is_verify[static_cast<size_t>(v.out0 + i)] = 1;
   for (int r = 0; r < n; ++r) {
     if (r < n_first && is_verify[static_cast<size_t>(r)]) continue;
-    drafter_->add_features(batch_.seq[static_cast<size_t>(r)], batch_.positions[static_cast<size_t>(r)], hidden_.data() + static_cast<size_t>(r) * fw);
+    if (features_dev_)
+      drafter_->add_feature_row(batch_.seq[static_cast<size_t>(r)], batch_.positions[static_cast<size_t>(r)], r);
+    else
+      drafter_->add_features(batch_.seq[static_cast<size_t>(r)], batch_.positions[static_cast<size_t>(r)], hidden_.data() + static_cast<size_t>(r) * fw);
   }
 }
 
@@ -469,9 +472,18 @@ void Scheduler::step() {
   }
   // A DFlash drafter reads the target's features of every committed row, from this very forward.
   if (drafter_) fopt.hidden_layers = drafter_->feature_layers();
+  features_dev_ = false;
   if (!fopt.hidden_layers.empty()) {
-    fopt.hidden = &hidden_;
     fopt.hidden_all_rows = true;
+    // On the backend when the drafter takes them there (no host round trip); a hybrid target's verify
+    // step runs as two forwards (forward_step) and hands host rows over instead.
+    Tensor* dev = drafter_->feature_rows(batch_.size());  // also consumes the rows of the last forward
+    if (dev && !(!verify_.empty() && cache_->recurrent())) {
+      fopt.hidden_dev = dev;
+      features_dev_ = true;
+    } else {
+      fopt.hidden = &hidden_;
+    }
   }
   try {
     const auto tf = Clock::now();
@@ -525,9 +537,14 @@ void Scheduler::step() {
       s.accept_stats().observe(v.predicted, accepted, deepest);
       if (!fopt.hidden_layers.empty() && drafter_) {
         // Only the accepted path's features are kept (verify rows are batch rows out0 + node).
-        const size_t fw = hidden_.size() / static_cast<size_t>(batch_.size());
-        for (int j = 0; j <= accepted; ++j)
-          drafter_->add_features(s.slot(), n_past0 + j, hidden_.data() + static_cast<size_t>(v.out0 + w.path[static_cast<size_t>(j)]) * fw);
+        const size_t fw = features_dev_ ? 0 : hidden_.size() / static_cast<size_t>(batch_.size());
+        for (int j = 0; j <= accepted; ++j) {
+          const int row = v.out0 + w.path[static_cast<size_t>(j)];
+          if (features_dev_)
+            drafter_->add_feature_row(s.slot(), n_past0 + j, row);
+          else
+            drafter_->add_features(s.slot(), n_past0 + j, hidden_.data() + static_cast<size_t>(row) * fw);
+        }
       }
       s.on_draft(v.tree.n_draft(), accepted);
       metrics_.on_spec(v.tree.n_draft(), accepted);

@@ -180,6 +180,7 @@ class Scheduler {
   std::vector<float> hidden_, sub_hidden_;  // (batch rows, features) target features for a DFlash drafter
   void feed_features(int n_first);          // hands the committed non-verify rows' features to the drafter
   std::vector<uint8_t> is_verify_;  // (batch rows) feed_features: which rows are verify rows
+  bool features_dev_ = false;       // this step's features stay on the backend (Drafter::feature_rows)
   bool profile_ = false;
   double prof_[2] = {0, 0};  // seconds: drafting, forward
   uint64_t prof_rows_ = 0, prof_steps_ = 0;

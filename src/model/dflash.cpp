@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "kv/paged_kv_cache.h"
 #include "model/model.h"
 
 namespace pg {
@@ -273,6 +274,12 @@ Tensor DFlashModel::scratch(int slot, int64_t cols, int64_t rows) {
   return t;
 }
 
+Tensor DFlashModel::scratch_i32(int slot, int64_t cols, int64_t rows) {
+  Tensor t = scratch(slot, cols, rows);  // an F32-sized buffer holds as many I32
+  t.type = DType::I32;
+  return t;
+}
+
 void DFlashModel::context_kv(const float* feats, const int32_t* pos, int n, const std::vector<float*>& k_out, const std::vector<float*>& v_out) {
   if (n <= 0) return;
   PG_CHECK(static_cast<int>(k_out.size()) == c_.n_layer && static_cast<int>(v_out.size()) == c_.n_layer, "DFlash context_kv: one output per layer");
@@ -281,11 +288,7 @@ void DFlashModel::context_kv(const float* feats, const int32_t* pos, int n, cons
   Tensor cx = scratch(1, e, n);            // (n, n_embd) fused context
   Tensor k = scratch(2, kvw, n);           // (n, kv_width)
   Tensor v = scratch(3, kvw, n);           // (n, kv_width)
-  Tensor p = [&] {
-    Tensor t = scratch(4, n, 1);           // I32 (n) positions, in an F32-sized buffer
-    t.type = DType::I32;
-    return t;
-  }();
+  Tensor p = scratch_i32(4, n);            // I32 (n) positions
   be_.upload(f, feats, static_cast<size_t>(n) * static_cast<size_t>(n_feat()) * sizeof(float));
   be_.upload(p, pos, static_cast<size_t>(n) * sizeof(int32_t));
   be_.matmul(fc_, f, cx);
@@ -303,38 +306,88 @@ void DFlashModel::context_kv(const float* feats, const int32_t* pos, int n, cons
   }
 }
 
-void DFlashModel::propose(std::span<const DFlashBlock> blocks, int n_out, int top_k, int32_t* ids, float* logprobs, float* logits) {
-  const int nb = static_cast<int>(blocks.size());
-  if (nb == 0) return;
-  PG_CHECK(n_out >= 1 && n_out <= c_.block_size - 1, "DFlash propose: n_out must be in [1, block_size-1]");
-  // The block is as long as the draft wanted (anchor + n_out masks, as llama.cpp runs it): a shorter
-  // block than trained costs fewer rows and predicts nearly as well (DFlash Tab. 8).
-  const int B = n_out + 1, e = c_.n_embd, kvw = kv_width(), qw = c_.n_head * c_.head_dim, hd = c_.head_dim;
-  const int R = nb * B;
-  std::vector<int32_t> tok(static_cast<size_t>(R)), pos(static_cast<size_t>(R));
-  for (int b = 0; b < nb; ++b)
-    for (int i = 0; i < B; ++i) {
-      tok[static_cast<size_t>(b * B + i)] = i == 0 ? blocks[static_cast<size_t>(b)].anchor : c_.mask_token;
-      pos[static_cast<size_t>(b * B + i)] = blocks[static_cast<size_t>(b)].pos0 + i;
-    }
-  auto i32 = [&](int slot, int n) {
-    Tensor t = scratch(slot, n, 1);
-    t.type = DType::I32;
-    return t;
-  };
-  Tensor tids = i32(10, R), tpos = i32(11, R);
-  be_.upload(tids, tok.data(), tok.size() * 4);
-  be_.upload(tpos, pos.data(), pos.size() * 4);
-  Tensor x = scratch(12, e, R), h = scratch(13, e, R), o = scratch(14, e, R);  // (R, n_embd)
-  Tensor q = scratch(15, qw, R), at = scratch(16, qw, R);                       // (R, n_head·head_dim)
-  Tensor k = scratch(17, kvw, R), v = scratch(18, kvw, R);                      // (R, kv_width)
-  Tensor g = scratch(19, c_.n_ff, R), u = scratch(20, c_.n_ff, R);              // (R, n_ff)
-  be_.get_rows(target_.weights().tok_embd, tids, x);
-  std::vector<float> hq(static_cast<size_t>(R) * qw), hk(static_cast<size_t>(R) * kvw), hv(static_cast<size_t>(R) * kvw),
-      ho(static_cast<size_t>(R) * qw);
-  std::vector<float> sc;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int rep = c_.n_head / c_.n_head_kv;
+std::unique_ptr<KvCache> DFlashModel::make_cache(int n_seq, int n_ctx) const {
+  KvCacheOptions o;
+  o.n_seq = n_seq;
+  o.n_ctx = n_ctx;
+  // F32 on the CPU keeps the host path's numbers (its context arrays were F32); devices halve the bytes.
+  o.type = be_.is_host() ? DType::F32 : DType::F16;
+  o.block_size = 64;
+  const int kvw = kv_width();
+  std::vector<KvLayerShape> shapes(static_cast<size_t>(c_.n_layer), KvLayerShape{kvw, kvw, c_.n_head_kv});
+  return std::make_unique<PagedKvCache>(be_, shapes, o);
+}
+
+void DFlashModel::store_context(KvCache& cache, const float* feats, const int32_t* seq, const int32_t* pos, int n) {
+  if (n <= 0) return;
+  Tensor f = scratch(0, n_feat(), n);  // (n, n_feat) target features
+  be_.upload(f, feats, static_cast<size_t>(n) * static_cast<size_t>(n_feat()) * sizeof(float));
+  store_fused(cache, f, seq, pos, n);
+}
+
+Tensor DFlashModel::feature_buffer(int n_rows) {
+  // Slot 7: only store_context_rows reads it; (n_target_layers · n_rows, n_embd).
+  return scratch(7, c_.n_embd, static_cast<int64_t>(c_.n_target_layers) * std::max(n_rows, 1));
+}
+
+void DFlashModel::store_context_rows(KvCache& cache, const Tensor& src, int n_rows, const int32_t* rows, const int32_t* seq,
+                                     const int32_t* pos, int n) {
+  if (n <= 0) return;
+  const int nh = c_.n_target_layers;
+  PG_CHECK(src.type == DType::F32 && src.cols() == c_.n_embd && src.rows() >= static_cast<int64_t>(nh) * n_rows,
+           "DFlash store_context_rows: features must be F32 (n_target_layers·n_rows, n_embd)");
+  // Row i's layers side by side = rows i·nh .. i·nh+nh-1 of an (n·nh, n_embd) gather: the same bytes
+  // as the (n, n_feat) input of fc.
+  std::vector<int32_t> ids(static_cast<size_t>(n) * static_cast<size_t>(nh));
+  for (int i = 0; i < n; ++i) {
+    PG_CHECK(rows[i] >= 0 && rows[i] < n_rows, "DFlash store_context_rows: row " + std::to_string(rows[i]) + " outside the forward's " +
+                                                   std::to_string(n_rows) + " rows");
+    for (int k = 0; k < nh; ++k) ids[static_cast<size_t>(i) * nh + static_cast<size_t>(k)] = k * n_rows + rows[i];
+  }
+  Tensor ti = scratch_i32(6, static_cast<int64_t>(n) * nh);
+  be_.upload(ti, ids.data(), ids.size() * sizeof(int32_t));
+  Tensor f = scratch(0, n_feat(), n);  // (n, n_feat) = (n·nh, n_embd)
+  Tensor fr = f.reshape_2d(c_.n_embd, static_cast<int64_t>(n) * nh);
+  be_.get_rows(src, ti, fr);
+  store_fused(cache, f, seq, pos, n);
+}
+
+void DFlashModel::store_fused(KvCache& cache, const Tensor& f, const int32_t* seq, const int32_t* pos, int n) {
+  PG_CHECK(cache.n_layer() == c_.n_layer, "DFlash store_context: the cache is not this draft's (" + std::to_string(cache.n_layer()) +
+                                              " layers, the draft has " + std::to_string(c_.n_layer) + ")");
+  const int e = c_.n_embd, kvw = kv_width();
+  std::vector<int32_t> cells(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) cells[static_cast<size_t>(i)] = cache.write_cell(seq[i], pos[i]);
+  Tensor cx = scratch(1, e, n);   // (n, n_embd) fused context
+  Tensor k = scratch(2, kvw, n);  // (n, kv_width)
+  Tensor v = scratch(3, kvw, n);  // (n, kv_width)
+  Tensor p = scratch_i32(4, n);   // I32 (n) RoPE positions
+  Tensor tc = scratch_i32(5, n);  // I32 (n) cache cells
+  be_.upload(p, pos, static_cast<size_t>(n) * sizeof(int32_t));
+  be_.upload(tc, cells.data(), cells.size() * sizeof(int32_t));
+  AttentionBatch ab;  // kv_store reads the cells only
+  ab.n_tokens = n;
+  ab.cells = tc;
+  be_.matmul(fc_, f, cx);
+  be_.rms_norm(cx, hidden_norm_, cx, c_.rms_eps);
+  for (int il = 0; il < c_.n_layer; ++il) {
+    const DFlashLayer& l = layers_[static_cast<size_t>(il)];
+    // The layer's own W_k / k_norm / W_v, applied to the context rows (no attn_norm: C is already normed).
+    be_.matmul_shared(cx, {{&l.wk, &k}, {&l.wv, &v}});
+    Tensor kh = k.reshape_2d(c_.head_dim, static_cast<int64_t>(n) * c_.n_head_kv);
+    be_.rms_norm(kh, l.k_norm, kh, c_.rms_eps);
+    be_.rope(k, p, c_.n_head_kv, c_.head_dim, c_.head_dim, c_.rope_base, RopeStyle::Neox);
+    be_.kv_store(cache.layer(il), k, v, ab);
+  }
+}
+
+void DFlashModel::block_layers(Tensor& x, const Tensor& tpos, int R,
+                               const std::function<void(int, Tensor&, Tensor&, Tensor&, Tensor&)>& attend) {
+  const int e = c_.n_embd, kvw = kv_width(), qw = c_.n_head * c_.head_dim, hd = c_.head_dim;
+  Tensor h = scratch(13, e, R), o = scratch(14, e, R);               // (R, n_embd)
+  Tensor q = scratch(15, qw, R), at = scratch(16, qw, R);            // (R, n_head·head_dim)
+  Tensor k = scratch(17, kvw, R), v = scratch(18, kvw, R);           // (R, kv_width)
+  Tensor g = scratch(19, c_.n_ff, R), u = scratch(20, c_.n_ff, R);   // (R, n_ff)
   for (int il = 0; il < c_.n_layer; ++il) {
     const DFlashLayer& l = layers_[static_cast<size_t>(il)];
     be_.rms_norm(x, l.attn_norm, h, c_.rms_eps);
@@ -344,6 +397,161 @@ void DFlashModel::propose(std::span<const DFlashBlock> blocks, int n_out, int to
     be_.rms_norm(kh, l.k_norm, kh, c_.rms_eps);
     be_.rope(q, tpos, c_.n_head, hd, hd, c_.rope_base, RopeStyle::Neox);
     be_.rope(k, tpos, c_.n_head_kv, hd, hd, c_.rope_base, RopeStyle::Neox);
+    attend(il, q, k, v, at);
+    be_.matmul(l.wo, at, o);
+    be_.add(x, o, x);
+    be_.rms_norm(x, l.ffn_norm, h, c_.rms_eps);
+    be_.matmul_shared(h, {{&l.ffn_gate, &g}, {&l.ffn_up, &u}});
+    be_.glu(g, u, g, Activation::Silu);
+    be_.matmul(l.ffn_down, g, o);
+    be_.add(x, o, x);
+  }
+}
+
+void DFlashModel::block_head(const Tensor& x, int nb, int n_out, int top_k, int32_t* ids, float* logprobs, float* logits) {
+  // Slots 1..n_out of every block through the final norm and the target's head.
+  const int B = n_out + 1, e = c_.n_embd;
+  const int M = nb * n_out;
+  std::vector<int32_t> rows(static_cast<size_t>(M));
+  for (int b = 0; b < nb; ++b)
+    for (int i = 0; i < n_out; ++i) rows[static_cast<size_t>(b * n_out + i)] = b * B + 1 + i;
+  Tensor ridx = scratch_i32(21, M);
+  be_.upload(ridx, rows.data(), rows.size() * 4);
+  Tensor xo = scratch(22, e, M);  // (M, n_embd)
+  be_.get_rows(x, ridx, xo);
+  be_.rms_norm(xo, output_norm_, xo, c_.rms_eps);
+  const int nv = target_.config().n_vocab;
+  Tensor lg = scratch(23, nv, M);  // (M, n_vocab)
+  be_.matmul(target_.weights().output, xo, lg);
+  if (logits) {
+    be_.download(lg, logits, static_cast<size_t>(M) * static_cast<size_t>(nv) * sizeof(float));
+    return;
+  }
+  PG_CHECK(top_k >= 1 && top_k <= 64 && top_k <= nv, "DFlash propose: top_k must be in [1, 64]");
+  Tensor ti = scratch_i32(24, top_k, M), tl = scratch(25, top_k, M);  // (M, top_k)
+  be_.topk_rows(lg, top_k, ti, tl);
+  be_.download(ti, ids, static_cast<size_t>(M) * static_cast<size_t>(top_k) * 4);
+  be_.download(tl, logprobs, static_cast<size_t>(M) * static_cast<size_t>(top_k) * 4);
+}
+
+namespace {
+
+// Token ids [anchor, MASK × n_out] and RoPE positions pos0 + i of every block, (nb·B) each.
+void block_inputs(std::span<const DFlashBlock> blocks, int B, int32_t mask, std::vector<int32_t>& tok, std::vector<int32_t>& pos) {
+  const int nb = static_cast<int>(blocks.size());
+  tok.resize(static_cast<size_t>(nb * B));
+  pos.resize(tok.size());
+  for (int b = 0; b < nb; ++b)
+    for (int i = 0; i < B; ++i) {
+      tok[static_cast<size_t>(b * B + i)] = i == 0 ? blocks[static_cast<size_t>(b)].anchor : mask;
+      pos[static_cast<size_t>(b * B + i)] = blocks[static_cast<size_t>(b)].pos0 + i;
+    }
+}
+
+}  // namespace
+
+void DFlashModel::propose(KvCache& cache, std::span<const DFlashBlock> blocks, int n_out, int top_k, int32_t* ids, float* logprobs,
+                          float* logits) {
+  const int nb = static_cast<int>(blocks.size());
+  if (nb == 0) return;
+  PG_CHECK(n_out >= 1 && n_out <= c_.block_size - 1, "DFlash propose: n_out must be in [1, block_size-1]");
+  PG_CHECK(n_out + 1 <= kMaxTreeRows, "DFlash propose: the block is longer than a tree-masked attention takes");
+  PG_CHECK(cache.n_layer() == c_.n_layer, "DFlash propose: the cache is not this draft's");
+  const int B = n_out + 1, R = nb * B;
+  std::vector<int32_t> tok, pos;
+  block_inputs(blocks, B, c_.mask_token, tok, pos);
+  // The block rows as tree rows of the attention: row i of a block sees its sequence's context
+  // [pos0 - n_ctx, pos0) (kv_len = pos0) plus the block rows stored at pos0 + j, by mask bit j: every
+  // j (non-causal) or j ≤ i (causal). The K/V of the block rows go to those scratch cells, uncommitted.
+  std::vector<int32_t> cells(static_cast<size_t>(R)), seqs(cells.size()), apos(cells.size()), kvl(cells.size());
+  std::vector<int32_t> mask(static_cast<size_t>(R) * kTreeMaskWords, 0);
+  // A window (n_ctx < pos0) is placed through the attention's sliding window: with window W, a row at
+  // attention position a sees from a + 1 - W, so a = begin + W - 1 puts every block's start where it
+  // belongs (the attention's positions are not RoPE positions here: RoPE took tpos above). W covers
+  // the longest context so that unwindowed blocks start at 0.
+  bool windowed = false;
+  int W = 1, max_kv = 1;
+  for (const DFlashBlock& b : blocks) {
+    PG_CHECK(b.n_ctx >= 0 && b.n_ctx <= b.pos0, "DFlash propose: context of " + std::to_string(b.n_ctx) + " rows before position " + std::to_string(b.pos0));
+    windowed = windowed || b.n_ctx < b.pos0;
+    W = std::max(W, b.pos0 + 1);
+    max_kv = std::max(max_kv, b.pos0 + B);
+  }
+  for (int b = 0; b < nb; ++b) {
+    const DFlashBlock& blk = blocks[static_cast<size_t>(b)];
+    for (int i = 0; i < B; ++i) {
+      const size_t r = static_cast<size_t>(b * B + i);
+      cells[r] = cache.write_cell(blk.seq, blk.pos0 + i);
+      seqs[r] = blk.seq;
+      apos[r] = windowed ? blk.pos0 - blk.n_ctx + W - 1 : blk.pos0 + i;
+      kvl[r] = blk.pos0;
+      const int nbk = c_.causal ? i + 1 : B;
+      for (int j = 0; j < nbk; ++j) mask[r * kTreeMaskWords + static_cast<size_t>(j / 32)] |= 1u << (j % 32);
+    }
+  }
+  const int nseq = cache.n_seq(), mb = cache.max_blocks();
+  Tensor tids = scratch_i32(10, R), tpos = scratch_i32(11, R);
+  Tensor tcells = scratch_i32(26, R), tseq = scratch_i32(27, R), tapos = scratch_i32(28, R), tkvl = scratch_i32(29, R);
+  Tensor tmask = scratch_i32(30, kTreeMaskWords, R);  // I32 (R, kTreeMaskWords)
+  Tensor ttab = scratch_i32(31, mb, nseq);            // I32 (n_seq, max_blocks)
+  be_.upload(tids, tok.data(), tok.size() * 4);
+  be_.upload(tpos, pos.data(), pos.size() * 4);
+  be_.upload(tcells, cells.data(), cells.size() * 4);
+  be_.upload(tseq, seqs.data(), seqs.size() * 4);
+  be_.upload(tapos, apos.data(), apos.size() * 4);
+  be_.upload(tkvl, kvl.data(), kvl.size() * 4);
+  be_.upload(tmask, mask.data(), mask.size() * 4);
+  // The whole table every pass: a few hundred bytes, and write_cell above may have changed it.
+  be_.upload(ttab, cache.block_table().data(), cache.block_table().size() * 4);
+  cache.clear_dirty();
+  AttentionBatch ab;
+  ab.n_tokens = R;
+  ab.positions = tapos;
+  ab.seq = tseq;
+  ab.cells = tcells;
+  ab.block_table = ttab;
+  ab.block_size = cache.block_size();
+  ab.max_blocks = mb;
+  ab.max_kv_len = max_kv;
+  ab.kv_len = tkvl;
+  ab.tree_mask = tmask;
+  AttentionParams ap;
+  ap.n_head = c_.n_head;
+  ap.n_head_kv = c_.n_head_kv;
+  ap.head_dim = c_.head_dim;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+  ap.sliding_window = windowed ? W : 0;
+  Tensor x = scratch(12, c_.n_embd, R);  // (R, n_embd)
+  be_.get_rows(target_.weights().tok_embd, tids, x);
+  block_layers(x, tpos, R, [&](int il, Tensor& q, Tensor& k, Tensor& v, Tensor& at) {
+    KvLayer& kv = cache.layer(il);
+    be_.kv_store(kv, k, v, ab);
+    be_.attention(q, kv, ab, ap, at);
+  });
+  block_head(x, nb, n_out, top_k, ids, logprobs, logits);
+}
+
+void DFlashModel::propose_host(std::span<const DFlashBlock> blocks, int n_out, int top_k, int32_t* ids, float* logprobs, float* logits) {
+  const int nb = static_cast<int>(blocks.size());
+  if (nb == 0) return;
+  PG_CHECK(n_out >= 1 && n_out <= c_.block_size - 1, "DFlash propose: n_out must be in [1, block_size-1]");
+  // The block is as long as the draft wanted (anchor + n_out masks, as llama.cpp runs it): a shorter
+  // block than trained costs fewer rows and predicts nearly as well (DFlash Tab. 8).
+  const int B = n_out + 1, kvw = kv_width(), qw = c_.n_head * c_.head_dim, hd = c_.head_dim;
+  const int R = nb * B;
+  std::vector<int32_t> tok, pos;
+  block_inputs(blocks, B, c_.mask_token, tok, pos);
+  Tensor tids = scratch_i32(10, R), tpos = scratch_i32(11, R);
+  be_.upload(tids, tok.data(), tok.size() * 4);
+  be_.upload(tpos, pos.data(), pos.size() * 4);
+  Tensor x = scratch(12, c_.n_embd, R);  // (R, n_embd)
+  be_.get_rows(target_.weights().tok_embd, tids, x);
+  std::vector<float> hq(static_cast<size_t>(R) * qw), hk(static_cast<size_t>(R) * kvw), hv(static_cast<size_t>(R) * kvw),
+      ho(static_cast<size_t>(R) * qw);
+  std::vector<float> sc;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int rep = c_.n_head / c_.n_head_kv;
+  block_layers(x, tpos, R, [&](int il, Tensor& q, Tensor& k, Tensor& v, Tensor& at) {
     be_.download(q, hq.data(), hq.size() * 4);
     be_.download(k, hk.data(), hk.size() * 4);
     be_.download(v, hv.data(), hv.size() * 4);
@@ -398,37 +606,8 @@ void DFlashModel::propose(std::span<const DFlashBlock> blocks, int n_out, int to
       }
     }
     be_.upload(at, ho.data(), ho.size() * 4);
-    be_.matmul(l.wo, at, o);
-    be_.add(x, o, x);
-    be_.rms_norm(x, l.ffn_norm, h, c_.rms_eps);
-    be_.matmul_shared(h, {{&l.ffn_gate, &g}, {&l.ffn_up, &u}});
-    be_.glu(g, u, g, Activation::Silu);
-    be_.matmul(l.ffn_down, g, o);
-    be_.add(x, o, x);
-  }
-  // Slots 1..n_out of every block through the final norm and the target's head.
-  const int M = nb * n_out;
-  std::vector<int32_t> rows(static_cast<size_t>(M));
-  for (int b = 0; b < nb; ++b)
-    for (int i = 0; i < n_out; ++i) rows[static_cast<size_t>(b * n_out + i)] = b * B + 1 + i;
-  Tensor ridx = i32(21, M);
-  be_.upload(ridx, rows.data(), rows.size() * 4);
-  Tensor xo = scratch(22, e, M);  // (M, n_embd)
-  be_.get_rows(x, ridx, xo);
-  be_.rms_norm(xo, output_norm_, xo, c_.rms_eps);
-  const int nv = target_.config().n_vocab;
-  Tensor lg = scratch(23, nv, M);  // (M, n_vocab)
-  be_.matmul(target_.weights().output, xo, lg);
-  if (logits) {
-    be_.download(lg, logits, static_cast<size_t>(M) * static_cast<size_t>(nv) * sizeof(float));
-    return;
-  }
-  PG_CHECK(top_k >= 1 && top_k <= 64 && top_k <= nv, "DFlash propose: top_k must be in [1, 64]");
-  Tensor ti = i32(24, M * top_k), tl = scratch(25, top_k, M);
-  ti = ti.reshape_2d(top_k, M);
-  be_.topk_rows(lg, top_k, ti, tl);
-  be_.download(ti, ids, static_cast<size_t>(M) * static_cast<size_t>(top_k) * 4);
-  be_.download(tl, logprobs, static_cast<size_t>(M) * static_cast<size_t>(top_k) * 4);
+  });
+  block_head(x, nb, n_out, top_k, ids, logprobs, logits);
 }
 
 }  // namespace pg

@@ -17,6 +17,7 @@
 // layer, before the final norm) is a feature: ForwardOptions::hidden_layers.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <span>
@@ -25,6 +26,7 @@
 
 #include "backend/backend.h"
 #include "gguf/gguf.h"
+#include "kv/kv_cache.h"
 
 namespace pg {
 
@@ -59,14 +61,16 @@ struct DFlashLayer {
   Tensor attn_norm, wq, wk, wv, wo, q_norm, k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down;
 };
 
-// One block to draft: the anchor (the sequence's newest token, at position pos0) and the context K/V
-// of every draft layer for the positions the block sees.
+// One block to draft: the anchor (the sequence's newest token, at position pos0) and the context it
+// sees, positions [pos0 - n_ctx, pos0). The device path (propose with a KvCache) reads that context from
+// sequence `seq` of the draft's cache; the host reference path (propose_host) from ctx_k / ctx_v.
 struct DFlashBlock {
   int32_t anchor = 0;
   int pos0 = 0;
-  int n_ctx = 0;                   // context rows
-  std::vector<const float*> ctx_k;  // (n_layer) each (n_ctx, n_head_kv·head_dim), RoPE'd at their positions
-  std::vector<const float*> ctx_v;  // (n_layer) each (n_ctx, n_head_kv·head_dim)
+  int n_ctx = 0;                   // context rows (n_ctx < pos0: a window)
+  int seq = 0;                     // the draft cache's sequence (device path)
+  std::vector<const float*> ctx_k;  // host path: (n_layer) each (n_ctx, n_head_kv·head_dim), RoPE'd at their positions
+  std::vector<const float*> ctx_v;  // host path: (n_layer) each (n_ctx, n_head_kv·head_dim)
 };
 
 class DFlashModel {
@@ -81,18 +85,47 @@ class DFlashModel {
   int n_feat() const { return c_.n_target_layers * c_.n_embd; }
   int kv_width() const { return c_.n_head_kv * c_.head_dim; }
 
+  // ---- the forward in Backend ops (any backend; what the drafter runs) ----
+  // A KV cache of the draft's own layers on the target's backend: one sequence per slot, n_ctx
+  // positions per sequence (the caller adds block_size scratch positions for the block rows). F32 cells
+  // on host backends (the host path's numbers), F16 on devices.
+  std::unique_ptr<KvCache> make_cache(int n_seq, int n_ctx) const;
+  // Context rows of any sequences in one pass: feats (n, n_feat) (host memory) of positions pos (n) of
+  // sequences seq (n) → every layer's k_norm'd, RoPE'd K and V stored at the rows' cells, which the
+  // caller reserved (KvCache::reserve). Rewriting a position overwrites its cells.
+  void store_context(KvCache& cache, const float* feats, const int32_t* seq, const int32_t* pos, int n);
+  // The same with the features on the backend, in the layout a target forward writes them
+  // (ForwardOptions::hidden_dev): feature layer k of batch row r at row k·n_rows + r of `src`; context
+  // row i is batch row rows[i].
+  void store_context_rows(KvCache& cache, const Tensor& src, int n_rows, const int32_t* rows, const int32_t* seq, const int32_t* pos, int n);
+  // A backend tensor for ForwardOptions::hidden_dev of a forward of n_rows rows (owned here, reused:
+  // valid until the next call).
+  Tensor feature_buffer(int n_rows);
+  // One pass over the blocks ([anchor, MASK × n_out] each) with the context read from `cache`. The block
+  // rows' K/V go to the scratch cells at positions pos0 .. pos0+n_out of each block's sequence (the caller
+  // reserved them; they are not committed: the sequence's length is untouched). For each block, slots
+  // 1..n_out (n_out ≤ block_size-1): with top_k ≥ 1 ids (blocks, n_out, top_k) and logprobs likewise;
+  // with logits non-null the full logits (blocks, n_out, n_vocab) instead.
+  void propose(KvCache& cache, std::span<const DFlashBlock> blocks, int n_out, int top_k, int32_t* ids, float* logprobs,
+               float* logits = nullptr);
+
+  // ---- the host reference path (context K/V in host arrays, attention on the host; tests) ----
   // Context rows: feats (n, n_feat) of positions pos (n) → k_out[l], v_out[l] (n, kv_width) for each
   // draft layer l (k: k_norm'd and RoPE'd at pos).
   void context_kv(const float* feats, const int32_t* pos, int n, const std::vector<float*>& k_out, const std::vector<float*>& v_out);
-
-  // One pass over the blocks ([anchor, MASK × n_out] each). For each block, slots 1..n_out
-  // (n_out ≤ block_size-1): with top_k ≥ 1 ids (blocks, n_out, top_k) and logprobs likewise; with
-  // logits non-null the full logits (blocks, n_out, n_vocab) instead.
-  void propose(std::span<const DFlashBlock> blocks, int n_out, int top_k, int32_t* ids, float* logprobs, float* logits = nullptr);
+  // propose() with the blocks' ctx_k / ctx_v.
+  void propose_host(std::span<const DFlashBlock> blocks, int n_out, int top_k, int32_t* ids, float* logprobs, float* logits = nullptr);
 
  private:
   DFlashModel(std::unique_ptr<gguf::File> f, Model& target);
   Tensor scratch(int slot, int64_t cols, int64_t rows);
+  Tensor scratch_i32(int slot, int64_t cols, int64_t rows = 1);
+  // store_context's layers, from the features f (n, n_feat) on the backend.
+  void store_fused(KvCache& cache, const Tensor& f, const int32_t* seq, const int32_t* pos, int n);
+  // The block's rows through the layers up to x (R, n_embd); attention is the callback (layer, q, k, v, out).
+  void block_layers(Tensor& x, const Tensor& tpos, int R, const std::function<void(int, Tensor&, Tensor&, Tensor&, Tensor&)>& attend);
+  // Final norm, the target's head and top-k / logits of rows 1..n_out of each of nb blocks of x.
+  void block_head(const Tensor& x, int nb, int n_out, int top_k, int32_t* ids, float* logprobs, float* logits);
 
   std::unique_ptr<gguf::File> file_;
   Model& target_;

@@ -274,7 +274,10 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
   PG_CHECK(fopt.top_k >= 0 && fopt.top_k <= 64 && fopt.top_k <= cfg_.n_vocab,
            "ForwardOptions::top_k must be between 1 and 64 (and at most the vocabulary), or 0 for none");
   PG_CHECK(fopt.top_k == 0 || (fopt.topk_ids && fopt.topk_logprobs), "ForwardOptions::top_k needs topk_ids and topk_logprobs");
-  PG_CHECK(fopt.hidden_layers.empty() || fopt.hidden, "ForwardOptions::hidden_layers needs ForwardOptions::hidden");
+  PG_CHECK(fopt.hidden_layers.empty() || fopt.hidden || fopt.hidden_dev, "ForwardOptions::hidden_layers needs ForwardOptions::hidden");
+  PG_CHECK(!fopt.hidden_dev || (fopt.hidden_all_rows && fopt.hidden_dev->type == DType::F32 && fopt.hidden_dev->cols() == cfg_.n_embd &&
+                                fopt.hidden_dev->rows() >= static_cast<int64_t>(fopt.hidden_layers.size()) * batch.size()),
+           "ForwardOptions::hidden_dev needs hidden_all_rows and an F32 tensor of hidden_layers.size()·n_rows rows of n_embd");
   for (size_t k = 0; k < fopt.hidden_layers.size(); ++k) {
     const int il = fopt.hidden_layers[k];
     PG_CHECK(il >= 0 && il < cfg_.n_layer, "ForwardOptions::hidden_layers: layer " + std::to_string(il) + " is not a layer of this model (" +
@@ -662,7 +665,15 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     }
   }
 
-  if (nh > 0 && fopt.hidden_all_rows) {
+  if (nh > 0 && fopt.hidden_all_rows && fopt.hidden_dev) {
+    // Every row of the micro-batch, at its batch index, staying on the backend.
+    const int64_t n_rows = batch.size();
+    for (int k = 0; k < nh; ++k) {
+      Tensor dst = fopt.hidden_dev->rows_view(static_cast<int64_t>(k) * n_rows + b0, n);
+      be.copy(w.hid.rows_view(static_cast<int64_t>(k) * w.cap, n), dst);
+    }
+  }
+  if (nh > 0 && fopt.hidden_all_rows && fopt.hidden) {
     // Every row of the micro-batch, at its batch index.
     const size_t e = static_cast<size_t>(c.n_embd);
     std::vector<float> staging(static_cast<size_t>(n) * e);

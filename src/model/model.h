@@ -54,6 +54,11 @@ struct ForwardOptions {
   // With hidden_all_rows, *hidden holds every batch row instead (n_rows, hidden_layers.size()·n_embd),
   // in batch order: DFlash drafts need the features of prompt rows too.
   bool hidden_all_rows = false;
+  // With hidden_all_rows, the hidden states may stay on the backend instead: hidden_dev (F32 on this
+  // model's backend, at least hidden_layers.size()·n_rows rows of n_embd) receives layer
+  // hidden_layers[k]'s state of batch row r at row k·n_rows + r (device-to-device copies, nothing
+  // comes to the host); `hidden` may then be null.
+  Tensor* hidden_dev = nullptr;
 };
 
 // Bytes a forward step reads, for roofline accounting.

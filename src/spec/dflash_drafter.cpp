@@ -1,6 +1,7 @@
-// DFlash drafting: per slot, the target's features of the committed tokens (handed over by the runner
-// from the forward it runs anyway) and, per draft layer, the context K/V projected from them; one
-// block pass for every sequence that asks.
+// DFlash drafting: the target's features of the committed tokens (rows of the forward the runner runs
+// anyway, left on the backend) are projected, per draft layer, into context K/V in the draft's own KV
+// cache on the target's backend (one sequence per slot); one block pass for every sequence that asks,
+// in Backend ops, so it runs wherever the target runs.
 #include <algorithm>
 #include <cstring>
 
@@ -15,16 +16,14 @@ namespace {
 class DFlashDrafter final : public Drafter {
  public:
   DFlashDrafter(DFlashModel& m, int n_slots, int n_ctx, int fa_window)
-      : m_(m), n_ctx_(n_ctx), nf_(m.n_feat()), kvw_(m.kv_width()), slots_(static_cast<size_t>(n_slots)) {
+      : m_(m), n_ctx_(n_ctx), nf_(m.n_feat()), slots_(static_cast<size_t>(n_slots)) {
     PG_CHECK(fa_window >= 0, "--fa-window must be ≥ 0 (0 = the whole context), got " + std::to_string(fa_window));
     const DFlashConfig& c = m.config();
     window_ = fa_window;
     if (window_ == 0 && c.sliding_window > 0 && std::all_of(c.layer_swa.begin(), c.layer_swa.end(), [](bool b) { return b; }))
       window_ = c.sliding_window;
-    for (auto& s : slots_) {
-      s.k.resize(static_cast<size_t>(c.n_layer));
-      s.v.resize(static_cast<size_t>(c.n_layer));
-    }
+    // Context positions [0, n_ctx) plus one block's scratch rows after the newest one.
+    cache_ = m.make_cache(n_slots, n_ctx + c.block_size);
   }
   const char* name() const override { return "dflash"; }
   std::vector<int> feature_layers() const override { return m_.config().target_layers; }
@@ -33,25 +32,42 @@ class DFlashDrafter final : public Drafter {
     Slot& s = slots_[static_cast<size_t>(slot)];
     s.have.clear();
     s.n_have = 0;
-    s.kv_done = 0;
+    // Rows of the ended sequence not projected yet are dropped with it.
+    size_t w = 0;
+    for (size_t i = 0; i < pend_.size(); ++i)
+      if (pend_[i].slot != slot) {
+        if (!pend_feat_.empty() && w != i)
+          std::memcpy(pend_feat_.data() + w * static_cast<size_t>(nf_), pend_feat_.data() + i * static_cast<size_t>(nf_),
+                      static_cast<size_t>(nf_) * sizeof(float));
+        pend_[w++] = pend_[i];
+      }
+    pend_.resize(w);
+    if (!pend_feat_.empty()) pend_feat_.resize(w * static_cast<size_t>(nf_));
+    cache_->clear(slot);
   }
 
+  // Host rows (the fallback: a hybrid target's split verify forward): copied until the next projection.
   void add_features(int slot, int pos, const float* row) override {
-    if (pos < 0 || pos >= n_ctx_) return;
-    Slot& s = slots_[static_cast<size_t>(slot)];
-    const size_t need = static_cast<size_t>(pos + 1);
-    if (s.have.size() < need) {
-      s.have.resize(need, 0);
-      s.feat.resize(need * static_cast<size_t>(nf_));
-    }
-    std::memcpy(s.feat.data() + static_cast<size_t>(pos) * static_cast<size_t>(nf_), row, static_cast<size_t>(nf_) * sizeof(float));
-    s.have[static_cast<size_t>(pos)] = 1;
-    s.kv_done = std::min(s.kv_done, pos);  // a rewritten row invalidates its projection
-    while (s.n_have < static_cast<int>(s.have.size()) && s.have[static_cast<size_t>(s.n_have)]) ++s.n_have;
+    if (!note(slot, pos)) return;
+    pend_.push_back({slot, pos, -1});
+    pend_feat_.insert(pend_feat_.end(), row, row + nf_);
+  }
+
+  // Rows of the forward's device-side features: only their indices until the next projection.
+  Tensor* feature_rows(int n_rows) override {
+    project();  // rows of the previous forward, before this one overwrites them
+    feat_dev_ = m_.feature_buffer(n_rows);
+    feat_rows_ = n_rows;
+    return &feat_dev_;
+  }
+  void add_feature_row(int slot, int pos, int row) override {
+    if (!note(slot, pos)) return;
+    pend_.push_back({slot, pos, row});
   }
 
   void propose(std::span<const DraftInput> in, std::span<Draft> out) override {
     const DFlashConfig& c = m_.config();
+    project();  // the context rows handed over since the last pass
     std::vector<DFlashBlock> blocks;
     std::vector<size_t> who;
     int n_out = 0, k = 1;
@@ -63,17 +79,15 @@ class DFlashDrafter final : public Drafter {
       Slot& s = slots_[static_cast<size_t>(q.slot)];
       // No features for part of the context (a prompt the forward did not see, e.g. a reused prefix):
       // no draft for this sequence.
-      if (p0 < 1 || want < 1 || s.n_have < p0) continue;
-      project(s, p0);
+      if (p0 < 1 || want < 1 || s.n_have < p0 || p0 >= n_ctx_) continue;
+      // Cells for the context and for a whole block of scratch rows after it (full pool: no draft).
+      if (!cache_->reserve(q.slot, p0 + c.block_size)) continue;
       DFlashBlock b;
       b.anchor = q.history[static_cast<size_t>(p0)];
       b.pos0 = p0;
+      b.seq = q.slot;
       const int lo = window_ > 0 ? std::max(0, p0 - window_) : 0;
       b.n_ctx = p0 - lo;
-      for (int il = 0; il < c.n_layer; ++il) {
-        b.ctx_k.push_back(s.k[static_cast<size_t>(il)].data() + static_cast<size_t>(lo) * static_cast<size_t>(kvw_));
-        b.ctx_v.push_back(s.v[static_cast<size_t>(il)].data() + static_cast<size_t>(lo) * static_cast<size_t>(kvw_));
-      }
       blocks.push_back(std::move(b));
       who.push_back(i);
       n_out = std::max(n_out, want);
@@ -83,7 +97,7 @@ class DFlashDrafter final : public Drafter {
     k = std::min({k, 64, 1 << 30});
     ids_.resize(blocks.size() * static_cast<size_t>(n_out) * static_cast<size_t>(k));
     lps_.resize(ids_.size());
-    m_.propose(blocks, n_out, k, ids_.data(), lps_.data());
+    m_.propose(*cache_, blocks, n_out, k, ids_.data(), lps_.data());
     for (size_t b = 0; b < blocks.size(); ++b) {
       const DraftInput& q = in[who[b]];
       Draft& d = out[who[b]];
@@ -104,34 +118,80 @@ class DFlashDrafter final : public Drafter {
 
  private:
   struct Slot {
-    std::vector<float> feat;               // (positions, n_feat) the target's features per committed position
-    std::vector<uint8_t> have;             // (positions) 1 = feat row written
-    int n_have = 0;                        // positions [0, n_have) all have features
-    int kv_done = 0;                       // positions [0, kv_done) are projected into k / v
-    std::vector<std::vector<float>> k, v;  // (n_layer) each (positions, kv_width) context K (normed, RoPE'd) / V
+    std::vector<uint8_t> have;  // (positions) 1 = the position's features were handed over
+    int n_have = 0;             // positions [0, n_have) all have features
+  };
+  struct Pending {
+    int slot, pos;
+    int row;  // batch row of the last forward's device features, or -1: host row (pend_feat_)
   };
 
-  // Projects the slot's context rows [kv_done, p0) into every layer's K/V, in one pass.
-  void project(Slot& s, int p0) {
-    if (s.kv_done >= p0) return;
-    const int n = p0 - s.kv_done;
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = s.kv_done + i;
-    std::vector<float*> ko, vo;
-    for (size_t il = 0; il < s.k.size(); ++il) {
-      s.k[il].resize(static_cast<size_t>(p0) * static_cast<size_t>(kvw_));
-      s.v[il].resize(static_cast<size_t>(p0) * static_cast<size_t>(kvw_));
-      ko.push_back(s.k[il].data() + static_cast<size_t>(s.kv_done) * static_cast<size_t>(kvw_));
-      vo.push_back(s.v[il].data() + static_cast<size_t>(s.kv_done) * static_cast<size_t>(kvw_));
+  // Records that (slot, pos) has features; false for positions outside the context.
+  bool note(int slot, int pos) {
+    if (pos < 0 || pos >= n_ctx_) return false;
+    Slot& s = slots_[static_cast<size_t>(slot)];
+    if (s.have.size() <= static_cast<size_t>(pos)) s.have.resize(static_cast<size_t>(pos) + 1, 0);
+    s.have[static_cast<size_t>(pos)] = 1;
+    while (s.n_have < static_cast<int>(s.have.size()) && s.have[static_cast<size_t>(s.n_have)]) ++s.n_have;
+    return true;
+  }
+
+  // Projects every row handed over since the last call, of all slots, into the draft cache in one pass
+  // (after prefill that is whole prompts at once). The rows of one call come from one forward (the
+  // runner hands rows over after each forward, and feature_rows() projects before the next), so they
+  // are all host rows or all device rows. A rewritten position overwrites its cells; a position given
+  // twice keeps the later row (cells are written in parallel on devices).
+  void project() {
+    if (pend_.empty()) return;
+    const int n = static_cast<int>(pend_.size());
+    std::vector<uint8_t> keep(static_cast<size_t>(n), 1);
+    {
+      std::vector<std::pair<int64_t, int>> key(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) key[static_cast<size_t>(i)] = {static_cast<int64_t>(pend_[static_cast<size_t>(i)].slot) * (n_ctx_ + 1) + pend_[static_cast<size_t>(i)].pos, i};
+      std::sort(key.begin(), key.end());
+      for (int i = 0; i + 1 < n; ++i)
+        if (key[static_cast<size_t>(i)].first == key[static_cast<size_t>(i + 1)].first) keep[static_cast<size_t>(key[static_cast<size_t>(i)].second)] = 0;
     }
-    m_.context_kv(s.feat.data() + static_cast<size_t>(s.kv_done) * static_cast<size_t>(nf_), pos.data(), n, ko, vo);
-    s.kv_done = p0;
+    std::vector<int32_t> seq, pos, rows;
+    std::vector<float> feats;
+    const bool dev = pend_[0].row >= 0;
+    for (int i = 0; i < n; ++i) {
+      const Pending& p = pend_[static_cast<size_t>(i)];
+      PG_CHECK((p.row >= 0) == dev, "DFlash drafter: host and device feature rows in one projection");
+      if (!keep[static_cast<size_t>(i)]) continue;
+      // Cells for the position (and the block scratch rows reserved by propose later).
+      if (!cache_->reserve(p.slot, p.pos + 1)) {
+        // Pool full (it is sized for every slot at full context, so not expected): the position has no
+        // K/V, the sequence is not drafted for past it.
+        Slot& s = slots_[static_cast<size_t>(p.slot)];
+        s.have[static_cast<size_t>(p.pos)] = 0;
+        s.n_have = std::min(s.n_have, p.pos);
+        continue;
+      }
+      seq.push_back(p.slot);
+      pos.push_back(p.pos);
+      if (dev)
+        rows.push_back(p.row);
+      else
+        feats.insert(feats.end(), pend_feat_.begin() + static_cast<std::ptrdiff_t>(i) * nf_, pend_feat_.begin() + static_cast<std::ptrdiff_t>(i + 1) * nf_);
+    }
+    pend_.clear();
+    pend_feat_.clear();
+    if (dev)
+      m_.store_context_rows(*cache_, feat_dev_, feat_rows_, rows.data(), seq.data(), pos.data(), static_cast<int>(seq.size()));
+    else
+      m_.store_context(*cache_, feats.data(), seq.data(), pos.data(), static_cast<int>(seq.size()));
   }
 
   DFlashModel& m_;
-  int n_ctx_, nf_, kvw_;
+  int n_ctx_, nf_;
   int window_ = 0;
   std::vector<Slot> slots_;
+  std::unique_ptr<KvCache> cache_;   // the draft's layers: (n_slots) sequences of n_ctx + block_size positions
+  std::vector<Pending> pend_;        // rows handed over, not projected yet
+  std::vector<float> pend_feat_;     // (host rows of pend_, n_feat) their features
+  Tensor feat_dev_;                  // (n_feat_layers · feat_rows_, n_embd) the last forward's features (DFlashModel-owned)
+  int feat_rows_ = 0;
   std::vector<int32_t> ids_;  // (blocks, n_out, k)
   std::vector<float> lps_;    // (blocks, n_out, k)
 };

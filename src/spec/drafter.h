@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/tensor.h"
 #include "spec/tree.h"
 
 namespace pg {
@@ -83,6 +84,13 @@ class Drafter {
   // token, that token's row (feature_layers().size()·n_embd floats) at its position.
   virtual std::vector<int> feature_layers() const { return {}; }
   virtual void add_features(int /*slot*/, int /*pos*/, const float* /*row*/) {}
+  // Device-side features instead (no host round trip): the tensor, on the target's backend, that the
+  // next forward of n_rows batch rows writes its features into (ForwardOptions::hidden_dev layout:
+  // feature layer k of batch row r at row k·n_rows + r), or null for host rows (add_features). Rows
+  // handed over from an earlier forward are consumed before this returns (the forward overwrites them).
+  virtual Tensor* feature_rows(int /*n_rows*/) { return nullptr; }
+  // With feature_rows(): batch row `row` of the last forward holds the features of (slot, pos).
+  virtual void add_feature_row(int /*slot*/, int /*pos*/, int /*row*/) {}
 };
 
 // Prompt lookup: the longest suffix of the history (n_max_ngram … n_min_ngram tokens) that occurred
@@ -97,7 +105,8 @@ std::unique_ptr<Drafter> make_ngram_drafter(int n_min_ngram = 1, int n_max_ngram
 std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx, int max_depth = kMaxTreeNodes - 1);
 
 // DFlash (docs/dflash.md): one parallel pass of the block-diffusion draft per step for every
-// sequence, from the target's features of its committed tokens (kept per slot, n_ctx positions);
+// sequence, on the target's backend, from the target's features of its committed tokens (taken from
+// the forward's device tensors, projected into a draft KV cache of n_slots × n_ctx positions);
 // per-position top-k for DDTree. fa_window > 0: the draft sees only the last fa_window context
 // positions (0 = the whole context, or the file's own sliding window).
 std::unique_ptr<Drafter> make_dflash_drafter(DFlashModel& draft, int n_slots, int n_ctx, int fa_window = 0);

@@ -103,7 +103,7 @@ TEST(DFlash, SynthLoadsAndProposes) {
   const int n_out = 15, topk = 4;
   std::vector<int32_t> ids(2 * n_out * topk);
   std::vector<float> lps(ids.size());
-  m->propose(blocks, n_out, topk, ids.data(), lps.data());
+  m->propose_host(blocks, n_out, topk, ids.data(), lps.data());
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_GE(ids[i], 0);
     EXPECT_LT(ids[i], 4096);
@@ -115,7 +115,7 @@ TEST(DFlash, SynthLoadsAndProposes) {
   // Same inputs, same outputs: the block of a batch does not depend on its neighbours.
   std::vector<int32_t> ids1(n_out * topk);
   std::vector<float> lps1(ids1.size());
-  m->propose(std::span<const DFlashBlock>(blocks.data(), 1), n_out, topk, ids1.data(), lps1.data());
+  m->propose_host(std::span<const DFlashBlock>(blocks.data(), 1), n_out, topk, ids1.data(), lps1.data());
   for (size_t i = 0; i < ids1.size(); ++i) EXPECT_EQ(ids1[i], ids[i]);
 }
 
@@ -210,12 +210,214 @@ TEST(DFlash, BundledDraftLogitsMatchPyTorch) {
   blk.ctx_v.assign(vp.begin(), vp.end());
   const int nv = target->config().n_vocab;
   std::vector<float> out(static_cast<size_t>(rows) * nv);
-  m->propose(std::span<const DFlashBlock>(&blk, 1), rows, 0, nullptr, nullptr, out.data());
+  m->propose_host(std::span<const DFlashBlock>(&blk, 1), rows, 0, nullptr, nullptr, out.data());
   ASSERT_EQ(out.size(), ref.size());
   double mx = 0;
   for (size_t i = 0; i < ref.size(); ++i) mx = std::max(mx, static_cast<double>(std::fabs(out[i] - ref[i])));
   EXPECT_LE(mx, 1e-3);
-  std::printf("bundled DFlash draft vs PyTorch: max |diff| %.2e over %d x %d logits\n", mx, rows, nv);
+  std::printf("bundled DFlash draft vs PyTorch (host path): max |diff| %.2e over %d x %d logits\n", mx, rows, nv);
+  // The Backend-op path (context K/V in the draft's KV cache, tree-masked attention) on the same inputs.
+  auto dc = m->make_cache(1, p0 + m->config().block_size);
+  ASSERT_TRUE(dc->reserve(0, p0 + m->config().block_size));
+  std::vector<int32_t> seq(static_cast<size_t>(p0), 0);
+  m->store_context(*dc, hidden.data(), seq.data(), pos.data(), p0);
+  blk.seq = 0;
+  std::vector<float> out2(out.size());
+  m->propose(*dc, std::span<const DFlashBlock>(&blk, 1), rows, 0, nullptr, nullptr, out2.data());
+  double mx2 = 0;
+  for (size_t i = 0; i < ref.size(); ++i) mx2 = std::max(mx2, static_cast<double>(std::fabs(out2[i] - ref[i])));
+  EXPECT_LE(mx2, 1e-3);
+  std::printf("bundled DFlash draft vs PyTorch (Backend-op path): max |diff| %.2e\n", mx2);
+}
+
+// The Backend-op forward (what the drafter runs, on any backend) gives the host reference path's logits
+// and top-k: several sequences of one cache in one pass, different context lengths, a windowed block,
+// a sequence whose context rows were first written with other features and then rewritten (positions
+// index the cells), and block rows left in the scratch cells by an earlier pass. In exact mode (F32
+// activations into the matmuls) to 1e-4 with identical top-k; in the default mode the Q8_0 matmuls
+// quantize their input rows to 8 bits, so the attention's different (equally exact) float order can
+// round an activation the other way: a few hundredths there, while a wrong mask or window moves logits by O(1).
+class DFlashPaths : public testing::TestWithParam<bool> {};
+
+TEST_P(DFlashPaths, BackendPathMatchesHostPath) {
+  const bool exact = GetParam();
+  const auto dir = models_dir();
+  const auto ref_json = nlohmann::json::parse(test::read_text(dir / "peregrine-demo-dflash-Q8_0.ref.json"));
+  // The reference sequence, repeated: a context longer than one KV block of the draft cache.
+  const auto ref_ids = ref_json["token_ids"].get<std::vector<int32_t>>();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 121; ++i) ids.push_back(ref_ids[static_cast<size_t>(i) % ref_ids.size()]);
+  CpuOptions co;
+  co.n_threads = 2;
+  co.exact_f32 = exact;
+  CpuBackend be(co);
+  auto target = Model::load(bundled_target(), be);
+  auto m = DFlashModel::load((dir / "peregrine-demo-dflash-Q8_0.gguf").string(), *target);
+  const int n = 120;
+  auto tcache = target->make_cache({1, 256, DType::F32});
+  Batch b;
+  for (int i = 0; i < n; ++i) b.add(ids[static_cast<size_t>(i)], i, 0, i + 1 == n);
+  std::vector<float> logits, hidden;
+  ForwardOptions fo;
+  fo.hidden_layers = m->config().target_layers;
+  fo.hidden = &hidden;
+  fo.hidden_all_rows = true;
+  target->forward(b, *tcache, logits, fo);
+  const int L = m->config().n_layer, kvw = m->kv_width(), nf = m->n_feat(), bs = m->config().block_size;
+  // Host reference: every position's K/V in host arrays.
+  std::vector<std::vector<float>> k(static_cast<size_t>(L), std::vector<float>(static_cast<size_t>(n) * kvw)), v = k;
+  std::vector<float*> kp, vp;
+  for (int l = 0; l < L; ++l) {
+    kp.push_back(k[static_cast<size_t>(l)].data());
+    vp.push_back(v[static_cast<size_t>(l)].data());
+  }
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = i;
+  m->context_kv(hidden.data(), pos.data(), n, kp, vp);
+  // Blocks: (seq, pos0, n_ctx); seq 2 sees a window of 9 positions.
+  struct Spec {
+    int seq, pos0, n_ctx;
+  };
+  const std::vector<Spec> specs = {{0, n, n}, {2, 37, 37}, {1, n - 5, 9}};
+  auto dc = m->make_cache(3, n + bs);
+  // Seq 1 first gets other features for its context (a rejected or reused history), then the real ones.
+  std::vector<float> junk(static_cast<size_t>(n) * nf);
+  for (size_t i = 0; i < junk.size(); ++i) junk[i] = std::cos(0.37f * static_cast<float>(i));
+  for (const Spec& sp : specs) ASSERT_TRUE(dc->reserve(sp.seq, sp.pos0 + bs));
+  {
+    std::vector<int32_t> s1(static_cast<size_t>(n - 5), 1);
+    m->store_context(*dc, junk.data(), s1.data(), pos.data(), n - 5);
+  }
+  // All sequences' context rows in one pass.
+  std::vector<float> feats;
+  std::vector<int32_t> sq, ps;
+  for (const Spec& sp : specs)
+    for (int p = 0; p < sp.pos0; ++p) {
+      sq.push_back(sp.seq);
+      ps.push_back(p);
+      feats.insert(feats.end(), hidden.begin() + static_cast<std::ptrdiff_t>(p) * nf, hidden.begin() + static_cast<std::ptrdiff_t>(p + 1) * nf);
+    }
+  m->store_context(*dc, feats.data(), sq.data(), ps.data(), static_cast<int>(sq.size()));
+  std::vector<DFlashBlock> blocks;
+  for (const Spec& sp : specs) {
+    DFlashBlock blk;
+    blk.anchor = ids[static_cast<size_t>(sp.pos0)];
+    blk.pos0 = sp.pos0;
+    blk.n_ctx = sp.n_ctx;
+    blk.seq = sp.seq;
+    for (int l = 0; l < L; ++l) {
+      blk.ctx_k.push_back(kp[static_cast<size_t>(l)] + static_cast<size_t>(sp.pos0 - sp.n_ctx) * kvw);
+      blk.ctx_v.push_back(vp[static_cast<size_t>(l)] + static_cast<size_t>(sp.pos0 - sp.n_ctx) * kvw);
+    }
+    blocks.push_back(blk);
+  }
+  const int nv = target->config().n_vocab, nb = static_cast<int>(blocks.size());
+  for (int n_out : {15, 7}) {
+    SCOPED_TRACE("n_out " + std::to_string(n_out));
+    std::vector<float> host(static_cast<size_t>(nb) * n_out * nv), dev(host.size());
+    m->propose_host(blocks, n_out, 0, nullptr, nullptr, host.data());
+    m->propose(*dc, blocks, n_out, 0, nullptr, nullptr, dev.data());
+    double mx = 0, mag = 0;
+    for (size_t i = 0; i < host.size(); ++i) {
+      mx = std::max(mx, static_cast<double>(std::fabs(dev[i] - host[i])));
+      mag = std::max(mag, static_cast<double>(std::fabs(host[i])));
+    }
+    EXPECT_LE(mx, exact ? 1e-4 : 0.1);
+    EXPECT_GT(mag, 1.0);  // real logits, not zeros on both sides
+    std::printf("DFlash Backend-op path vs host path (%s), %d blocks x %d rows: max |diff| %.2e (max |logit| %.1f)\n", exact ? "exact" : "default", nb, n_out, mx, mag);
+    // The windowed block differs from the same block over its whole context: the window is applied.
+    if (n_out == 15) {
+      std::vector<DFlashBlock> full = {blocks[2]};
+      full[0].n_ctx = full[0].pos0;
+      std::vector<float> f(static_cast<size_t>(n_out) * nv);
+      m->propose(*dc, full, n_out, 0, nullptr, nullptr, f.data());
+      double d = 0;
+      for (size_t i = 0; i < f.size(); ++i) d = std::max(d, static_cast<double>(std::fabs(f[i] - dev[2 * static_cast<size_t>(n_out) * nv + i])));
+      EXPECT_GT(d, 1e-3);
+    }
+    if (!exact) continue;
+    const int topk = 4;
+    std::vector<int32_t> hi(static_cast<size_t>(nb) * n_out * topk), di(hi.size());
+    std::vector<float> hl(hi.size()), dl(hi.size());
+    m->propose_host(blocks, n_out, topk, hi.data(), hl.data());
+    m->propose(*dc, blocks, n_out, topk, di.data(), dl.data());
+    EXPECT_EQ(di, hi);
+    for (size_t i = 0; i < hl.size(); ++i) EXPECT_NEAR(dl[i], hl[i], 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuModes, DFlashPaths, testing::Values(true, false), [](const testing::TestParamInfo<bool>& i) {
+  return std::string(i.param ? "Exact" : "Default");
+});
+
+}  // namespace
+}  // namespace pg
+
+namespace pg {
+namespace {
+
+// The features can stay on the backend: ForwardOptions::hidden_dev holds what ForwardOptions::hidden
+// holds (layer k of row r at row k·n + r), and projecting context rows gathered from it
+// (store_context_rows, rows in any order) gives the draft the same K/V as projecting host rows.
+TEST(DFlash, DeviceFeaturesEqualHostFeatures) {
+  const auto dir = models_dir();
+  CpuOptions co;
+  co.n_threads = 2;
+  CpuBackend be(co);
+  auto target = Model::load(bundled_target(), be);
+  auto m = DFlashModel::load((dir / "peregrine-demo-dflash-Q8_0.gguf").string(), *target);
+  const int n = 90, e = target->config().n_embd, nh = m->config().n_target_layers, bs = m->config().block_size;
+  Batch b;
+  for (int i = 0; i < n; ++i) b.add(static_cast<int32_t>((i * 37 + 11) % 4096), i, 0, i + 1 == n);
+  std::vector<float> logits, hidden;
+  ForwardOptions fo;
+  fo.hidden_layers = m->config().target_layers;
+  fo.hidden = &hidden;
+  fo.hidden_all_rows = true;
+  auto c1 = target->make_cache({1, 256, DType::F32});
+  target->forward(b, *c1, logits, fo);
+  Tensor dev = m->feature_buffer(n);
+  ForwardOptions fd = fo;
+  fd.hidden = nullptr;
+  fd.hidden_dev = &dev;
+  auto c2 = target->make_cache({1, 256, DType::F32});
+  target->forward(b, *c2, logits, fd);
+  std::vector<float> got(static_cast<size_t>(nh) * n * e);
+  be.download(dev, got.data(), got.size() * sizeof(float));
+  for (int r = 0; r < n; ++r)
+    for (int k = 0; k < nh; ++k)
+      for (int d = 0; d < e; ++d)
+        ASSERT_EQ(got[(static_cast<size_t>(k) * n + r) * e + d], hidden[(static_cast<size_t>(r) * nh + k) * e + d]) << "row " << r << " layer " << k;
+  // Too small a buffer is refused.
+  Tensor small = dev.rows_view(0, static_cast<int64_t>(nh) * n - 1);
+  fd.hidden_dev = &small;
+  EXPECT_THROW(target->forward(b, *c2, logits, fd), Error);
+  // Context rows 0..n-1 stored from host rows and from device rows given in reverse order.
+  auto dh = m->make_cache(2, n + bs);
+  ASSERT_TRUE(dh->reserve(0, n + bs));
+  ASSERT_TRUE(dh->reserve(1, n + bs));
+  std::vector<int32_t> pos(static_cast<size_t>(n)), rows(static_cast<size_t>(n)), s0(static_cast<size_t>(n), 0), s1(static_cast<size_t>(n), 1);
+  for (int i = 0; i < n; ++i) {
+    pos[static_cast<size_t>(i)] = i;
+    rows[static_cast<size_t>(i)] = n - 1 - i;
+  }
+  m->store_context(*dh, hidden.data(), s0.data(), pos.data(), n);
+  std::vector<int32_t> rpos(pos.rbegin(), pos.rend());
+  m->store_context_rows(*dh, dev, n, rows.data(), s1.data(), rpos.data(), n);
+  std::vector<DFlashBlock> blocks(2);
+  for (int s = 0; s < 2; ++s) {
+    blocks[static_cast<size_t>(s)].anchor = 7;
+    blocks[static_cast<size_t>(s)].pos0 = n;
+    blocks[static_cast<size_t>(s)].n_ctx = n;
+    blocks[static_cast<size_t>(s)].seq = s;
+  }
+  const int n_out = 15, nv = target->config().n_vocab;
+  std::vector<float> out(static_cast<size_t>(2) * n_out * nv);
+  m->propose(*dh, blocks, n_out, 0, nullptr, nullptr, out.data());
+  for (size_t i = 0; i < static_cast<size_t>(n_out) * nv; ++i) ASSERT_EQ(out[i], out[i + static_cast<size_t>(n_out) * nv]) << i;
+  // A row outside the forward is refused.
+  std::vector<int32_t> bad = {n};
+  EXPECT_THROW(m->store_context_rows(*dh, dev, n, bad.data(), s1.data(), pos.data(), 1), Error);
 }
 
 }  // namespace
