@@ -346,7 +346,12 @@ TEST_P(CudaAttentionPrefillModel, LogitsOnVsOffVsCpu) {
       // distance to the CPU is the baseline: the option may add at most the F16-file bound to it.
       EXPECT_LE(d_on.max, 0.05 + d_off.max) << "on vs CPU";
       EXPECT_LE(d_on.rms, 0.01 + d_off.rms) << "on vs CPU";
-      EXPECT_LE(d_x.max, 0.05) << "on vs off";
+      // On vs off for a cache of ≤ 4 bits per value (q4_0, q4_1, tq3_0): a K or V row computed after an FP16
+      // attention may land in the neighbouring quantum of its type, a step ≥ 8× a q8_0 one. H200 run 25:
+      // tiny-qwen3 tq3_0 on vs off 0.073–0.099, tiny-llama q4_0 0.052–0.058 (off vs CPU itself 0.28–0.56).
+      const auto low = [](DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::TQ3_0; };
+      const bool low_bit = low(mc.k) || low(mc.v);
+      EXPECT_LE(d_x.max, low_bit ? 0.15 : 0.05) << "on vs off";
       EXPECT_GT(d_x.max, 0.0) << "on and off bit-identical: the tensor-core kernel did not run";
       std::printf("%-18s %s/%s len %3d chunk %3d | off vs cpu max %.2e rms %.2e | on vs cpu max %.2e rms %.2e | on vs off max %.2e\n",
                   stem.c_str(), kv_type_name(mc.k).c_str(), kv_type_name(mc.v).c_str(), len, chunk, d_off.max, d_off.rms, d_on.max, d_on.rms, d_x.max);
