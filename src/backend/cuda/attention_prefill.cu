@@ -539,6 +539,30 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
   }
 }
 
+// The split merge of one (row, head) rh, shared by both combine kernels (base-2 maxima): M = the largest
+// maximum of the splits that saw a key, returns 1 / Σ l_z·2^(m_z − M) (0 when none did) ...
+__device__ __forceinline__ float fa_merge_scale(const float* part_ml, int n_splits, int64_t per_split, int64_t rh, float& M) {
+  M = -INFINITY;
+  for (int z = 0; z < n_splits; ++z)
+    if (part_ml[2 * (z * per_split + rh) + 1] > 0.0f) M = fmaxf(M, part_ml[2 * (z * per_split + rh)]);
+  float L = 0.0f;
+  for (int z = 0; z < n_splits; ++z) {
+    const float lz = part_ml[2 * (z * per_split + rh) + 1];
+    if (lz > 0.0f) L += lz * exp2f(part_ml[2 * (z * per_split + rh)] - M);
+  }
+  return L > 0.0f ? 1.0f / L : 0.0f;
+}
+// ... and Σ_z acc_z[d]·2^(m_z − M) over the partials of `width` values per (row, head).
+__device__ __forceinline__ float fa_merge_value(const float* part_acc, const float* part_ml, int n_splits, int64_t per_split, int64_t rh,
+                                                int width, int d, float M) {
+  float s = 0.0f;
+  for (int z = 0; z < n_splits; ++z) {
+    const float lz = part_ml[2 * (z * per_split + rh) + 1];
+    if (lz > 0.0f) s += part_acc[(z * per_split + rh) * width + d] * exp2f(part_ml[2 * (z * per_split + rh)] - M);
+  }
+  return s;
+}
+
 // Merges the split partials of one (row, head) per block (base-2 maxima).
 __global__ void fa_combine_kernel(const float* part_acc,  // (n_splits, n, n_head, hd)
                                   const float* part_ml,   // (n_splits, n, n_head, 2)
@@ -548,21 +572,10 @@ __global__ void fa_combine_kernel(const float* part_acc,  // (n_splits, n, n_hea
   const int64_t rh = blockIdx.x;
   const int r = static_cast<int>(rh / n_head), h = static_cast<int>(rh % n_head);
   const int64_t per_split = static_cast<int64_t>(n) * n_head;
-  float M = -INFINITY;
-  for (int z = 0; z < n_splits; ++z)
-    if (part_ml[2 * (z * per_split + rh) + 1] > 0.0f) M = fmaxf(M, part_ml[2 * (z * per_split + rh)]);
-  float L = 0.0f;
-  for (int z = 0; z < n_splits; ++z) {
-    const float lz = part_ml[2 * (z * per_split + rh) + 1];
-    if (lz > 0.0f) L += lz * exp2f(part_ml[2 * (z * per_split + rh)] - M);
-  }
-  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  float M = 0.0f;
+  const float inv = fa_merge_scale(part_ml, n_splits, per_split, rh, M);
   for (int d = static_cast<int>(threadIdx.x); d < hd; d += blockDim.x) {
-    float s = 0.0f;
-    for (int z = 0; z < n_splits; ++z) {
-      const float lz = part_ml[2 * (z * per_split + rh) + 1];
-      if (lz > 0.0f) s += part_acc[(z * per_split + rh) * hd + d] * exp2f(part_ml[2 * (z * per_split + rh)] - M);
-    }
+    const float s = fa_merge_value(part_acc, part_ml, n_splits, per_split, rh, hd, d, M);
     out[static_cast<int64_t>(r) * out_stride + static_cast<int64_t>(h) * hd + d] = s * inv;
   }
 }
@@ -583,21 +596,10 @@ __global__ void fa_combine_typed_kernel(const float* part_acc,  // (n_splits, n,
   const int64_t rh = blockIdx.x;
   const int r = static_cast<int>(rh / n_head), h = static_cast<int>(rh % n_head);
   const int64_t per_split = static_cast<int64_t>(n) * n_head;
-  float M = -INFINITY;
-  for (int z = 0; z < n_splits; ++z)
-    if (part_ml[2 * (z * per_split + rh) + 1] > 0.0f) M = fmaxf(M, part_ml[2 * (z * per_split + rh)]);
-  float L = 0.0f;
-  for (int z = 0; z < n_splits; ++z) {
-    const float lz = part_ml[2 * (z * per_split + rh) + 1];
-    if (lz > 0.0f) L += lz * exp2f(part_ml[2 * (z * per_split + rh)] - M);
-  }
-  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  float M = 0.0f;
+  const float inv = fa_merge_scale(part_ml, n_splits, per_split, rh, M);
   for (int d = static_cast<int>(threadIdx.x); d < wv; d += blockDim.x) {
-    float s = 0.0f;
-    for (int z = 0; z < n_splits; ++z) {
-      const float lz = part_ml[2 * (z * per_split + rh) + 1];
-      if (lz > 0.0f) s += part_acc[(z * per_split + rh) * wv + d] * exp2f(part_ml[2 * (z * per_split + rh)] - M);
-    }
+    const float s = fa_merge_value(part_acc, part_ml, n_splits, per_split, rh, wv, d, M);
     y[d] = s * inv;
   }
   __syncthreads();
