@@ -64,6 +64,8 @@ TG_ONLY=${TG_ONLY:-0}              # 1: the per-model bench is tg128 at depths 0
 RPW=${RPW:-}                       # other CudaOptions::gemv_rows_per_warp values to time tg128 with (e.g. "2")
 KVTYPES=${KVTYPES:-}               # KV cache types (e.g. "f16 q8_0 q4_0 tq3_0"): tg128 at depths KV_DEPTHS with -ctk T -ctv T, first model of MODELS
 KV_DEPTHS=${KV_DEPTHS:-4096,32768}
+PROFILE_KV=${PROFILE_KV:-0}        # 1: with KVTYPES, per-op device times of 32 decode steps at depth 4096 per type (PEREGRINE_CUDA_PROFILE=1)
+PROFILE=${PROFILE:-0}              # 1: per model, per-op device times of tg32 at depths 0 and 4096 and pp512 (PEREGRINE_CUDA_PROFILE=1)
 LONGCTX=${LONGCTX:-0}              # 1: qwen35-27b of MODELS with a 262144-token tq3_0 cache (run: allocation + decode), then tg32 at depth LONGCTX_DEPTH
 LONGCTX_DEPTH=${LONGCTX_DEPTH:-65536}
 TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_GEMV_RPW=2 (tests-rpw2.log)
@@ -267,6 +269,10 @@ if ((CLI_OK)); then
       elif ((BENCH)); then
         bench_one "$LOG" "$preset $type pp512, pp4096, tg128 at depths 0 and 4096" -m "$MODEL" -p 512,4096 -n 128 -d 0,4096 -r 2
       fi
+      if ((PROFILE)); then
+        PEREGRINE_CUDA_PROFILE=1 bench_one "$LOG" "$preset $type per-op profile (pp512, tg32 at depths 0 and 4096)" -m "$MODEL" -p 512 -n 32 -d 0,4096 -r 1
+        { echo "per-op profile $preset $type"; grep -A22 "^ops of " "$LOG" | tail -100; } >>"$SUMMARY"
+      fi
       for r in $RPW; do
         ((BENCH)) && PEREGRINE_GEMV_RPW=$r bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, GEMV rows per warp $r" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
       done
@@ -289,6 +295,13 @@ if ((CLI_OK)); then
       if ((FIRST_MODEL)); then
         for kvt in $KVTYPES; do
           bench_one "$LOG" "$preset $type KV $kvt tg128 at depths $KV_DEPTHS" -m "$MODEL" -ctk "$kvt" -ctv "$kvt" -p 0 -n 128 -d "$KV_DEPTHS" -r 1
+          # Where a typed cache's decode time goes: per-op device times of 32 steps at depth 4096
+          # (PEREGRINE_CUDA_PROFILE=1: CUDA events around each op, graphs off).
+          if ((PROFILE_KV)) && (($(left) > 60)); then
+            PEREGRINE_CUDA_PROFILE=1 bench_one "$LOG" "$preset $type KV $kvt tg32 at depth 4096, per-op profile" -m "$MODEL" \
+              -ctk "$kvt" -ctv "$kvt" -p 0 -n 32 -d 4096 -r 1
+            { echo "per-op profile, KV $kvt, tg32 @ 4096 (top 14)"; grep -A16 "^ops of tg32 @ 4096" "$LOG" | tail -17 | head -17; } >>"$SUMMARY"
+          fi
         done
       fi
       FIRST_MODEL=0

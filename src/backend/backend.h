@@ -216,6 +216,18 @@ class Backend {
     not_implemented("gated_delta_net");
   }
 
+  // ---- op profiling ----
+  // A backend built with op profiling on (CUDA: CudaOptions::profile, PEREGRINE_CUDA_PROFILE=1) times every
+  // op it runs on the device (CUDA events around it; graphs off, so each op is its own launch). This drains
+  // what was timed since the last call: one entry per op and shape key, in no particular order. Empty when
+  // profiling is off or the backend does not profile.
+  struct OpTime {
+    std::string key;    // op name plus what shapes its launch (e.g. "matmul Q4_K 4096x4096 n1")
+    int64_t calls = 0;
+    double ms = 0.0;    // device time between the events around the op, summed over the calls
+  };
+  virtual std::vector<OpTime> profile_take() { return {}; }
+
   // ---- step graphs ----
   // A device with a command queue may record the ops of a step once and replay them (CUDA graphs). Between
   // begin_graph() and end_graph() ops are recorded, not run, and alloc/free/upload/download throw;

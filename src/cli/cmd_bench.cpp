@@ -193,6 +193,35 @@ int cmd_bench(int argc, char** argv) {
       for (int p = p0; p < std::min(depth, p0 + mf.batch); ++p) b.add(tok(rng), p, 0, false);
       lm.model->forward(b, *cache, logits);
     }
+    lm.backend->profile_take();  // op profiling (PEREGRINE_CUDA_PROFILE=1): the fill is not part of a test
+  };
+  // Op profiling: the measured runs' ops, summed over the repetitions, printed per token after the test.
+  std::vector<Backend::OpTime> prof;
+  auto prof_add = [&] {
+    for (Backend::OpTime& t : lm.backend->profile_take()) {
+      auto it = std::find_if(prof.begin(), prof.end(), [&](const Backend::OpTime& p) { return p.key == t.key; });
+      if (it == prof.end())
+        prof.push_back(std::move(t));
+      else
+        it->calls += t.calls, it->ms += t.ms;
+    }
+  };
+  std::vector<std::string> prof_tables;
+  auto prof_table = [&](const std::string& test, double tokens) {
+    if (prof.empty()) return;
+    std::sort(prof.begin(), prof.end(), [](const Backend::OpTime& a, const Backend::OpTime& b) { return a.ms > b.ms; });
+    double total = 0.0;
+    for (const auto& t : prof) total += t.ms;
+    std::string tab = "ops of " + test + " (device time per token, CUDA events around each op, graphs off): " +
+                      std::to_string(total * 1000.0 / tokens) + " us/token in ops\n| op | calls/token | us/token | % |\n|---|---:|---:|---:|\n";
+    for (size_t i = 0; i < prof.size() && i < 40; ++i) {
+      char line[320];
+      std::snprintf(line, sizeof line, "| %s | %.2f | %.1f | %.1f |\n", prof[i].key.c_str(), prof[i].calls / tokens, prof[i].ms * 1000.0 / tokens,
+                    100.0 * prof[i].ms / total);
+      tab += line;
+    }
+    prof_tables.push_back(tab);
+    prof.clear();
   };
 
   std::printf("model: %s (%s), %.3f GB file, %.3f GB of weights read per generated token\n", c.name.c_str(), c.arch.c_str(),
@@ -213,7 +242,9 @@ int cmd_bench(int argc, char** argv) {
         lm.model->forward(b, *cache, logits);
         const double s = std::chrono::duration<double>(clock::now() - t0).count();
         if (r > 0) tps.push_back(n_prompt / s);
+        if (r > 0) prof_add();
       }
+      prof_table("pp" + std::to_string(n_prompt) + " @ " + std::to_string(depth), static_cast<double>(n_prompt) * reps);
       const double t = median(tps);
       std::printf("| pp%d | %d | %.2f | %.3f | - | - |\n", n_prompt, depth, t, 1000.0 / t);
       std::fflush(stdout);
@@ -239,7 +270,9 @@ int cmd_bench(int argc, char** argv) {
         }
         const double s = std::chrono::duration<double>(clock::now() - t0).count();
         if (r > 0) tps.push_back(n_gen / s);
+        if (r > 0) prof_add();
       }
+      prof_table("tg" + std::to_string(n_gen) + " @ " + std::to_string(depth), static_cast<double>(n_gen) * reps);
       const double t = median(tps);
       // Each step reads the weights once plus the KV cache written so far (mean depth over the run), and a
       // hybrid model's recurrent state (conv window + delta state of every linear-attention layer) is read
@@ -263,6 +296,7 @@ int cmd_bench(int argc, char** argv) {
     }
   }
   for (const std::string& n : notes) std::printf("%s\n", n.c_str());
+  for (const std::string& t : prof_tables) std::printf("\n%s", t.c_str());
   return 0;
 }
 

@@ -76,6 +76,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) opt.gemv_rows_per_warp = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) opt.fa_prefill_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL_TYPED"); e && *e) opt.fa_prefill_typed = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_PROFILE"); e && *e) opt.profile = std::strcmp(e, "0") != 0;
   return create_cuda_backend(index, opt);
 }
 
@@ -128,6 +129,11 @@ CudaBackend::~CudaBackend() {
     if (s.ptr) cudaFree(s.ptr);
   for (void* p : retired_scratch_) cudaFree(p);
   for (auto* ev : stage_events_) cudaEventDestroy(ev);
+  for (const ProfSpan& sp : prof_pending_) {
+    cudaEventDestroy(sp.begin);
+    cudaEventDestroy(sp.end);
+  }
+  for (auto* ev : prof_pool_) cudaEventDestroy(ev);
   if (stage_) cudaFreeHost(stage_);
   if (stream_) cudaStreamDestroy(as_stream(stream_));
   // Nothing here may leave a sticky error for the next backend's first launch check (cudaGetLastError).
@@ -181,6 +187,69 @@ void* CudaBackend::scratch(int slot, size_t bytes) {
   return s.ptr;
 }
 
+// ---- op profiling ---------------------------------------------------------------------------------------
+
+CudaBackend::ProfScope::ProfScope(CudaBackend* be, const char* op, std::string detail) : be_(be) {
+  if (!be_) return;
+  key_ = detail.empty() ? std::string(op) : std::string(op) + " " + detail;
+  begin_ = be_->prof_event();
+  check(cudaEventRecord(begin_, as_stream(be_->stream_)), "cudaEventRecord (profile)");
+  ++be_->prof_depth_;
+}
+
+CudaBackend::ProfScope::~ProfScope() {
+  if (!be_) return;
+  --be_->prof_depth_;
+  CUevent_st* end = be_->prof_event();
+  // A destructor must not throw: a failed record drops the span (the op's own error is what matters).
+  if (cudaEventRecord(end, as_stream(be_->stream_)) != cudaSuccess) {
+    cudaGetLastError();
+    be_->prof_pool_.push_back(begin_);
+    be_->prof_pool_.push_back(end);
+    return;
+  }
+  be_->prof_pending_.push_back({std::move(key_), begin_, end});
+}
+
+CUevent_st* CudaBackend::prof_event() {
+  if (!prof_pool_.empty()) {
+    CUevent_st* ev = prof_pool_.back();
+    prof_pool_.pop_back();
+    return ev;
+  }
+  cudaEvent_t ev = nullptr;
+  check(cudaEventCreate(&ev), "cudaEventCreate (profile)");
+  return ev;
+}
+
+void CudaBackend::prof_resolve() {
+  for (ProfSpan& sp : prof_pending_) {
+    float ms = 0.0f;
+    check(cudaEventSynchronize(sp.end), "cudaEventSynchronize (profile)");
+    check(cudaEventElapsedTime(&ms, sp.begin, sp.end), "cudaEventElapsedTime (profile)");
+    auto it = std::find_if(prof_sum_.begin(), prof_sum_.end(), [&](const OpTime& t) { return t.key == sp.key; });
+    if (it == prof_sum_.end()) {
+      prof_sum_.push_back({std::move(sp.key), 0, 0.0});
+      it = prof_sum_.end() - 1;
+    }
+    ++it->calls;
+    it->ms += ms;
+    prof_pool_.push_back(sp.begin);
+    prof_pool_.push_back(sp.end);
+  }
+  prof_pending_.clear();
+}
+
+std::vector<Backend::OpTime> CudaBackend::profile_take() {
+  if (!opt_.profile) return {};
+  activate(device_);
+  check(cudaStreamSynchronize(as_stream(stream_)), "profile_take (synchronize)");
+  prof_resolve();
+  std::vector<OpTime> out;
+  out.swap(prof_sum_);
+  return out;
+}
+
 // ---- memory -----------------------------------------------------------------------------------------
 
 void CudaBackend::check_not_capturing(const char* what) const {
@@ -231,6 +300,7 @@ Tensor CudaBackend::load_weight(DType t, const int64_t ne[4], const void* host_d
 
 void CudaBackend::upload(Tensor& dst, const void* src, size_t bytes, size_t off) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_not_capturing("upload");
   check_own(dst, "upload");
   PG_CHECK(off + bytes <= dst.nbytes(), "upload: " + std::to_string(bytes) + " bytes at offset " + std::to_string(off) +
@@ -265,12 +335,14 @@ void CudaBackend::download(const Tensor& src, void* dst, size_t bytes, size_t of
     check(cudaMemcpyAsync(dst, static_cast<const uint8_t*>(src.data) + off, bytes, cudaMemcpyDeviceToHost, as_stream(stream_)),
           "download (copy)");
   check(cudaStreamSynchronize(as_stream(stream_)), "download (a kernel before it failed)");
+  if (!prof_pending_.empty()) prof_resolve();
 }
 
 void CudaBackend::synchronize() {
   activate(device_);
   check_not_capturing("synchronize");
   check(cudaStreamSynchronize(as_stream(stream_)), "synchronize (a kernel failed)");
+  if (!prof_pending_.empty()) prof_resolve();
 }
 
 // ---- CUDA graphs ---------------------------------------------------------------------------------------
@@ -346,6 +418,7 @@ void CudaBackend::drop_graphs() {
 
 void CudaBackend::get_rows(const Tensor& table, const Tensor& ids, Tensor& out) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(table, "get_rows");
   check_own(ids, "get_rows");
   check_own(out, "get_rows");
@@ -429,6 +502,10 @@ void CudaBackend::mmq(const cuda::MatmulArgs& a, bool x_quantized) {
 
 void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
   activate(device_);
+  const ProfScope prof(prof_active() ? this : nullptr, "matmul",
+                       prof_active() ? std::string(dtype_name(w.type)) + " " + std::to_string(w.rows()) + "x" + std::to_string(w.cols()) +
+                                           " n" + std::to_string(x.rows())
+                                     : std::string());
   const cuda::MatmulArgs a = matmul_args(w, x, y);
   if (use_mmq(a)) return mmq(a, false);
   // Default mode, quantized weights without MMQ, up to 64 rows: the GEMV kernels (rows in groups of 8),
@@ -448,6 +525,14 @@ void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
 
 void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) {
   activate(device_);
+  std::string prof_key;
+  if (prof_active()) {
+    for (const MatmulOut& o : outs)
+      prof_key += std::string(prof_key.empty() ? "" : "+") + std::string(dtype_name(o.w->type)) + " " + std::to_string(o.w->rows()) + "x" +
+                  std::to_string(o.w->cols());
+    prof_key += " n" + std::to_string(x.rows());
+  }
+  const ProfScope prof(prof_active() ? this : nullptr, "matmul_shared", std::move(prof_key));
   if (opt_.exact_f32 || x.rows() > std::max(opt_.gemv_max_rows, cuda::kMmqMaxRows)) {
     for (const MatmulOut& o : outs) matmul(*o.w, x, *o.y);
     return;
@@ -488,6 +573,7 @@ void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut
 
 void CudaBackend::add_bias(Tensor& y, const Tensor& bias) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(y, "add_bias");
   check_own(bias, "add_bias");
   PG_CHECK(bias.type == DType::F32 || bias.type == DType::F16, "add_bias: bias must be F32 or F16");
@@ -497,6 +583,7 @@ void CudaBackend::add_bias(Tensor& y, const Tensor& bias) {
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, Tensor& y, float eps) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(x, "rms_norm");
   check_own(y, "rms_norm");
   check_f32(x, "rms_norm");
@@ -512,6 +599,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, Tensor& y, float ep
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(a, "add");
   check_own(b, "add");
   check_own(y, "add");
@@ -521,12 +609,14 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
 
 void CudaBackend::scale(Tensor& x, float s) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(x, "scale");
   cuda::scale(x.as<float>(), s, x.n_elements(), as_stream(stream_));
 }
 
 void CudaBackend::glu(const Tensor& gate, const Tensor& up, Tensor& y, Activation act) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(gate, "glu");
   check_own(up, "glu");
   check_own(y, "glu");
@@ -536,6 +626,7 @@ void CudaBackend::glu(const Tensor& gate, const Tensor& up, Tensor& y, Activatio
 
 void CudaBackend::rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, int n_rot, float base, RopeStyle style) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(x, "rope");
   check_own(pos, "rope");
   PG_CHECK(n_rot >= 0 && n_rot <= head_dim && n_rot % 2 == 0, "rope: invalid n_rot");
@@ -562,6 +653,8 @@ void typed_kv_shape(const KvLayer& kv, int64_t k_cols, int& n_head_kv, int& head
 
 void CudaBackend::kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const AttentionBatch& batch) {
   activate(device_);
+  const ProfScope prof(prof_active() ? this : nullptr, "kv_store",
+                       prof_active() ? std::string(dtype_name(kv.k.type)) + "/" + std::string(dtype_name(kv.v.type)) : std::string());
   check_own(kv.k, "kv_store");
   check_own(kv.v, "kv_store");
   check_own(k, "kv_store");
@@ -606,6 +699,10 @@ void CudaBackend::kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const 
 
 void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBatch& batch, const AttentionParams& p, Tensor& out) {
   activate(device_);
+  const ProfScope prof(prof_active() ? this : nullptr, "attention",
+                       prof_active() ? std::string(dtype_name(kv.k.type)) + "/" + std::string(dtype_name(kv.v.type)) + " n" +
+                                           std::to_string(batch.n_tokens) + (batch.tree_mask.valid() ? " tree" : "")
+                                     : std::string());
   check_own(q, "attention");
   check_own(kv.k, "attention");
   check_own(kv.v, "attention");
@@ -681,6 +778,7 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
 
 void CudaBackend::mul_sigmoid(Tensor& x, const Tensor& gate) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(x, "mul_sigmoid");
   check_own(gate, "mul_sigmoid");
   PG_CHECK(x.n_elements() == gate.n_elements(), "mul_sigmoid: shape mismatch");
@@ -689,6 +787,7 @@ void CudaBackend::mul_sigmoid(Tensor& x, const Tensor& gate) {
 
 void CudaBackend::softcap(Tensor& x, float cap) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(x, "softcap");
   PG_CHECK(cap > 0.0f, "softcap: cap must be positive");
   cuda::softcap(x.as<float>(), cap, x.n_elements(), as_stream(stream_));
@@ -696,6 +795,7 @@ void CudaBackend::softcap(Tensor& x, float cap) {
 
 void CudaBackend::argmax_rows(const Tensor& x, Tensor& ids) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(x, "argmax_rows");
   check_own(ids, "argmax_rows");
   check_f32(x, "argmax_rows");
@@ -705,6 +805,7 @@ void CudaBackend::argmax_rows(const Tensor& x, Tensor& ids) {
 
 void CudaBackend::topk_rows(const Tensor& x, int k, Tensor& ids, Tensor& logprobs) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(x, "topk_rows");
   check_own(ids, "topk_rows");
   check_own(logprobs, "topk_rows");
@@ -716,6 +817,7 @@ void CudaBackend::topk_rows(const Tensor& x, int k, Tensor& ids, Tensor& logprob
 
 void CudaBackend::kv_copy(KvLayer& kv, const Tensor& src_cells, const Tensor& dst_cells) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(kv.k, "kv_copy");
   check_own(kv.v, "kv_copy");
   check_own(src_cells, "kv_copy");
@@ -730,6 +832,7 @@ void CudaBackend::kv_copy(KvLayer& kv, const Tensor& src_cells, const Tensor& ds
 
 void CudaBackend::gather_cols(const Tensor& src, int group, int col0, Tensor& dst) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(src, "gather_cols");
   check_own(dst, "gather_cols");
   PG_CHECK(group > 0 && src.cols() % group == 0, "gather_cols: source width is not a multiple of the group");
@@ -741,6 +844,7 @@ void CudaBackend::gather_cols(const Tensor& src, int group, int col0, Tensor& ds
 
 void CudaBackend::moe_route(const Tensor& logits, int k, ExpertGating gating, bool norm, float scale, Tensor& ids, Tensor& weights) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(logits, "moe_route");
   check_own(ids, "moe_route");
   check_own(weights, "moe_route");
@@ -753,6 +857,7 @@ void CudaBackend::moe_route(const Tensor& logits, int k, ExpertGating gating, bo
 void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_exps, const Tensor& up_exps,
                           const Tensor& down_exps, Activation act, Tensor& out) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   const bool fused = !up_exps.valid();  // gate_exps holds [gate; up] per expert
   for (const Tensor* t : {&x, &ids, &weights, &gate_exps, &down_exps, static_cast<const Tensor*>(&out)}) check_own(*t, "moe_ffn");
   if (!fused) check_own(up_exps, "moe_ffn");

@@ -68,6 +68,12 @@ struct CudaOptions {
   // GPU; the device session that passes the typed cases of tests/cuda/test_cuda_attention_prefill.cpp and
   // measures pg_cuda_attn_bench --kv q8_0 / tq3_0 sets it. Environment: PEREGRINE_CUDA_FA_PREFILL_TYPED=1.
   bool fa_prefill_typed = false;
+  // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:
+  // a matmul inside matmul_shared counts as part of it) and drained by profile_take(); CUDA graphs are off
+  // so that each op is its own launch. The times include launch gaps when the host falls behind, so small
+  // ops read high; their sum beside the wall time shows the gaps. For `peregrine bench` per-op tables.
+  // Environment: PEREGRINE_CUDA_PROFILE=1 (factory).
+  bool profile = false;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
@@ -139,7 +145,8 @@ class CudaBackend final : public Backend {
   void replay(int graph);
   void drop_graphs();
   // The Backend graph interface (on top of the four above).
-  bool graphs_supported() const override { return opt_.graphs; }
+  bool graphs_supported() const override { return opt_.graphs && !opt_.profile; }
+  std::vector<OpTime> profile_take() override;
   void begin_graph() override { begin_capture(); }
   int end_graph() override { return end_capture(); }
   void abort_graph() override;
@@ -193,6 +200,36 @@ class CudaBackend final : public Backend {
   std::vector<void*> retired_scratch_;
   bool any_graph() const;
   void free_retired_scratch();
+
+  // ---- op profiling (CudaOptions::profile) ----
+  // An op method opens one scope; only the outermost scope of a call stack records (begin event on entry,
+  // end event on exit, both on the stream). Pending spans are resolved when the stream is synchronised
+  // anyway (download, synchronize, profile_take), so their events return to the pool.
+  class ProfScope {
+   public:
+    ProfScope(CudaBackend* be, const char* op, std::string detail = {});  // be == nullptr: inactive, builds nothing
+    ~ProfScope();
+    ProfScope(const ProfScope&) = delete;
+    ProfScope& operator=(const ProfScope&) = delete;
+
+   private:
+    CudaBackend* be_;
+    std::string key_;
+    CUevent_st* begin_ = nullptr;
+  };
+  bool prof_active() const { return opt_.profile && prof_depth_ == 0; }
+  ProfScope profile_op(const char* op) { return ProfScope(prof_active() ? this : nullptr, op); }
+  struct ProfSpan {
+    std::string key;
+    CUevent_st* begin;
+    CUevent_st* end;
+  };
+  CUevent_st* prof_event();
+  void prof_resolve();  // after a stream synchronisation: spans → prof_sum_, events → pool
+  int prof_depth_ = 0;
+  std::vector<ProfSpan> prof_pending_;
+  std::vector<CUevent_st*> prof_pool_;
+  std::vector<OpTime> prof_sum_;  // by key (linear lookup: a step has a few dozen distinct keys)
 };
 
 }  // namespace pg

@@ -67,6 +67,7 @@ bool segments_serial(const RecurrentBatch& rb) {
 
 void CudaBackend::mul_rows_sigmoid(Tensor& x, const Tensor& gate) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(x, "mul_rows_sigmoid");
   check_own(gate, "mul_rows_sigmoid");
   check_f32_tensor(x, "mul_rows_sigmoid");
@@ -77,6 +78,7 @@ void CudaBackend::mul_rows_sigmoid(Tensor& x, const Tensor& gate) {
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   check_own(src, "copy");
   check_own(dst, "copy");
   PG_CHECK(src.nbytes() == dst.nbytes(), "copy: size mismatch");
@@ -86,6 +88,7 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
 
 void CudaBackend::deltanet_gates(Tensor& alpha, Tensor& beta, const Tensor& dt_bias, const Tensor& a) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   for (const Tensor* t : {static_cast<const Tensor*>(&alpha), static_cast<const Tensor*>(&beta), &dt_bias, &a}) {
     check_own(*t, "deltanet_gates");
     check_f32_tensor(*t, "deltanet_gates");
@@ -99,6 +102,7 @@ void CudaBackend::deltanet_gates(Tensor& alpha, Tensor& beta, const Tensor& dt_b
 
 void CudaBackend::ssm_conv(const Tensor& x, const Tensor& w, Tensor& conv_state, const RecurrentBatch& rb, bool silu, Tensor& out) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   for (const Tensor* t : {&x, &w, static_cast<const Tensor*>(&conv_state), static_cast<const Tensor*>(&out)}) check_own(*t, "ssm_conv");
   check_f32_tensor(x, "ssm_conv");
   check_f32_tensor(out, "ssm_conv");
@@ -129,6 +133,7 @@ void CudaBackend::ssm_conv(const Tensor& x, const Tensor& w, Tensor& conv_state,
 void CudaBackend::gated_delta_net(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, Tensor& state,
                                   const RecurrentBatch& rb, int d_k, int d_v, float scale, Tensor& out) {
   activate(device_);
+  const ProfScope prof = profile_op(__func__);
   for (const Tensor* t : {&q, &k, &v, &g, &beta, static_cast<const Tensor*>(&state), static_cast<const Tensor*>(&out)}) {
     check_own(*t, "gated_delta_net");
     check_f32_tensor(*t, "gated_delta_net");
