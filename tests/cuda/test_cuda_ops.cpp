@@ -304,26 +304,33 @@ TEST(CudaOps, ArgmaxRowsMatchesCpu) {
   PG_REQUIRE_GPU();
   auto cpu = test::make_cpu_exact();
   auto gpu = test::make_cuda(false);
-  const int64_t V = 151936, rows = 7;
-  auto x = randn(static_cast<size_t>(V * rows), 9);
-  x[static_cast<size_t>(0 * V + 5000)] = 50, x[static_cast<size_t>(0 * V + 100000)] = 50;  // tie: 5000
-  x[static_cast<size_t>(1 * V + 0)] = std::nanf("");                                       // → 0
-  x[static_cast<size_t>(2 * V + 7)] = std::nanf(""), x[static_cast<size_t>(2 * V + 8)] = 60;  // → 8
-  x[static_cast<size_t>(3 * V + V - 1)] = INFINITY;                                        // last column
-  for (int64_t i = 0; i < V; ++i) x[static_cast<size_t>(4 * V + i)] = -INFINITY;           // → 0
-  Tensor xc = make_tensor(*cpu, DType::F32, V, rows, x.data()), xg = make_tensor(*gpu, DType::F32, V, rows, x.data());
-  Tensor ic = cpu->alloc(DType::I32, rows, 1), ig = gpu->alloc(DType::I32, rows, 1);
-  cpu->argmax_rows(xc, ic);
-  gpu->argmax_rows(xg, ig);
-  std::vector<int32_t> a(static_cast<size_t>(rows)), b(static_cast<size_t>(rows));
-  cpu->download(ic, a.data(), a.size() * 4);
-  gpu->download(ig, b.data(), b.size() * 4);
-  EXPECT_EQ(a, b);
-  EXPECT_EQ(a[0], 5000);
-  EXPECT_EQ(a[1], 0);
-  EXPECT_EQ(a[2], 8);
-  EXPECT_EQ(a[3], V - 1);
-  EXPECT_EQ(a[4], 0);
+  // 151 936: rows 16-byte aligned (the float4 path); 151 937: every other row misaligned (scalar path) and
+  // a tail past the last float4; 1 000: the small-row launch.
+  for (const int64_t V : {int64_t{151936}, int64_t{151937}, int64_t{1000}}) {
+    SCOPED_TRACE("V = " + std::to_string(V));
+    const int64_t rows = 7;
+    auto x = randn(static_cast<size_t>(V * rows), 9);
+    x[static_cast<size_t>(0 * V + 500)] = 50, x[static_cast<size_t>(0 * V + V - 3)] = 50;     // tie: 500
+    x[static_cast<size_t>(1 * V + 0)] = std::nanf("");                                       // → 0
+    x[static_cast<size_t>(2 * V + 7)] = std::nanf(""), x[static_cast<size_t>(2 * V + 8)] = 60;  // → 8
+    x[static_cast<size_t>(3 * V + V - 1)] = INFINITY;                                        // last column
+    for (int64_t i = 0; i < V; ++i) x[static_cast<size_t>(4 * V + i)] = -INFINITY;           // → 0
+    x[static_cast<size_t>(5 * V + V - 2)] = 70, x[static_cast<size_t>(5 * V + V - 1)] = 70;   // tie in the tail: V − 2
+    Tensor xc = make_tensor(*cpu, DType::F32, V, rows, x.data()), xg = make_tensor(*gpu, DType::F32, V, rows, x.data());
+    Tensor ic = cpu->alloc(DType::I32, rows, 1), ig = gpu->alloc(DType::I32, rows, 1);
+    cpu->argmax_rows(xc, ic);
+    gpu->argmax_rows(xg, ig);
+    std::vector<int32_t> a(static_cast<size_t>(rows)), b(static_cast<size_t>(rows));
+    cpu->download(ic, a.data(), a.size() * 4);
+    gpu->download(ig, b.data(), b.size() * 4);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(a[0], 500);
+    EXPECT_EQ(a[1], 0);
+    EXPECT_EQ(a[2], 8);
+    EXPECT_EQ(a[3], V - 1);
+    EXPECT_EQ(a[4], 0);
+    EXPECT_EQ(a[5], V - 2);
+  }
 }
 
 // topk_rows: the CPU's rule exactly (descending, ties to the lower column, NaN never chosen, fewer valid

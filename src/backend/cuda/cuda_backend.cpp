@@ -764,7 +764,7 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   }
   // Prefill batches on tensor cores (attention_prefill.cu) when enabled and the shape is one it takes.
   // Not in exact mode (a validation mode: FP32 arithmetic throughout; this kernel rounds q and p to FP16).
-  // Typed caches only with fa_prefill_typed (that path has not run on a GPU yet).
+  // Typed caches with fa_prefill_typed (on by default; off = the SIMT kernel for every typed call).
   if (opt_.fa_prefill_min_rows > 0 && !opt_.exact_f32 && a.n >= opt_.fa_prefill_min_rows && (!a.typed || opt_.fa_prefill_typed) &&
       cuda::attention_prefill_supported(a)) {
     const size_t fb = cuda::attention_prefill_scratch_bytes(a, n_sm_);

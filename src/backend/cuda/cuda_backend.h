@@ -64,10 +64,11 @@ struct CudaOptions {
   // (factory); 0 turns it off.
   int fa_prefill_min_rows = 32;
   // The same routing for typed (quantized / mixed) KV caches: attention_prefill.cu decodes the cache's blocks
-  // per tile (every KV type pair without F32). Off by default: written without device time, not yet run on a
-  // GPU; the device session that passes the typed cases of tests/cuda/test_cuda_attention_prefill.cpp and
-  // measures pg_cuda_attn_bench --kv q8_0 / tq3_0 sets it. Environment: PEREGRINE_CUDA_FA_PREFILL_TYPED=1.
-  bool fa_prefill_typed = false;
+  // per tile (every KV type pair without F32). On since device run 26 (H200, 2026-12-02): the typed cases of
+  // tests/cuda/test_cuda_attention_prefill.cpp passed (37/37, whole models within the ≤ 4-bit bound), and the
+  // attention alone at 512-4096 rows is 6.7-13x the SIMT kernel for q8_0 (pg_cuda_attn_bench --kv q8_0).
+  // Environment: PEREGRINE_CUDA_FA_PREFILL_TYPED=0 turns it off (factory).
+  bool fa_prefill_typed = true;
   // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:
   // a matmul inside matmul_shared counts as part of it) and drained by profile_take(); CUDA graphs are off
   // so that each op is its own launch. The times include launch gaps when the host falls behind, so small
