@@ -2,6 +2,7 @@
 // reads so that speed can be judged against the memory-bandwidth roofline.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -55,11 +56,12 @@ struct SpecRun {
   double tps = 0;
   int tokens = 0, drafted = 0, accepted = 0, rounds = 0;
   std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<float>> margins;  // with want_margins: per token, top-1 − top-2 log-prob
 };
 
 // Greedy chat answers to every prompt, one at a time, through the engine's step loop.
 SpecRun spec_run(Model& model, const tok::Tokenizer& tok, const LoadedModel& lm, int n_batch, const engine::SpecOptions& spec,
-                 const std::vector<std::vector<int32_t>>& prompts, int n_gen) {
+                 const std::vector<std::vector<int32_t>>& prompts, int n_gen, bool want_margins = false) {
   const engine::SchedulerOptions so = lm.scheduler_options(1, n_batch, spec);
   engine::Scheduler sched(model, tok, so);
   SpecRun r;
@@ -69,12 +71,17 @@ SpecRun spec_run(Model& model, const tok::Tokenizer& tok, const LoadedModel& lm,
     rs.prompt = p;
     rs.sampling.temperature = 0;
     rs.max_tokens = n_gen;
+    if (want_margins) rs.logprobs = 2;
     auto h = sched.submit(rs);
     engine::Event e;
     std::vector<int32_t> ids;
+    std::vector<float> margins;
     for (;;) {
       if (!h->next(e, std::chrono::milliseconds(100))) continue;
-      for (auto& t : e.tokens) ids.push_back(t.id);
+      for (auto& t : e.tokens) {
+        ids.push_back(t.id);
+        if (want_margins) margins.push_back(t.top.size() >= 2 ? t.top[0].logprob - t.top[1].logprob : INFINITY);
+      }
       if (e.done) break;
     }
     PG_CHECK(e.finish != engine::FinishReason::kError, "generation failed: " + e.error);
@@ -87,6 +94,7 @@ SpecRun spec_run(Model& model, const tok::Tokenizer& tok, const LoadedModel& lm,
     r.accepted += e.stats.draft_n_accepted;
     r.rounds += e.stats.draft_rounds;
     r.ids.push_back(std::move(ids));
+    r.margins.push_back(std::move(margins));
   }
   r.tps = decode_s > 0 ? r.tokens / decode_s : 0;
   return r;
@@ -140,6 +148,25 @@ int bench_spec(const ModelFlags& mf_in, const SpecFlags& spf, int n_gen, int rep
                 l.accepted, l.rounds, l.rounds ? static_cast<double>(l.accepted + l.rounds) / l.rounds : 0.0, same, prompts.size());
   }
   std::printf("(tok/s: median over repetitions; vs AR: median of the per-repetition ratio to that repetition's AR run)\n");
+  // A text that differs from AR: where, and how close plain decoding's top two were there. Verification runs
+  // many rows per matmul and AR one, so on a GPU the logits differ by rounding and a near-tie may flip; a
+  // large margin at the first difference would be a real bug.
+  bool any_diff = false;
+  for (size_t m = 1; m < modes.size(); ++m)
+    for (size_t i = 0; i < last[m].ids.size(); ++i) any_diff |= last[m].ids[i] != last[0].ids[i];
+  if (any_diff) {
+    const SpecRun ref = spec_run(*lm.model, *lm.tokenizer, lm, mf.batch, ar, prompts, n_gen, true);
+    for (size_t m = 1; m < modes.size(); ++m)
+      for (size_t i = 0; i < last[m].ids.size(); ++i) {
+        const auto &a = ref.ids[i], &b = last[m].ids[i];
+        if (b == last[0].ids[i]) continue;
+        size_t j = 0;
+        while (j < a.size() && j < b.size() && a[j] == b[j]) ++j;
+        const float margin = j < ref.margins[i].size() ? ref.margins[i][j] : NAN;
+        std::printf("differs: %s, prompt %zu, first at token %zu of %zu; plain decoding's top-2 log-prob margin there %.4g\n",
+                    modes[m].first.c_str(), i, j, a.size(), margin);
+      }
+  }
   return 0;
 }
 
