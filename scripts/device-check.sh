@@ -53,6 +53,7 @@ GRAPHS_OFF=${GRAPHS_OFF:-0}        # 1: also tg128 with CUDA graphs off
 TESTS=${TESTS:-1}                  # 0: skip the CUDA tests
 KERNELS=${KERNELS:-1}              # 0: skip pg_cuda_bench
 SPEC=${SPEC:-1}                    # 0: skip the bundled pair's speculative bench (AR vs chain vs DDTree)
+SPEC4=${SPEC4:-0}                  # 1: plain draft and DFlash, chain and DDTree, fixed shapes, on the GPU and the CPU (issue 13)
 VERIFY=${VERIFY:-1}                # 0: skip pg_cuda_verify_bench (tree-shaped verify forwards vs one AR step)
 BENCH=${BENCH:-1}                  # 0: per model only the verify forwards (no pp/tg bench, no nsys)
 NSYS=${NSYS:-1}                    # 0: no nsys breakdown
@@ -221,7 +222,19 @@ fi
 if ((CLI_OK && SPEC)); then
   run_step "bundled pair: AR vs chain vs DDTree" "$OUT/spec.log" 150 "$BUILD/src/cli/peregrine" bench --device cuda \
     -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --draft "$ROOT/models/peregrine-demo-draft-Q8_0.gguf" --ddtree -n 128 -r 3
-  grep -E "^\||model:" "$OUT/spec.log" >>"$SUMMARY"
+  grep -E "^\||model:|^differs" "$OUT/spec.log" >>"$SUMMARY"
+fi
+# The four drafters of issue 13 on the bundled target, fixed shapes (no adaptive choice), GPU then CPU:
+# plain draft and DFlash, each as chain and DDTree (bench prints AR, chain and DDTree per invocation).
+if ((CLI_OK && SPEC4)); then
+  for dev in cuda cpu; do
+    for d in draft dflash; do
+      run_step "bundled target + $d, $dev, fixed shapes" "$OUT/spec.log" 150 "$BUILD/src/cli/peregrine" bench --device "$dev" -t 8 \
+        -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --draft "$ROOT/models/peregrine-demo-$d-Q8_0.gguf" --ddtree \
+        --spec-fixed --spec-draft-p-min 0 -n 128 -r 3
+      { echo "bundled target + $d, $dev:"; grep -E "^\||^differs" "$OUT/spec.log" | tail -6; } >>"$SUMMARY"
+    done
+  done
 fi
 
 # ---- 3c. the bundled target's DFlash draft trained on the GPU, its served acceptance on the CPU ---------------
