@@ -132,6 +132,13 @@ class Backend {
   virtual void rms_norm(const Tensor& x, const Tensor& w, Tensor& y, float eps) = 0;
   // y = a + b (same shapes). y may alias a.
   virtual void add(const Tensor& a, const Tensor& b, Tensor& y) = 0;
+  // The residual step of a transformer layer: x += r, then y = rms_norm(x)·w — exactly add(x, r, x) followed
+  // by rms_norm(x, w, y, eps), bit for bit. A backend may fuse the two (one pass over x instead of three
+  // and one launch instead of two: a decode step has two per layer). x, r, y (rows, d); y must not alias r.
+  virtual void add_rms_norm(Tensor& x, const Tensor& r, const Tensor& w, Tensor& y, float eps) {
+    add(x, r, x);
+    rms_norm(x, w, y, eps);
+  }
   // x *= s.
   virtual void scale(Tensor& x, float s) = 0;
   // y (n, f) = act(gate) ⊙ up, all (n, f).

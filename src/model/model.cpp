@@ -576,20 +576,24 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
   auto layers = [&] {
     be.get_rows(w_.tok_embd, ids, x);
     if (c.embd_scale != 0.0f) be.scale(x, c.embd_scale);
+    // Each residual add is fused with the RMSNorm that reads its result (Backend::add_rms_norm, bit-identical
+    // to the two ops): the attention residual with ffn_norm, the FFN residual with the next layer's attn_norm.
     for (int il = 0; il < c.n_layer; ++il) {
       const LayerWeights& l = w_.layers[static_cast<size_t>(il)];
-      be.rms_norm(x, l.attn_norm, h, c.rms_eps);
+      if (il == 0) be.rms_norm(x, l.attn_norm, h, c.rms_eps);  // later layers: normed by the previous one's residual step
       if (c.layer_kind[static_cast<size_t>(il)] == LayerKind::Attention) {
         attention_block(il, n, cache);
       } else {
         deltanet_block(il, n, cache);
       }
       if (l.attn_post_norm.valid()) be.rms_norm(o, l.attn_post_norm, o, c.rms_eps);
-      be.add(x, o, x);
-      be.rms_norm(x, l.ffn_norm, h, c.rms_eps);
+      be.add_rms_norm(x, o, l.ffn_norm, h, c.rms_eps);
       ffn_block(il, n);
       if (l.ffn_post_norm.valid()) be.rms_norm(o, l.ffn_post_norm, o, c.rms_eps);
-      be.add(x, o, x);
+      if (il + 1 < c.n_layer)
+        be.add_rms_norm(x, o, w_.layers[static_cast<size_t>(il) + 1].attn_norm, h, c.rms_eps);
+      else
+        be.add(x, o, x);
       const int slot = w.hid_slot[static_cast<size_t>(il)];
       if (slot >= 0 && fopt.hidden_all_rows) {
         Tensor hv = w.hid.rows_view(static_cast<int64_t>(slot) * w.cap, n);

@@ -333,6 +333,34 @@ TEST(CudaOps, ArgmaxRowsMatchesCpu) {
   }
 }
 
+// add_rms_norm: the fused residual step equals add then rms_norm bit for bit (x and y), for the row widths
+// of every norm launch shape (32 / 128 / 512 threads), with and without a weight.
+TEST(CudaOps, AddRmsNormEqualsAddThenRmsNorm) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  for (const int64_t d : {int64_t{64}, int64_t{896}, int64_t{4096}, int64_t{5120}}) {
+    for (const bool with_w : {true, false}) {
+      SCOPED_TRACE("d = " + std::to_string(d) + (with_w ? " with weight" : " no weight"));
+      const int64_t rows = 5;
+      auto xv = randn(static_cast<size_t>(d * rows), 21), rv = randn(static_cast<size_t>(d * rows), 22), wv = randn(static_cast<size_t>(d), 23);
+      Tensor x1 = make_tensor(*gpu, DType::F32, d, rows, xv.data()), x2 = make_tensor(*gpu, DType::F32, d, rows, xv.data());
+      Tensor r = make_tensor(*gpu, DType::F32, d, rows, rv.data());
+      Tensor w = with_w ? make_tensor(*gpu, DType::F32, d, 1, wv.data()) : Tensor{};
+      Tensor y1 = gpu->alloc(DType::F32, d, rows), y2 = gpu->alloc(DType::F32, d, rows);
+      gpu->add(x1, r, x1);
+      gpu->rms_norm(x1, w, y1, 1e-6f);
+      gpu->add_rms_norm(x2, r, w, y2, 1e-6f);
+      std::vector<float> a(static_cast<size_t>(d * rows)), b(a.size()), c(a.size()), e(a.size());
+      gpu->download(x1, a.data(), a.size() * 4);
+      gpu->download(x2, b.data(), b.size() * 4);
+      gpu->download(y1, c.data(), c.size() * 4);
+      gpu->download(y2, e.data(), e.size() * 4);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+      EXPECT_EQ(0, std::memcmp(c.data(), e.data(), c.size() * 4));
+    }
+  }
+}
+
 // topk_rows: the CPU's rule exactly (descending, ties to the lower column, NaN never chosen, fewer valid
 // values than k padded with the last one) and its log-softmax values, on vocabulary-sized rows with
 // planted ties, ±0, infinities and NaNs, and on a short row with mostly NaNs.

@@ -597,6 +597,25 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, Tensor& y, float ep
                  as_stream(stream_));
 }
 
+void CudaBackend::add_rms_norm(Tensor& x, const Tensor& r, const Tensor& w, Tensor& y, float eps) {
+  activate(device_);
+  const ProfScope prof = profile_op(__func__);
+  check_own(x, "add_rms_norm");
+  check_own(r, "add_rms_norm");
+  check_own(y, "add_rms_norm");
+  check_f32(x, "add_rms_norm");
+  check_f32(r, "add_rms_norm");
+  check_f32(y, "add_rms_norm");
+  PG_CHECK(x.cols() == y.cols() && x.rows() == y.rows() && x.cols() == r.cols() && x.rows() == r.rows(), "add_rms_norm: shape mismatch");
+  PG_CHECK(y.data != r.data, "add_rms_norm: y must not alias r");
+  if (w.valid()) {
+    check_own(w, "add_rms_norm");
+    PG_CHECK(w.type == DType::F32 || w.type == DType::F16, "add_rms_norm: weight must be F32 or F16");
+  }
+  cuda::add_rms_norm(x.as<float>(), r.as<float>(), w.valid() ? w.data : nullptr, w.type == DType::F16, y.as<float>(), x.rows(), x.cols(),
+                     eps, as_stream(stream_));
+}
+
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {
   activate(device_);
   const ProfScope prof = profile_op(__func__);

@@ -115,6 +115,7 @@ class CudaBackend final : public Backend {
   void add_bias(Tensor& y, const Tensor& bias) override;
   void rms_norm(const Tensor& x, const Tensor& w, Tensor& y, float eps) override;
   void add(const Tensor& a, const Tensor& b, Tensor& y) override;
+  void add_rms_norm(Tensor& x, const Tensor& r, const Tensor& w, Tensor& y, float eps) override;  // one kernel
   void scale(Tensor& x, float s) override;
   void glu(const Tensor& gate, const Tensor& up, Tensor& y, Activation act) override;
   void rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, int n_rot, float base, RopeStyle style) override;

@@ -78,14 +78,22 @@ __device__ T block_sum(T v, T* sh) {
   return s;
 }
 
-__global__ void rms_norm_kernel(const float* x, const void* w, int w_f16, float* y, int64_t d, float eps) {
+// One block per row. With r (the fused residual add of add_rms_norm), x is read-write: each thread writes
+// x[i] = x[i] + r[i] (one FP32 add, as add_kernel) in the sum pass and reads its own writes back in the
+// scale pass, so the result equals add then rms_norm bit for bit (same thread count, same order).
+__global__ void rms_norm_kernel(const float* x, const void* w, int w_f16, float* y, int64_t d, float eps, const float* r = nullptr,
+                                float* x_out = nullptr) {
   __shared__ double sh[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * d;
   float* yr = y + row * d;
   double s = 0;
   for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-    const float v = xr[i];
+    float v = xr[i];
+    if (r) {
+      v = v + r[row * d + i];
+      x_out[row * d + i] = v;
+    }
     s += static_cast<double>(__fmul_rn(v, v));
   }
   s = block_sum(s, sh);
@@ -233,6 +241,18 @@ void rms_norm(const float* x, const void* w, bool w_f16, float* y, int64_t rows,
     const int64_t cnt = std::min<int64_t>(0x7fffffff, rows - r0);
     rms_norm_kernel<<<static_cast<unsigned>(cnt), threads, 0, stream>>>(x + r0 * d, w, w_f16 ? 1 : 0, y + r0 * d, d, eps);
     check_launch("rms_norm");
+  }
+}
+
+void add_rms_norm(float* x, const float* r, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps,
+                  cudaStream_t stream) {
+  if (rows <= 0) return;
+  const int threads = d >= 2048 ? 512 : d >= 512 ? 128 : 32;  // as rms_norm: the same per-thread sums
+  for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) {
+    const int64_t cnt = std::min<int64_t>(0x7fffffff, rows - r0);
+    rms_norm_kernel<<<static_cast<unsigned>(cnt), threads, 0, stream>>>(x + r0 * d, w, w_f16 ? 1 : 0, y + r0 * d, d, eps, r + r0 * d,
+                                                                        x + r0 * d);
+    check_launch("add_rms_norm");
   }
 }
 

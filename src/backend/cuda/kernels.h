@@ -104,6 +104,9 @@ void get_rows(DType type, const void* table, size_t row_bytes, int64_t n_rows, i
               float* out, int64_t out_stride, cudaStream_t stream);
 // y = x / sqrt(mean(x²)+eps) · w; w may be null; w_f16 says its type. y may alias x.
 void rms_norm(const float* x, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps, cudaStream_t stream);
+// x (rows, d) += r (rows, d), then y (rows, d) = rms_norm(x)·w: the same arithmetic as add then rms_norm.
+void add_rms_norm(float* x, const float* r, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps,
+                  cudaStream_t stream);
 void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
 void scale(float* x, float s, int64_t n, cudaStream_t stream);
 void add_bias(float* y, const void* bias, bool bias_f16, int64_t rows, int64_t d, cudaStream_t stream);
