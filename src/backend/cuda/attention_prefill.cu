@@ -266,16 +266,16 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
     // Per lane row: visible [rb, re) inside this pass and split (empty for rows outside the pass); the keys
     // of [rb, fe) are all visible, those of [fe, re) only where the row's tree mask has the bit (fe = re
     // without a tree).
-    int rb[2], re[2], fe[2], rend[2];
+    // (The tree test re-reads end and the mask from shared memory: registers are short at head 256.)
+    int rb[2], re[2], fe[2];
     bool in_pass[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       in_pass[i] = q_ok[i] && ((pass >> q_lrow[i]) & 1ull);
       rb[i] = in_pass[i] ? max(sh_begin[q_lrow[i]], lo) : 0;
       re[i] = in_pass[i] ? min(sh_hi[q_lrow[i]], hi) : 0;
-      rend[i] = in_pass[i] ? sh_end[q_lrow[i]] : 0;
-      if (re[i] <= rb[i]) rb[i] = re[i] = rend[i] = 0, in_pass[i] = false;
-      fe[i] = min(rend[i], re[i]);
+      if (re[i] <= rb[i]) rb[i] = re[i] = 0, in_pass[i] = false;
+      fe[i] = in_pass[i] ? min(sh_end[q_lrow[i]], re[i]) : 0;
     }
     const bool tree = p.tree_mask != nullptr;
     // Warp bounds: tiles outside [wlo, whi) are skipped; inside [wfull_lo, wfull_hi) no mask is needed
@@ -324,7 +324,8 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
           v *= kLog2e;
           if (!full) {
             const int i = e >> 1, kp = kt + 8 * j + fa::c_col(lane, e);
-            if (kp < rb[i] || kp >= re[i] || (tree && kp >= rend[i] && !fa::tree_visible(kp, rend[i], sh_mask[q_lrow[i]], kAttnMaskWords)))
+            if (kp < rb[i] || kp >= re[i] ||
+                (tree && kp >= sh_end[q_lrow[i]] && !fa::tree_visible(kp, sh_end[q_lrow[i]], sh_mask[q_lrow[i]], kAttnMaskWords)))
               v = -INFINITY;
           }
           sc[j][e] = v;
