@@ -72,14 +72,18 @@ int main(int argc, char** argv) {
   }
   try {
     if (cuda_device_count() == 0) throw Error("no CUDA device");
-    CudaOptions off, on;
+    CudaOptions off, on, dec;
     off.fa_prefill_min_rows = 0;  // attention.cu at every row count (the default routes ≥ 32 rows to tensor cores)
     on.fa_prefill_min_rows = 1;
     on.fa_prefill_typed = true;  // --kv of a quantized type: the typed tensor-core path (off by default) vs attn_kvq_kernel
+    // The decode routing as a model would run it (CudaOptions::fa_decode): default prefill threshold, calls
+    // below it on tensor cores where fa_decode_type_wins says so (typed: q8_0 yes, tq3_0 no → attention.cu).
+    dec.fa_decode = true;
+    dec.fa_prefill_typed = true;
     CudaBackend be(0, off);
     std::printf("device: %s, %d SMs, KV %s\n", be.device_name().c_str(), be.multiprocessor_count(), kv_type_name(kv_t).c_str());
-    std::printf("| heads/kv × dim | rows | depth | FP32 kernel ms | TFLOP/s | KV GB/s | tensor-core ms | TFLOP/s | KV GB/s | speed-up | rel L2 diff |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("| heads/kv × dim | rows | depth | FP32 kernel ms | TFLOP/s | KV GB/s | tensor-core ms | TFLOP/s | KV GB/s | speed-up | rel L2 diff | fa_decode route ms | KV GB/s | speed-up |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::stringstream shapes(shapes_s);
@@ -143,10 +147,10 @@ int main(int argc, char** argv) {
           ap.logit_softcap = softcap;
           Tensor qt = upload(be, DType::F32, qw, rows, q.data());
           Tensor ot = be.alloc(DType::F32, qw, rows);
-          double ms[2] = {0, 0};
-          std::vector<float> out[2];
-          for (int side = 0; side < 2; ++side) {
-            be.set_options(side ? on : off);
+          double ms[3] = {0, 0, 0};
+          std::vector<float> out[3];
+          for (int side = 0; side < 3; ++side) {
+            be.set_options(side == 0 ? off : side == 1 ? on : dec);
             be.attention(qt, kv, b, ap, ot);  // warm-up (scratch sizing, opt-in)
             be.synchronize();
             // Back-to-back launches, one synchronisation: a decode-sized call (tens of µs) is not hidden
@@ -168,9 +172,9 @@ int main(int argc, char** argv) {
           const double flop = 4.0 * work * hd * n_head;
           // KV bytes if every cached K and V row is read once (in --kv's storage): the decode roofline's bytes.
           const double kv_bytes = 2.0 * static_cast<double>(kv_row_bytes(kv_t, n_kv, hd)) * static_cast<double>(std::min(len, window > 0 ? window + rows : len));
-          std::printf("| %d/%d × %d | %d | %d | %.3f | %.1f | %.0f | %.3f | %.1f | %.0f | %.2f× | %.2e (max abs %.2e) |\n", n_head, n_kv, hd, rows,
+          std::printf("| %d/%d × %d | %d | %d | %.3f | %.1f | %.0f | %.3f | %.1f | %.0f | %.2f× | %.2e (max abs %.2e) | %.3f | %.0f | %.2f× |\n", n_head, n_kv, hd, rows,
                       depth, ms[0], flop / ms[0] * 1e-9, kv_bytes / ms[0] * 1e-6, ms[1], flop / ms[1] * 1e-9, kv_bytes / ms[1] * 1e-6, ms[0] / ms[1],
-                      den > 0 ? std::sqrt(num / den) : 0.0, worst);
+                      den > 0 ? std::sqrt(num / den) : 0.0, worst, ms[2], kv_bytes / ms[2] * 1e-6, ms[0] / ms[2]);
           std::fflush(stdout);
           for (Tensor* t : {&kv.k, &kv.v, &tt, &b.positions, &b.seq, &qt, &ot}) be.free(*t);
         }

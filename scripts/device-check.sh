@@ -17,6 +17,10 @@
 #      → $OUT/tests-fa-models.log, and per model of $MODELS the prefill bench (-p 512,4096 -d 0,4096 -n 0)
 #      with it off and on (PEREGRINE_CUDA_FA_PREFILL=$FA_PREFILL_ROWS)                          → $OUT/model-*.log
 #      and pg_cuda_attn_bench (the attention kernels alone, off vs on)                         → $OUT/kernels-attn.log
+#   6. with FA_DECODE=1: decode/verify attention on tensor cores (PEREGRINE_CUDA_FA_DECODE=1): the kernel tests
+#      → $OUT/tests-fa-decode.log, model/graph/spec/tree tests with it on → tests-fa-decode-models.log, KV type
+#      tests with it (and FA_PREFILL_TYPED) on → tests-fa-decode-kv.log, tg128 at depths 0, 4096 off vs on for the
+#      first model → $OUT/model-*.log. ATTN_DECODE=1 adds the "fa_decode route" column to pg_cuda_attn_bench.
 #   and a short summary (one line per step, plus the tables) last on stdout and in $OUT/summary.txt.
 #
 # One-time preparation on the development machine, in the repository root (the device machine has
@@ -76,6 +80,8 @@ DFLASH_ARGS=${DFLASH_ARGS:---prompts 24000 --max-new 192 --bs 32 --anchors 12}  
 ATTN_KV=${ATTN_KV:-q8_0 tq3_0}     # with ATTN_DECODE: the same bench on these cache types (32/8 × 128)
 ATTN_DECODE=${ATTN_DECODE:-0}      # 1: pg_cuda_attn_bench on decode/verify shapes (rows 1 and 22 at depths 4096, 32768): KV GB/s → kernels-attn.log
 FA_PREFILL=${FA_PREFILL:-0}        # 1: tensor-core prefill attention: its tests, model tests with it on, prefill bench off vs on
+FA_DECODE=${FA_DECODE:-0}          # 1: decode/verify attention on tensor cores (CudaOptions::fa_decode): its tests, test_cuda_model /
+                                   #    test_cuda_spec with PEREGRINE_CUDA_FA_DECODE=1, tg128 at depths 0, 4096 off vs on (first model)
 FA_TEST_ROWS=${FA_TEST_ROWS:-16}    # PEREGRINE_CUDA_FA_PREFILL for the model tests of FA_PREFILL=1
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
 BUILD=$ROOT/build-device
@@ -184,6 +190,21 @@ if ((BUILD_OK && FA_PREFILL)); then
     done
   fi
 fi
+# Decode / verification attention on tensor cores (CudaOptions::fa_decode, PEREGRINE_CUDA_FA_DECODE=1): the
+# kernel's decode / tree cases first, then the model and speculative tests with it on (F16 caches; typed
+# q8_0 also needs PEREGRINE_CUDA_FA_PREFILL_TYPED=1, set here too so test_cuda_kv_types-style caches route).
+if ((BUILD_OK && FA_DECODE)); then
+  run_step "decode/verify attention tests (CudaAttentionPrefill*, CudaFaLayout)" "$OUT/tests-fa-decode.log" 300 \
+    ctest --test-dir "$BUILD" -R "CudaAttentionPrefill|CudaFaLayout" -V -j 4 --timeout 280
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|decode|tree|Failure|Expected|Which is" "$OUT/tests-fa-decode.log" |
+    sed -E 's/^[0-9]+: //' | head -80 >>"$SUMMARY"
+  PEREGRINE_CUDA_FA_DECODE=1 run_step "model + spec tests with decode attention on tensor cores" \
+    "$OUT/tests-fa-decode-models.log" 300 ctest --test-dir "$BUILD" -R "CudaModel|CudaGreedy|CudaGraphs|CudaSpec|CudaTree" -V -j 4 --timeout 280
+  grep -E "tests passed|tests failed|\(Failed\)|exact: max" "$OUT/tests-fa-decode-models.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
+  PEREGRINE_CUDA_FA_DECODE=1 PEREGRINE_CUDA_FA_PREFILL_TYPED=1 run_step "KV type tests with decode attention on tensor cores" \
+    "$OUT/tests-fa-decode-kv.log" 300 ctest --test-dir "$BUILD" -R "CudaKv" -V -j 4 --timeout 280
+  grep -E "tests passed|tests failed|\(Failed\)" "$OUT/tests-fa-decode-kv.log" | sed -E 's/^[0-9]+: //' | head -20 >>"$SUMMARY"
+fi
 if ((BUILD_OK && ATTN_DECODE)) && [ -x "$BUILD/tests/cuda/pg_cuda_attn_bench" ]; then
   run_step "decode attention alone (rows 1, 22)" "$OUT/kernels-attn.log" 120 "$BUILD/tests/cuda/pg_cuda_attn_bench" \
     --rows 1,22 --depth 4096,32768 --reps 50
@@ -276,6 +297,10 @@ if ((CLI_OK)); then
         PEREGRINE_CUDA_FA_PREFILL=0 bench_one "$LOG" "$preset $type prefill, FA prefill off" -m "$MODEL" -p 512,4096 -d 0,4096 -n 0 -r 2
         PEREGRINE_CUDA_FA_PREFILL=$FA_PREFILL_ROWS bench_one "$LOG" "$preset $type prefill, FA prefill on (≥ $FA_PREFILL_ROWS rows)" \
           -m "$MODEL" -p 512,4096 -d 0,4096 -n 0 -r 2
+      fi
+      if ((FA_DECODE && FIRST_MODEL)); then  # decode speed with the tensor-core decode attention off, then on
+        PEREGRINE_CUDA_FA_DECODE=0 bench_one "$LOG" "$preset $type tg128, FA decode off" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+        PEREGRINE_CUDA_FA_DECODE=1 bench_one "$LOG" "$preset $type tg128, FA decode on" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
       fi
       if ((BENCH && TG_ONLY)); then
         bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2

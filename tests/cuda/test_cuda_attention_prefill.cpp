@@ -18,7 +18,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <random>
+#include <string>
 
+#include "backend/cuda/attention_prefill.cuh"
 #include "backend/cuda/kernels.h"
 #include "core/kv_quant.h"
 #include "cuda_test_util.h"
@@ -126,6 +129,8 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
   struct FaBatch {
     std::string what;
     std::vector<int32_t> pos, seq;
+    std::vector<int32_t> kv_len = {};  // tree batches only: end of each row's contiguous range
+    std::vector<uint32_t> mask = {};   // (n, kTreeMaskWords) tree mask words
   };
   std::vector<FaBatch> batches;
   // A prefill chunk of `rows` rows of sequence sq after `depth` cached tokens.
@@ -154,6 +159,45 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
     for (int i = 0; i < 90; ++i) il.pos.push_back(i % 3 == 0 ? 3299 - 7 * i : i % 3 == 1 ? 399 - i : 3 * i), il.seq.push_back(i % 3);
     batches.push_back(il);
   }
+  {
+    // Decode / verification shapes (CudaOptions::fa_decode): decode rows of several sequences at once,
+    // and token trees (row r sees [begin, kv_len[r]) plus kv_len[r] + j for its mask bits j; drafts stored
+    // at kv_len, kv_len + 1, ... with RoPE positions kv_len + depth). Depth up to 3299: several splits.
+    FaBatch dec{"decode rows of 3 sequences", {3299, 399, 299}, {0, 1, 2}};
+    batches.push_back(dec);
+    std::mt19937 rng(5);
+    for (int rows : {2, 5, 22, 64}) {
+      // A random tree of `rows` nodes after seq 0's first 3200 cached tokens (so the drafts, up to 63 of
+      // them, span two mask words), node i's parent a random earlier node.
+      FaBatch t{"tree of " + std::to_string(rows) + " rows at depth 3200", {}, {}};
+      std::vector<int> parent(static_cast<size_t>(rows), -1), depth(static_cast<size_t>(rows), 0);
+      std::vector<std::vector<uint32_t>> m(static_cast<size_t>(rows), std::vector<uint32_t>(kTreeMaskWords, 0u));
+      for (int i = 0; i < rows; ++i) {
+        if (i > 0) {
+          parent[static_cast<size_t>(i)] = static_cast<int>(rng() % static_cast<uint32_t>(i));
+          m[static_cast<size_t>(i)] = m[static_cast<size_t>(parent[static_cast<size_t>(i)])];
+          depth[static_cast<size_t>(i)] = depth[static_cast<size_t>(parent[static_cast<size_t>(i)])] + 1;
+        }
+        m[static_cast<size_t>(i)][static_cast<size_t>(i / 32)] |= 1u << (i % 32);
+        t.pos.push_back(3200 + depth[static_cast<size_t>(i)]), t.seq.push_back(0), t.kv_len.push_back(3200);
+        for (uint32_t w : m[static_cast<size_t>(i)]) t.mask.push_back(w);
+      }
+      batches.push_back(t);
+    }
+    // A chain of 7 rows of seq 1 (kv_len = pos + 1, no bits) and a 3-node tree of seq 2 in one batch.
+    FaBatch cm{"chain of seq 1 + tree of seq 2", {}, {}};
+    for (int p = 380; p < 387; ++p) {
+      cm.pos.push_back(p), cm.seq.push_back(1), cm.kv_len.push_back(p + 1);
+      for (int w = 0; w < kTreeMaskWords; ++w) cm.mask.push_back(0u);
+    }
+    const uint32_t tm[3] = {0x1u, 0x3u, 0x5u};
+    const int td[3] = {0, 1, 1};
+    for (int i = 0; i < 3; ++i) {
+      cm.pos.push_back(290 + td[i]), cm.seq.push_back(2), cm.kv_len.push_back(290);
+      for (int w = 0; w < kTreeMaskWords; ++w) cm.mask.push_back(w == 0 ? tm[i] : 0u);
+    }
+    batches.push_back(cm);
+  }
 
   double worst_fa_vs_fp32 = 0;
   for (const FaBatch& fb : batches) {
@@ -164,9 +208,24 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
     std::vector<float> out[3];
     for (int run = 0; run < 3; ++run) {
       test::KvSide& s = sides[run == 0 ? 0 : 1];
-      if (run > 0) gpu->set_options(fa_options(run == 2 ? 1 : 0));
+      if (run > 0) {
+        CudaOptions o = fa_options(run == 2 ? 1 : 0);
+        o.fa_decode = run == 2;  // tree batches (verification) reach the tensor-core kernel only with fa_decode
+        gpu->set_options(o);
+      }
       std::vector<Tensor> keep;
       AttentionBatch b = test::paged_batch(s, layout, fb.pos, fb.seq, keep);
+      if (!fb.kv_len.empty()) {
+        b.kv_len = make_tensor(*s.be, DType::I32, n, 1, fb.kv_len.data());
+        b.tree_mask = make_tensor(*s.be, DType::I32, kTreeMaskWords, n, fb.mask.data());
+        keep.push_back(b.kv_len);
+        keep.push_back(b.tree_mask);
+        int mx = 0;
+        for (int r = 0; r < n; ++r)
+          mx = std::max(mx, cuda::fa::tree_hi(fb.kv_len[static_cast<size_t>(r)], fb.mask.data() + static_cast<size_t>(r) * kTreeMaskWords,
+                                              kTreeMaskWords));
+        b.max_kv_len = mx;
+      }
       Tensor qt = make_tensor(*s.be, DType::F32, qw, n, q.data());
       const std::vector<float> poison(static_cast<size_t>(n * qw), std::nanf(""));
       Tensor ot = make_tensor(*s.be, DType::F32, qw, n, poison.data());
@@ -236,7 +295,7 @@ TEST(CudaAttentionPrefillOptions, ShapesOutsideTheKernelKeepTheFp32Kernel) {
   a.kv_f16 = true;
   const uint32_t mask[4] = {};
   a.tree_mask = mask;
-  EXPECT_FALSE(cuda::attention_prefill_supported(a)) << "token tree";
+  EXPECT_TRUE(cuda::attention_prefill_supported(a)) << "token tree (verification: CudaOptions::fa_decode routes it)";
   a.tree_mask = nullptr;
   a.n_head = 128, a.n_head_kv = 1;
   EXPECT_FALSE(cuda::attention_prefill_supported(a)) << "GQA 128";

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -122,6 +123,8 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
   struct B {
     const char* what;
     std::vector<int32_t> pos, seq;
+    std::vector<int32_t> kv_len = {};  // tree rows only (empty: causal rows)
+    std::vector<uint32_t> mask = {};   // (n, kTreeMaskWords) tree mask words
   };
   std::vector<B> batches;
   {
@@ -135,12 +138,42 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
     batches.push_back(m);
     B one{"one row at depth 699", {699}, {0}};
     batches.push_back(one);
+    B dec{"decode rows of both sequences: seq 0 at 699, seq 1 at 89", {699, 89}, {0, 1}};
+    batches.push_back(dec);
+    B chain{"chain verification: 6 rows of seq 0 at 650..655", {}, {}};
+    for (int p = 650; p < 656; ++p) chain.pos.push_back(p), chain.seq.push_back(0);
+    batches.push_back(chain);
+    // Tree verification: seq 0 committed [0, 690); drafts stored at 690..694 (RoPE positions 690 + depth);
+    // rows see their ancestors: 0 {0}, 1 {0,1}, 2 {0,2}, 3 {0,2,3}, 4 {0,1,4}, plus a seq 1 tree of 2 rows
+    // (committed [0, 80), drafts at 80, 81: {0}, {0,1}) and a bit in the second mask word.
+    B tree{"tree verification: 5 rows of seq 0 after 690, 2 rows of seq 1 after 80", {}, {}};
+    const int depth0[5] = {0, 1, 1, 2, 2};
+    const uint32_t m0[5] = {0x1u, 0x3u, 0x5u, 0xdu, 0x13u};
+    for (int r = 0; r < 5; ++r) {
+      tree.pos.push_back(690 + depth0[r]), tree.seq.push_back(0), tree.kv_len.push_back(690);
+      for (int w = 0; w < kTreeMaskWords; ++w) tree.mask.push_back(w == 0 ? m0[r] : 0u);
+    }
+    for (int r = 0; r < 2; ++r) {
+      tree.pos.push_back(80 + r), tree.seq.push_back(1), tree.kv_len.push_back(80 - (r == 1 ? 33 : 0));
+      // row 1: committed [0, 47), sees 47 + {0, 33} (word 1 bit 1): positions 47 and 80
+      for (int w = 0; w < kTreeMaskWords; ++w) tree.mask.push_back(r == 0 ? (w == 0 ? 0x1u : 0u) : (w == 0 ? 0x1u : w == 1 ? 0x2u : 0u));
+    }
+    batches.push_back(tree);
   }
   for (const B& bt : batches) {
     SCOPED_TRACE(bt.what);
     const int n = static_cast<int>(bt.pos.size());
     const auto q = randn(static_cast<size_t>(n * qw), static_cast<uint32_t>(n + 5));
     AttentionBatch b = batch_of(bt.pos, bt.seq);
+    if (!bt.kv_len.empty()) {
+      b.kv_len = make(cpu, DType::I32, n, 1, bt.kv_len.data());
+      b.tree_mask = make(cpu, DType::I32, kTreeMaskWords, n, bt.mask.data());
+      keep.insert(keep.end(), {b.kv_len, b.tree_mask});
+      int mx = 0;
+      for (int r = 0; r < n; ++r)
+        mx = std::max(mx, cuda::fa::tree_hi(bt.kv_len[static_cast<size_t>(r)], bt.mask.data() + static_cast<size_t>(r) * kTreeMaskWords, kTreeMaskWords));
+      b.max_kv_len = mx;
+    }
     Tensor qt = make(cpu, DType::F32, qw, n, q.data());
     Tensor ref = cpu.alloc(DType::F32, qw, n);
     cpu.attention(qt, kv, b, ap, ref);
@@ -171,6 +204,10 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
     a.softcap = c.softcap;
     a.out = out.data();
     a.out_stride = qw;
+    if (!bt.kv_len.empty()) {
+      a.kv_len = b.kv_len.as<int32_t>();
+      a.tree_mask = static_cast<const uint32_t*>(b.tree_mask.data);
+    }
     ASSERT_TRUE(cuda::host_emu::attention_prefill_supported(a));
     std::vector<float> scratch(cuda::host_emu::attention_prefill_scratch_bytes(a, c.n_sm) / sizeof(float) + 1, std::nanf(""));
     const long misaligned0 = cuda::host_emu::shim::g_misaligned.load();
@@ -193,6 +230,19 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
     // uses the same decoded values in FP32), one more 2⁻¹² relative per operand: the same bound holds.
     EXPECT_LE(rel, 2e-3) << "max abs " << worst;
     EXPECT_GT(rel, 0.0) << "exactly the FP32 result: FP16 rounding should show";
+    // A grid sized for a graph's bucket (kv_capacity 4096: more splits, most past the real length) must
+    // give the same bits as the eager launch: the splits cut the actual range, not the bucket.
+    {
+      cuda::AttentionArgs g = a;
+      std::vector<float> out_g(out.size(), std::nanf(""));
+      g.out = out_g.data();
+      g.kv_capacity = 4096;
+      std::vector<float> scratch_g(cuda::host_emu::attention_prefill_scratch_bytes(g, c.n_sm) / sizeof(float) + 1, std::nanf(""));
+      cuda::host_emu::attention_prefill(g, scratch_g.data(), c.n_sm, nullptr);
+      size_t diff = 0;
+      for (size_t i = 0; i < out.size(); ++i) diff += std::memcmp(&out[i], &out_g[i], sizeof(float)) != 0;
+      EXPECT_EQ(diff, 0u) << "bucket-sized grid (" << scratch_g.size() - 1 << " scratch floats) differs from the eager launch";
+    }
     std::printf("%s/%s %s: rel %.2e max abs %.2e (splits scratch %zu floats)\n", kv_type_name(c.k).c_str(), kv_type_name(c.v).c_str(), bt.what,
                 rel, worst, scratch.size() - 1);
     cpu.free(qt);

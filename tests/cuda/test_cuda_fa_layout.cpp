@@ -230,18 +230,46 @@ TEST(CudaFaLayout, RowBoundsAndSplitPlan) {
   EXPECT_EQ(e, 100);
   fa::row_bounds(5, 37, b, e);
   EXPECT_EQ(b, 0);
-  for (int bn : {32, 64})
-    for (int base : {1, 7, 100, 1000})
-      for (int max_kv : {1, 63, 64, 300, 3300, 40000}) {
-        const fa::SplitPlan s = fa::split_plan(base, max_kv, 132, bn);
-        ASSERT_GE(s.n_splits, 1);
-        ASSERT_EQ(s.chunk % bn, 0);
-        ASSERT_GE(s.n_splits * s.chunk, max_kv) << "splits must cover the keys";
-        ASSERT_LT((s.n_splits - 1) * s.chunk, max_kv) << "no empty split";
-        if (base >= 264) {
-          ASSERT_EQ(s.n_splits, 1);
-        }
+  for (int base : {1, 7, 100, 1000})
+    for (int cap : {64, 4096, 65536}) {
+      const fa::SplitPlan s = fa::split_plan(base, cap, 132);
+      ASSERT_GE(s.n_splits, 1);
+      ASSERT_GE(s.target, 1);
+      if (base >= 264) {
+        ASSERT_EQ(s.n_splits, 1);
       }
+      // The target depends on the grid only: an eager launch of any length shares it with the bucket's.
+      ASSERT_EQ(fa::split_plan(base, 1, 132).target, s.target);
+      // Every actual range inside the bucket: the splits cover it once, in order, each chunk a multiple
+      // of 64 keys (whole tiles of 32 or 64), and the grid's splits are enough.
+      for (int lo : {0, 5, 100})
+        for (int len : {1, 63, 64, 65, 300, 3300, 40000}) {
+          if (lo + len > cap) continue;
+          int next = lo;
+          for (int z = 0; z < s.n_splits; ++z) {
+            int l = lo, h = lo + len;
+            fa::split_range(l, h, z, s.n_splits, s.target);
+            if (l >= h) continue;
+            ASSERT_EQ(l, next) << "splits in order, no gap or overlap";
+            if (s.n_splits > 1 && h < lo + len) {
+              ASSERT_EQ((h - l) % fa::kMinSplitKeys, 0);
+            }
+            next = h;
+          }
+          ASSERT_EQ(next, lo + len) << "base " << base << " cap " << cap << " len " << len << ": splits must cover the keys";
+        }
+    }
+  // Tree masks: one past the highest set bit; visibility of draft positions end + j.
+  const uint32_t m[4] = {0x5u, 0u, 0x80000000u, 0u};
+  EXPECT_EQ(fa::tree_hi(100, m, 4), 100 + 95 + 1);
+  const uint32_t none[4] = {0u, 0u, 0u, 0u};
+  EXPECT_EQ(fa::tree_hi(100, none, 4), 100);
+  EXPECT_TRUE(fa::tree_visible(100, 100, m, 4));
+  EXPECT_FALSE(fa::tree_visible(101, 100, m, 4));
+  EXPECT_TRUE(fa::tree_visible(102, 100, m, 4));
+  EXPECT_TRUE(fa::tree_visible(195, 100, m, 4));
+  EXPECT_FALSE(fa::tree_visible(196, 100, m, 4));
+  EXPECT_FALSE(fa::tree_visible(99, 100, m, 4));
 }
 
 }  // namespace

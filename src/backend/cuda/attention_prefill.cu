@@ -8,8 +8,8 @@
 // Contract (attention_prefill): out (n, n_head·head_dim) FP32 = softmax(scale·q·kᵀ, soft-capped, masked)·v
 // for causal rows — row r sees the keys of its sequence at logical positions [begin, positions[r]] with
 // begin = 0 or, with a sliding window w, positions[r] + 1 − w — read through the block table exactly as
-// attention.cu does (cell = table[seq][p / block_size]·block_size + p % block_size). No tree masks (those
-// batches keep attention.cu). KV F16/F16 or typed (fa_typed_ok); head_dim 64, 128 or 256; n_head /
+// attention.cu does (cell = table[seq][p / block_size]·block_size + p % block_size). Tree rows
+// (tree_mask set: verification) see [begin, kv_len[r]) plus kv_len[r] + j for their mask bits j, as attention.cu. KV F16/F16 or typed (fa_typed_ok); head_dim 64, 128 or 256; n_head /
 // n_head_kv ≤ 64.
 //
 // Layout: one block = 4 warps = 64 query rows of one KV head, a query row being a (batch row, head)
@@ -23,7 +23,12 @@
 // straight from the score registers into A fragments, O (16×D) += P·V (V fragments by ldmatrix.trans).
 // Rows of different sequences in one tile run as separate passes over their own keys (rows outside the
 // pass are masked), like attention.cu. When the grid is small (few rows at long depth) the key range is
-// split over blockIdx.z and a combine kernel merges (m, l, O) partials.
+// split over blockIdx.z and a combine kernel merges (m, l, O) partials: the grid has split_plan's n_splits
+// (sized for the graph bucket), each split takes split_range's share of the pass's ACTUAL key range (read on
+// the device), so splits past the real length exit at once and graph replay and eager give the same bits.
+// Decode / verification calls (CudaOptions::fa_decode) use the same kernel: a block of 64 query rows holds
+// 64/g batch rows × g heads, so one decode row fills g of the 64 MMA rows (still faster than attention.cu
+// at g = 4..8 on the H200; a 16-row variant is future work).
 //
 // Typed caches (issue 12: attention reads each type directly, no dequantized copy of the cache): separate
 // instantiations (TYPED = true; the F16 ones compile to the same code as before). Per tile, the raw bytes
@@ -81,7 +86,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct FaParams {
   AttentionArgs a;
   int br;          // batch rows per block (fa::rows_per_block)
-  int n_splits, chunk;
+  int n_splits, split_target;  // fa::split_plan: splits in the grid; the target split_range divides a pass by
   float* part_acc;  // (n_splits, n, n_head, DV) unnormalised O of each split (rotated domain for a TQ3_0 V)
   float* part_ml;   // (n_splits, n, n_head, 2): running max (base 2) and sum of each split
   // Typed caches only (TYPED kernels): bytes of one stored head, their pitch in the staging buffer (rounded
@@ -158,7 +163,10 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
 #else
   extern __shared__ __align__(16) uint16_t fa_sm[];
 #endif
-  __shared__ int sh_seq[fa::kTileM], sh_begin[fa::kTileM], sh_end[fa::kTileM];  // per local batch row
+  // Per local batch row: sequence, visible [begin, end), one past the highest visible key (hi = end without
+  // a tree), and the tree mask words (zero without a tree).
+  __shared__ int sh_seq[fa::kTileM], sh_begin[fa::kTileM], sh_end[fa::kTileM], sh_hi[fa::kTileM];
+  __shared__ uint32_t sh_mask[fa::kTileM][kAttnMaskWords];
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int group = p.n_head / p.n_head_kv;
@@ -170,12 +178,15 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
   const int nr = min(br, p.n - r0);
   const int kvh = static_cast<int>(blockIdx.y);
   const int z = static_cast<int>(blockIdx.z);
-  const int split_lo = z * P.chunk, split_hi = split_lo + P.chunk;
   const bool rot_k = TYPED && p.k_type == DType::TQ3_0, rot_v = TYPED && p.v_type == DType::TQ3_0;  // block-uniform
 
   for (int i = tid; i < nr; i += fa::kThreads) {
     sh_seq[i] = p.seq[r0 + i];
     fa::row_bounds(p.positions[r0 + i], p.sliding_window, sh_begin[i], sh_end[i]);
+    for (int w = 0; w < kAttnMaskWords; ++w)
+      sh_mask[i][w] = p.tree_mask ? p.tree_mask[static_cast<int64_t>(r0 + i) * kAttnMaskWords + w] : 0u;
+    if (p.tree_mask) sh_end[i] = p.kv_len[r0 + i];  // (begin stays the window's, from positions, as attention.cu)
+    sh_hi[i] = fa::tree_hi(sh_end[i], sh_mask[i], kAttnMaskWords);
   }
 
   // This lane's two query rows (C rows g and g+8 of the warp's tile): batch row, head, validity.
@@ -244,29 +255,35 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
       if (((remaining >> i) & 1ull) && sh_seq[i] == s) {
         pass |= 1ull << i;
         lo = min(lo, sh_begin[i]);
-        hi = max(hi, sh_end[i]);
+        hi = max(hi, sh_hi[i]);
       }
     remaining &= ~pass;
-    lo = max(lo, split_lo);
-    hi = min(hi, split_hi);
+    // This split's share of the pass's actual keys (a grid sized for a graph bucket: the surplus splits
+    // get an empty range here and skip the pass).
+    fa::split_range(lo, hi, z, P.n_splits, P.split_target);
     if (lo >= hi) continue;  // uniform over the block: every thread computed the same lo, hi
 
-    // Per lane row: visible [rb, re) inside this pass and split (empty for rows outside the pass).
-    int rb[2], re[2];
+    // Per lane row: visible [rb, re) inside this pass and split (empty for rows outside the pass); the keys
+    // of [rb, fe) are all visible, those of [fe, re) only where the row's tree mask has the bit (fe = re
+    // without a tree).
+    // (The tree test re-reads end and the mask from shared memory: registers are short at head 256.)
+    int rb[2], re[2], fe[2];
     bool in_pass[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       in_pass[i] = q_ok[i] && ((pass >> q_lrow[i]) & 1ull);
       rb[i] = in_pass[i] ? max(sh_begin[q_lrow[i]], lo) : 0;
-      re[i] = in_pass[i] ? min(sh_end[q_lrow[i]], hi) : 0;
+      re[i] = in_pass[i] ? min(sh_hi[q_lrow[i]], hi) : 0;
       if (re[i] <= rb[i]) rb[i] = re[i] = 0, in_pass[i] = false;
+      fe[i] = in_pass[i] ? min(sh_end[q_lrow[i]], re[i]) : 0;
     }
+    const bool tree = p.tree_mask != nullptr;
     // Warp bounds: tiles outside [wlo, whi) are skipped; inside [wfull_lo, wfull_hi) no mask is needed
     // when every row of the warp is in the pass.
     int wlo = 0x7fffffff, whi = 0, wfb = 0, wfe = 0x7fffffff;
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      if (in_pass[i]) wlo = min(wlo, rb[i]), whi = max(whi, re[i]), wfb = max(wfb, rb[i]), wfe = min(wfe, re[i]);
+      if (in_pass[i]) wlo = min(wlo, rb[i]), whi = max(whi, re[i]), wfb = max(wfb, rb[i]), wfe = min(wfe, fe[i]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, off));
@@ -307,7 +324,9 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
           v *= kLog2e;
           if (!full) {
             const int i = e >> 1, kp = kt + 8 * j + fa::c_col(lane, e);
-            if (kp < rb[i] || kp >= re[i]) v = -INFINITY;
+            if (kp < rb[i] || kp >= re[i] ||
+                (tree && kp >= sh_end[q_lrow[i]] && !fa::tree_visible(kp, sh_end[q_lrow[i]], sh_mask[q_lrow[i]], kAttnMaskWords)))
+              v = -INFINITY;
           }
           sc[j][e] = v;
         }
@@ -539,50 +558,64 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
   }
 }
 
-// The split merge of one (row, head) rh, shared by both combine kernels (base-2 maxima): M = the largest
-// maximum of the splits that saw a key, returns 1 / Σ l_z·2^(m_z − M) (0 when none did) ...
-__device__ __forceinline__ float fa_merge_scale(const float* part_ml, int n_splits, int64_t per_split, int64_t rh, float& M) {
-  M = -INFINITY;
-  for (int z = 0; z < n_splits; ++z)
-    if (part_ml[2 * (z * per_split + rh) + 1] > 0.0f) M = fmaxf(M, part_ml[2 * (z * per_split + rh)]);
-  float L = 0.0f;
-  for (int z = 0; z < n_splits; ++z) {
+// The split merge of one (row, head) rh, shared by both combine kernels (base-2 maxima), block-parallel
+// like attention.cu's combine_weights: the splits' (m, l) are read by all threads at once into shared
+// memory (a serial loop of dependent L2 reads per split, ~30 splits per decode head, cost more than the
+// attention of a short split), then every thread takes M = the largest maximum of the splits that saw a
+// key and L in split order from shared memory (the same bits in every thread and for every grid size:
+// empty splits weigh 0 and add nothing). Writes w[z] = 2^(m_z − M) (0 for an empty split) and returns
+// 1 / Σ l_z·w_z (0 when no split saw a key). Shared memory: w, wl (n_splits floats each). Every thread calls it.
+__device__ __forceinline__ float fa_merge_weights(const float* part_ml, int n_splits, int64_t per_split, int64_t rh, float* w, float* wl) {
+  for (int z = static_cast<int>(threadIdx.x); z < n_splits; z += static_cast<int>(blockDim.x)) {
     const float lz = part_ml[2 * (z * per_split + rh) + 1];
-    if (lz > 0.0f) L += lz * exp2f(part_ml[2 * (z * per_split + rh)] - M);
+    w[z] = lz > 0.0f ? part_ml[2 * (z * per_split + rh)] : -INFINITY;
+    wl[z] = lz;
   }
+  __syncthreads();
+  float M = -INFINITY;
+  for (int z = 0; z < n_splits; ++z) M = fmaxf(M, w[z]);
+  __syncthreads();  // every thread has read the maxima before they become weights
+  for (int z = static_cast<int>(threadIdx.x); z < n_splits; z += static_cast<int>(blockDim.x)) w[z] = wl[z] > 0.0f ? exp2f(w[z] - M) : 0.0f;
+  __syncthreads();
+  float L = 0.0f;
+  for (int z = 0; z < n_splits; ++z)
+    if (wl[z] > 0.0f) L += wl[z] * w[z];
   return L > 0.0f ? 1.0f / L : 0.0f;
 }
-// ... and Σ_z acc_z[d]·2^(m_z − M) over the partials of `width` values per (row, head).
-__device__ __forceinline__ float fa_merge_value(const float* part_acc, const float* part_ml, int n_splits, int64_t per_split, int64_t rh,
-                                                int width, int d, float M) {
+// ... and Σ_z acc_z[d]·w_z over the partials of `width` values per (row, head).
+__device__ __forceinline__ float fa_merge_value(const float* part_acc, const float* w, int n_splits, int64_t per_split, int64_t rh,
+                                                int width, int d) {
   float s = 0.0f;
-  for (int z = 0; z < n_splits; ++z) {
-    const float lz = part_ml[2 * (z * per_split + rh) + 1];
-    if (lz > 0.0f) s += part_acc[(z * per_split + rh) * width + d] * exp2f(part_ml[2 * (z * per_split + rh)] - M);
-  }
+  for (int z = 0; z < n_splits; ++z)
+    if (w[z] != 0.0f) s += part_acc[(z * per_split + rh) * width + d] * w[z];
   return s;
 }
 
-// Merges the split partials of one (row, head) per block (base-2 maxima).
+// Merges the split partials of one (row, head) per block (base-2 maxima). Dynamic shared memory:
+// 2·n_splits floats (fa_merge_weights).
 __global__ void fa_combine_kernel(const float* part_acc,  // (n_splits, n, n_head, hd)
                                   const float* part_ml,   // (n_splits, n, n_head, 2)
                                   int n_splits, int n, int n_head, int hd,
                                   float* out,  // (n, out_stride), heads at h·hd
                                   int64_t out_stride) {
+#ifdef PG_CUDA_HOST_SHIM
+  float* const cw = shim::dynamic_smem<float>();
+#else
+  extern __shared__ __align__(16) float cw[];  // (2, n_splits): merge weights, then the splits' l
+#endif
   const int64_t rh = blockIdx.x;
   const int r = static_cast<int>(rh / n_head), h = static_cast<int>(rh % n_head);
   const int64_t per_split = static_cast<int64_t>(n) * n_head;
-  float M = 0.0f;
-  const float inv = fa_merge_scale(part_ml, n_splits, per_split, rh, M);
+  const float inv = fa_merge_weights(part_ml, n_splits, per_split, rh, cw, cw + n_splits);
   for (int d = static_cast<int>(threadIdx.x); d < hd; d += blockDim.x) {
-    const float s = fa_merge_value(part_acc, part_ml, n_splits, per_split, rh, hd, d, M);
+    const float s = fa_merge_value(part_acc, cw, n_splits, per_split, rh, hd, d);
     out[static_cast<int64_t>(r) * out_stride + static_cast<int64_t>(h) * hd + d] = s * inv;
   }
 }
 
 // The typed form of fa_combine_kernel: partials of wv values (the V type's head width) per (row, head),
 // merged into shared memory, un-rotated there for a TQ3_0 V (R⁻¹ once, after the merge: the partials are
-// all in the rotated domain), the first hd values written. Dynamic shared memory: wv floats.
+// all in the rotated domain), the first hd values written. Dynamic shared memory: wv + 2·n_splits floats.
 __global__ void fa_combine_typed_kernel(const float* part_acc,  // (n_splits, n, n_head, wv)
                                         const float* part_ml,   // (n_splits, n, n_head, 2)
                                         int n_splits, int n, int n_head, int hd, int wv, bool rot_v,
@@ -591,15 +624,15 @@ __global__ void fa_combine_typed_kernel(const float* part_acc,  // (n_splits, n,
 #ifdef PG_CUDA_HOST_SHIM
   float* const y = shim::dynamic_smem<float>();
 #else
-  extern __shared__ __align__(16) float y[];  // (wv)
+  extern __shared__ __align__(16) float y[];  // (wv) merged output, then (2, n_splits) merge weights and l
 #endif
+  float* const cw = y + wv;
   const int64_t rh = blockIdx.x;
   const int r = static_cast<int>(rh / n_head), h = static_cast<int>(rh % n_head);
   const int64_t per_split = static_cast<int64_t>(n) * n_head;
-  float M = 0.0f;
-  const float inv = fa_merge_scale(part_ml, n_splits, per_split, rh, M);
+  const float inv = fa_merge_weights(part_ml, n_splits, per_split, rh, cw, cw + n_splits);
   for (int d = static_cast<int>(threadIdx.x); d < wv; d += blockDim.x) {
-    const float s = fa_merge_value(part_acc, part_ml, n_splits, per_split, rh, wv, d, M);
+    const float s = fa_merge_value(part_acc, cw, n_splits, per_split, rh, wv, d);
     y[d] = s * inv;
   }
   __syncthreads();
@@ -651,7 +684,7 @@ FaPlan fa_plan(const AttentionArgs& a, int n_sm) {
     while (cap < a.kv_capacity) cap *= 2;
     max_kv = std::max(max_kv, cap);
   }
-  pl.split = fa::split_plan(pl.n_row_tiles * a.n_head_kv, max_kv, n_sm, pl.bn);
+  pl.split = fa::split_plan(pl.n_row_tiles * a.n_head_kv, max_kv, n_sm);
   return pl;
 }
 
@@ -685,7 +718,7 @@ bool fa_typed_ok(const AttentionArgs& a) {
 // (Named apart from attention_prefill_supported so that the host emulation's copy of this file, in
 // another namespace, never meets the CUDA library's through argument-dependent lookup.)
 bool fa_supported(const AttentionArgs& a) {
-  if (a.tree_mask != nullptr || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return false;
+  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return false;
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
   if (a.n_head / a.n_head_kv > fa::kMaxGroup) return false;
   return a.typed ? fa_typed_ok(a) : a.kv_f16;
@@ -707,7 +740,7 @@ size_t attention_prefill_scratch_bytes(const AttentionArgs& a, int n_sm) {
 void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream) {
   if (a.n <= 0) return;
   PG_CHECK(fa_supported(a),
-           "attention_prefill: unsupported shape (F16 KV or a typed pair without F32, head_dim 64/128/256, GQA ≤ 64, no tree)");
+           "attention_prefill: unsupported shape (F16 KV or a typed pair without F32, head_dim 64/128/256, GQA ≤ 64)");
   if (a.typed)
     PG_CHECK(a.k_row_bytes == kv_row_bytes(a.k_type, a.n_head_kv, a.head_dim) &&
                  a.v_row_bytes == kv_row_bytes(a.v_type, a.n_head_kv, a.head_dim),
@@ -719,7 +752,7 @@ void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStre
   P.a = a;
   P.br = pl.br;
   P.n_splits = pl.split.n_splits;
-  P.chunk = pl.split.chunk;
+  P.split_target = pl.split.target;
   if (a.typed) {
     P.k_head_bytes = static_cast<int>(kv_head_bytes(a.k_type, a.head_dim));
     P.v_head_bytes = static_cast<int>(kv_head_bytes(a.v_type, a.head_dim));
@@ -751,12 +784,12 @@ void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStre
     const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head));
     if (!a.typed) {
       const int threads = std::min(256, (a.head_dim + 31) / 32 * 32);
-      PG_FA_LAUNCH(fa_combine_kernel, grid, threads, 0, stream, P.part_acc, P.part_ml, P.n_splits, a.n, a.n_head, a.head_dim, a.out,
+      PG_FA_LAUNCH(fa_combine_kernel, grid, threads, static_cast<size_t>(2 * P.n_splits) * sizeof(float), stream, P.part_acc, P.part_ml, P.n_splits, a.n, a.n_head, a.head_dim, a.out,
                    a.out_stride);
     } else {
       const int threads = std::min(256, (pl.dv + 31) / 32 * 32);
       const bool rot_v = a.v_type == DType::TQ3_0;
-      PG_FA_LAUNCH(fa_combine_typed_kernel, grid, threads, static_cast<size_t>(pl.dv) * sizeof(float), stream, P.part_acc, P.part_ml,
+      PG_FA_LAUNCH(fa_combine_typed_kernel, grid, threads, static_cast<size_t>(pl.dv + 2 * P.n_splits) * sizeof(float), stream, P.part_acc, P.part_ml,
                    P.n_splits, a.n, a.n_head, a.head_dim, pl.dv, rot_v, a.out, a.out_stride);
     }
     check_launch("attention_prefill combine");

@@ -79,23 +79,57 @@ PG_FA_HD int v_ld_dim(int lane) { return (lane >> 4) * 8; }
 PG_FA_HD int p_tile(int kk, int r) { return 2 * kk + (r >> 1); }
 PG_FA_HD int p_elem(int r, int h) { return 2 * (r & 1) + h; }
 
-// Split-K plan: the key range [0, max_kv) is cut into n_splits chunks of `chunk` keys (a multiple of bn)
-// when the grid of row tiles × KV heads would leave SMs idle (small prefill batches at long depth).
+// Split-K plan (host): how many splits the grid has (blockIdx.z) and the split target the kernel divides
+// each pass's ACTUAL key range by (split_range, on the device). The target depends only on the grid of row
+// tiles × KV heads and the SM count, never on the length, so a grid sized for a graph's bucket
+// (kv_capacity rounded up to a power of two) and an eager launch of the exact length cut the real keys
+// the same way and give the same bits; splits past the real length find an empty range and exit at once.
+// (Sizing the chunks by the bucket, as before, left most splits empty and a few walking the whole context.)
 struct SplitPlan {
-  int n_splits = 1, chunk = 0;
+  int n_splits = 1, target = 1;
 };
-PG_FA_HD SplitPlan split_plan(int base_blocks, int max_kv, int n_sm, int bn) {
+constexpr int kMinSplitKeys = 64;  // smallest split chunk (one 64-key tile; two at head 256); as attention.cu
+PG_FA_HD SplitPlan split_plan(int base_blocks, int max_kv, int n_sm) {
   SplitPlan s;
+  // ~2 blocks per SM: an FA block (4 warps, 16 rows each on tensor cores) has far more work in flight
+  // than a SIMT decode block, so fewer of them hide the latency.
   const int want = base_blocks >= 2 * n_sm ? 1 : (2 * n_sm + base_blocks - 1) / base_blocks;
-  const int most = (max_kv + 255) / 256;  // each split keeps ≥ 256 keys (4 tiles of 64)
+  const int most = (max_kv + kMinSplitKeys - 1) / kMinSplitKeys;
+  s.target = want;
   s.n_splits = want < most ? want : most;
   if (s.n_splits < 1) s.n_splits = 1;
-  const int per = (max_kv + s.n_splits - 1) / s.n_splits;
-  s.chunk = (per + bn - 1) / bn * bn;
-  if (s.chunk < bn) s.chunk = bn;
-  s.n_splits = (max_kv + s.chunk - 1) / s.chunk;
-  if (s.n_splits < 1) s.n_splits = 1;
   return s;
+}
+// Split z's share [lo, hi) of a pass's keys [lo, hi) (the pass range as read on the device): chunks of
+// max(kMinSplitKeys, ⌈(hi − lo) / target⌉ rounded up to kMinSplitKeys) keys, so ⌈(hi − lo) / chunk⌉ ≤
+// min(target, ⌈(hi − lo) / 64⌉) ≤ n_splits splits are non-empty and cover the range once; the others get
+// lo ≥ hi. Chunks are multiples of 64, hence of every tile size (keys_per_tile: 32 or 64).
+PG_FA_HD void split_range(int& lo, int& hi, int z, int n_splits, int target) {
+  if (n_splits <= 1 || hi <= lo) return;
+  int chunk = ((hi - lo) + target - 1) / target;
+  chunk = (chunk + kMinSplitKeys - 1) / kMinSplitKeys * kMinSplitKeys;
+  if (chunk < kMinSplitKeys) chunk = kMinSplitKeys;
+  const int slo = lo + z * chunk;
+  if (slo + chunk < hi) hi = slo + chunk;
+  lo = slo;
+}
+
+// Tree rows (AttentionBatch::tree_mask): row r sees [begin, end) with end = kv_len[r], plus end + j for
+// every set bit j of its mask words (bit j of word w = draft position 32w + j). tree_hi: one past the
+// highest visible position (end when no bit is set); tree_visible: whether position kp ≥ end is visible.
+PG_FA_HD int tree_hi(int end, const uint32_t* mask, int words) {
+  int hi = end;
+  for (int w = 0; w < words; ++w)
+    for (int b = 31; b >= 0; --b)
+      if ((mask[w] >> b) & 1u) {
+        hi = end + 32 * w + b + 1;
+        break;
+      }
+  return hi;
+}
+PG_FA_HD bool tree_visible(int kp, int end, const uint32_t* mask, int words) {
+  const int j = kp - end;
+  return j >= 0 && j < 32 * words && ((mask[j >> 5] >> (j & 31)) & 1u);
 }
 
 }  // namespace pg::cuda::fa

@@ -77,6 +77,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) opt.fa_prefill_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL_TYPED"); e && *e) opt.fa_prefill_typed = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_PROFILE"); e && *e) opt.profile = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE"); e && *e) opt.fa_decode = std::strcmp(e, "0") != 0;
   return create_cuda_backend(index, opt);
 }
 
@@ -716,6 +717,15 @@ void CudaBackend::kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const 
                  batch.cells.as<int32_t>(), batch.n_tokens, as_stream(stream_));
 }
 
+// Typed KV types for which the tensor-core kernel beats attention.cu's typed SIMT kernel at decode shapes
+// (H200, pg_cuda_attn_bench, 32 q / 8 kv heads × 128, 1 row at depth 4096): q8_0 0.055 vs 0.065 ms — yes;
+// tq3_0 0.078 vs 0.065 ms — no (its per-tile block decode plus the query / output rotation costs more than
+// the tensor cores save when only 8 of 64 MMA rows carry a query). Types not measured stay on attention.cu
+// until a device run shows a win. (F16/F16 is not typed: always taken with fa_decode.)
+namespace {
+bool fa_decode_type_wins(DType t) { return t == DType::Q8_0 || t == DType::F16; }
+}  // namespace
+
 void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionBatch& batch, const AttentionParams& p, Tensor& out) {
   activate(device_);
   const ProfScope prof(prof_active() ? this : nullptr, "attention",
@@ -783,9 +793,14 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   }
   // Prefill batches on tensor cores (attention_prefill.cu) when enabled and the shape is one it takes.
   // Not in exact mode (a validation mode: FP32 arithmetic throughout; this kernel rounds q and p to FP16).
-  // Typed caches with fa_prefill_typed (on by default; off = the SIMT kernel for every typed call).
-  if (opt_.fa_prefill_min_rows > 0 && !opt_.exact_f32 && a.n >= opt_.fa_prefill_min_rows && (!a.typed || opt_.fa_prefill_typed) &&
-      cuda::attention_prefill_supported(a)) {
+  // Typed caches with fa_prefill_typed (on by default). Decode / verification
+  // calls (fewer rows than fa_prefill_min_rows) and every tree batch only with fa_decode, and typed caches
+  // there only for the types where the tensor-core kernel wins at decode shapes (fa_decode_type_wins).
+  const bool prefill_rows = opt_.fa_prefill_min_rows > 0 && a.n >= opt_.fa_prefill_min_rows && a.tree_mask == nullptr;
+  const bool fa_route = prefill_rows ? (!a.typed || opt_.fa_prefill_typed)
+                                     : opt_.fa_decode && (!a.typed || (opt_.fa_prefill_typed && fa_decode_type_wins(a.k_type) &&
+                                                                       fa_decode_type_wins(a.v_type)));
+  if (!opt_.exact_f32 && fa_route && cuda::attention_prefill_supported(a)) {
     const size_t fb = cuda::attention_prefill_scratch_bytes(a, n_sm_);
     cuda::attention_prefill(a, fb ? scratch(kSlotAttention, fb) : nullptr, n_sm_, as_stream(stream_));
     return;

@@ -69,6 +69,15 @@ struct CudaOptions {
   // attention alone at 512-4096 rows is 6.7-13x the SIMT kernel for q8_0 (pg_cuda_attn_bench --kv q8_0).
   // Environment: PEREGRINE_CUDA_FA_PREFILL_TYPED=0 turns it off (factory).
   bool fa_prefill_typed = true;
+  // Decode and verification attention on tensor cores: attention calls below fa_prefill_min_rows (decode
+  // rows, chain / tree verification of 2..64 rows) and every tree batch (AttentionBatch::tree_mask) go to
+  // attention_prefill.cu when it takes the shape — F16 caches always, typed caches only with
+  // fa_prefill_typed and only the types where it wins at decode shapes (cuda_backend.cpp
+  // fa_decode_type_wins: q8_0 yes, tq3_0 no). H200, attention alone (32 q / 8 kv heads × 128): f16 1 row d4096
+  // 0.027 vs 0.047 ms, d32768 0.082 vs 0.274, 22 rows d4096 0.043 vs 0.456. Off by default until the device
+  // run of tests/cuda/test_cuda_attention_prefill.cpp's decode / tree cases and test_cuda_model / test_cuda_spec
+  // with it on passes. Environment: PEREGRINE_CUDA_FA_DECODE=1 (factory).
+  bool fa_decode = false;
   // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:
   // a matmul inside matmul_shared counts as part of it) and drained by profile_take(); CUDA graphs are off
   // so that each op is its own launch. The times include launch gaps when the host falls behind, so small
