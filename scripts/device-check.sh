@@ -302,8 +302,10 @@ if ((CLI_OK)); then
       # KV cache types (issue 12): decode at depth per type on the first model. The typed CUDA path
       # (quantized / mixed KV) was written without a GPU; this is its first speed measurement.
       if ((FIRST_MODEL && BENCH)) && [ "$GEMV_KERNEL" = 2 ]; then  # the v2 one-row GEMV vs the default, whole-model decode
-        PEREGRINE_GEMV_KERNEL=1 bench_one "$LOG" "$preset $type tg128 at depth 0, GEMV kernel 1" -m "$MODEL" -p 0 -n 128 -d 0 -r 3
-        PEREGRINE_GEMV_KERNEL=2 bench_one "$LOG" "$preset $type tg128 at depth 0, GEMV kernel 2" -m "$MODEL" -p 0 -n 128 -d 0 -r 3
+        for gk in 1 2; do
+          PEREGRINE_GEMV_KERNEL=$gk bench_one "$LOG" "$preset $type tg128 at depth 0, GEMV kernel $gk" -m "$MODEL" -p 0 -n 128 -d 0 -r 3 &&
+            { echo "GEMV kernel $gk, $preset $type:"; grep -E "tg128" "$LOG" | tail -1; } >>"$SUMMARY"
+        done
       fi
       if ((FIRST_MODEL)); then
         for kvt in $KVTYPES; do
