@@ -955,7 +955,7 @@ TEST(CudaOps, GemvTwoRowsPerWarpBitIdentical) {
   }
 }
 
-// The v2 one-row GEMV (CudaOptions::gemv_kernel = 2; Q4_K and Q8_0 with K % 256 == 0, Q6_K with K % 512 == 0
+// The v2 one-row GEMV (CudaOptions::gemv_kernel = 2; Q4_K, Q5_K and Q8_0 with K % 256 == 0, Q6_K with K % 512 == 0
 // — superblocks at both word offsets —, other types and shapes fall back to kernel 1) against the CPU's default mode (the same 8-bit activations; only FP32
 // summation order differs: ≤ 2e-5 as in MatmulDefaultModeMatchesCpuDefault) and against kernel 1, with PDL
 // on and off: odd row counts (a warp or half-warp with one row), one-task rows (K = 256), rows of more
@@ -966,7 +966,7 @@ TEST(CudaOps, GemvV2MatchesCpuAndV1) {
   co.n_threads = 2;
   auto cpu = std::make_unique<CpuBackend>(co);
   auto gpu = test::make_cuda(false);
-  for (const DType t : {DType::Q4_K, DType::Q8_0, DType::Q6_K}) {
+  for (const DType t : {DType::Q4_K, DType::Q5_K, DType::Q8_0, DType::Q6_K}) {
     for (const int64_t K : {256, 2048, 4352, 12288, 96}) {
       if (K % traits(t).block_size != 0) continue;
       for (const int64_t M : {37, 300}) {

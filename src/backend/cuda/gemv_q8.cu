@@ -1088,7 +1088,7 @@ FastParams make_params(const MatmulArgs& a) {
 
 // ---- v2 one-row decode GEMV (CudaOptions::gemv_kernel = 2) ------------------------------------------------
 //
-// y (1, M) = x (1, K) · Wᵀ for Q4_K, Q6_K and Q8_0, same activations (act_quant_kernel) as gemv_q8_kernel. Why a
+// y (1, M) = x (1, K) · Wᵀ for Q4_K, Q5_K, Q6_K and Q8_0, same activations (act_quant_kernel) as gemv_q8_kernel. Why a
 // second kernel: gemv_q8_kernel is issue-bound — per 32 Q4_K weights a lane issues two 16-byte global
 // loads (quants + the superblock header again), decodes two 6-bit scale/min pairs, computes Σx with 4
 // more dp4a and does 4 float multiply-adds; Q8_0 rows (34-byte blocks, 2-byte aligned) cost 17 two-byte
@@ -1129,10 +1129,18 @@ struct V2K4 {
     return {ldg128(qs), ldg128(qs + 16), ldg128(b)};
   }
   __device__ static float dot(const Raw& r, int t, const V2Params& p) {
+    const uint32_t q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+    uint32_t lo[8], hi[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) lo[i] = q[i] & 0x0F0F0F0Fu, hi[i] = (q[i] >> 4) & 0x0F0F0F0Fu;
+    return finish(lo, hi, r.hd, t, p);
+  }
+  // The task's sum from its unsigned quants (lo: sub-block 2j, hi: 2j+1, 32 values each as bytes), shared
+  // with Q5_K (same header).
+  __device__ static float finish(const uint32_t (&lo)[8], const uint32_t (&hi)[8], const uint4& hd, int t, const V2Params& p) {
     const int j = t & 3;
     const int64_t e = static_cast<int64_t>(t) * 64;  // first activation: 256·sb + 64·j
     // 6-bit scales / mins of the 8 sub-blocks as bytes (get_scale_min_k4): word 0 = groups 0..3, 1 = 4..7.
-    const uint4& hd = r.hd;
     const uint32_t scw = (j < 2) ? (hd.y & 0x3f3f3f3fu) : ((hd.w & 0x0f0f0f0fu) | ((hd.y >> 2) & 0x30303030u));
     const uint32_t mw = (j < 2) ? (hd.z & 0x3f3f3f3fu) : (((hd.w >> 4) & 0x0f0f0f0fu) | ((hd.z >> 2) & 0x30303030u));
     const int sh = 16 * (j & 1);
@@ -1140,10 +1148,6 @@ struct V2K4 {
     const int m0 = static_cast<int>((mw >> sh) & 0xff), m1 = static_cast<int>((mw >> (sh + 8)) & 0xff);
     const int8_t* xq = p.xq + e;
     const int4 x0 = ld_q8x16(xq), x1 = ld_q8x16(xq + 16), x2 = ld_q8x16(xq + 32), x3 = ld_q8x16(xq + 48);
-    const uint32_t q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
-    uint32_t lo[8], hi[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) lo[i] = q[i] & 0x0F0F0F0Fu, hi[i] = (q[i] >> 4) & 0x0F0F0F0Fu;
     const uint32_t la[4] = {lo[0], lo[1], lo[2], lo[3]}, lb[4] = {lo[4], lo[5], lo[6], lo[7]};
     const uint32_t ha[4] = {hi[0], hi[1], hi[2], hi[3]}, hb[4] = {hi[4], hi[5], hi[6], hi[7]};
     const int dlo = dot16(la, x0) + dot16(lb, x1);  // sub-block 2j · x[e, e+32)
@@ -1151,6 +1155,33 @@ struct V2K4 {
     const int2 s = *reinterpret_cast<const int2*>(p.xs + (e >> 5));
     const int isum = sc0 * dlo + sc1 * dhi, msum = m0 * s.x + m1 * s.y;
     return p.xd[e >> 5] * (h2f(hd.x) * static_cast<float>(isum) - h2f(hd.x >> 16) * static_cast<float>(msum));
+  }
+};
+
+// Q5_K task: as Q4_K (qs at byte 48 of the 176-byte block) plus the 5th bits: qh byte l holds bit u for
+// value l of sub-block u, so a task reads all 32 qh bytes (two more 16-byte loads, shared in L1 by the
+// superblock's 4 lanes) and takes bits 2j (low nibbles) and 2j+1 (high).
+struct V2K5 {
+  static constexpr int kWeights = 64, kLpr = 32, kU = 2;
+  struct Raw {
+    uint4 q0, q1, hd, h0, h1;
+  };
+  __device__ static Raw load(const uint8_t* row, int t) {
+    const uint8_t* b = row + static_cast<size_t>(t >> 2) * 176;
+    const uint8_t* qs = b + 48 + 32 * (t & 3);
+    return {ldg128(qs), ldg128(qs + 16), ldg128(b), ldg128(b + 16), ldg128(b + 32)};
+  }
+  __device__ static float dot(const Raw& r, int t, const V2Params& p) {
+    const int j = t & 3;
+    const uint32_t q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+    const uint32_t h[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+    uint32_t lo[8], hi[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      lo[i] = (q[i] & 0x0F0F0F0Fu) | (((h[i] >> (2 * j)) & 0x01010101u) << 4);
+      hi[i] = ((q[i] >> 4) & 0x0F0F0F0Fu) | (((h[i] >> (2 * j + 1)) & 0x01010101u) << 4);
+    }
+    return V2K4::finish(lo, hi, r.hd, t, p);
   }
 };
 
@@ -1326,7 +1357,7 @@ bool gemv_v2_supported(const MatmulArgs& a) {
   // One activation row, no experts; Q4_K / Q8_0 with 256-value tasks' alignment (16-byte loads, int2 Σq loads).
   if (a.n != 1 || a.expert_ids || a.K % 256 != 0) return false;
   if (a.type == DType::Q6_K) return a.K % 512 == 0 && aligned(a, 4) && gemv_fast_q8(a);  // 4-byte words, superblocks at 0 or 2 mod 4
-  if (a.type != DType::Q4_K && a.type != DType::Q8_0) return false;
+  if (a.type != DType::Q4_K && a.type != DType::Q5_K && a.type != DType::Q8_0) return false;
   return aligned(a, 16) && gemv_fast_q8(a);
 }
 
@@ -1401,6 +1432,9 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
     if (a.type == DType::Q4_K) {
       p.n_tasks = static_cast<int>(a.K / V2K4::kWeights);
       launch_v2<V2K4>(p, stream, a.pdl);
+    } else if (a.type == DType::Q5_K) {
+      p.n_tasks = static_cast<int>(a.K / V2K5::kWeights);
+      launch_v2<V2K5>(p, stream, a.pdl);
     } else if (a.type == DType::Q6_K) {
       p.n_tasks = static_cast<int>(a.K / V2K6::kWeights);
       launch_v2<V2K6>(p, stream, a.pdl);
