@@ -1100,7 +1100,8 @@ FastParams make_params(const MatmulArgs& a) {
 //    the two sub-blocks combined in integers (sc·dot and m·Σx) before one FP32 step per task:
 //    acc += xd·(d·Σ sc·dot − dmin·Σ m·Σx) (xd is one q8_K scale per superblock).
 //  - Q8_0 task = 8 blocks (272 bytes = 17 aligned 16-byte loads; needs a 16-byte aligned row start, i.e.
-//    K % 256 == 0); the 2-byte offsets of odd blocks are undone with funnel shifts in registers.
+//    K % 256 == 0); the 2-byte offsets of even blocks' quants are undone with funnel shifts in registers.
+//  - Q5_K, Q6_K: see gemv_v2_tasks.cuh.
 // The next round of a lane's loads is issued before the current round's dot products (software pipeline:
 // 2·U tasks in flight per lane), and the first round before griddepcontrol.wait (PDL) as in gemv_q8_kernel.
 // LPR lanes per row (32 / LPR rows per warp) so short rows still give every lane work. Reduction: shuffles,
