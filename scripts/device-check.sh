@@ -73,6 +73,7 @@ PROFILE_KV=${PROFILE_KV:-0}        # 1: with KVTYPES, per-op device times of 32 
 PROFILE=${PROFILE:-0}              # 1: per model, per-op device times of tg32 at depths 0 and 4096 and pp512 (PEREGRINE_CUDA_PROFILE=1)
 LONGCTX=${LONGCTX:-0}              # 1: qwen35-27b of MODELS with a 262144-token tq3_0 cache (run: allocation + decode), then tg32 at depth LONGCTX_DEPTH
 LONGCTX_DEPTH=${LONGCTX_DEPTH:-65536}
+DRAFT_DEVICE_CHAIN=${DRAFT_DEVICE_CHAIN:-0}  # 1: also the bundled-pair spec bench with device-fed greedy draft chains (PEREGRINE_DRAFT_DEVICE_CHAIN=1)
 TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_GEMV_RPW=2 (tests-rpw2.log)
 GEMV_KERNEL=${GEMV_KERNEL:-}       # 2: the v2 one-row GEMV (CudaOptions::gemv_kernel): op/model tests with PEREGRINE_GEMV_KERNEL=2
                                    # (tests-gemv2.log, also when TESTS=0) and tg128 at depth 0 on the first model of MODELS, kernel 1 vs 2
@@ -253,6 +254,17 @@ if ((CLI_OK && SPEC)); then
   run_step "bundled pair: AR vs chain vs DDTree" "$OUT/spec.log" 150 "$BUILD/src/cli/peregrine" bench --device cuda \
     -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --draft "$ROOT/models/peregrine-demo-draft-Q8_0.gguf" --ddtree -n 128 -r 3
   grep -E "^\||model:|^differs" "$OUT/spec.log" >>"$SUMMARY"
+  if ((DRAFT_DEVICE_CHAIN)); then
+    # The device-fed chain takes greedy chains without p-min only (the CLI's default p-min is 0.75):
+    # p-min 0 with the per-depth path, then with the device-fed path.
+    for dc in 0 1; do
+      echo "bundled pair, --spec-draft-p-min 0, PEREGRINE_DRAFT_DEVICE_CHAIN=$dc:" >>"$SUMMARY"
+      PEREGRINE_DRAFT_DEVICE_CHAIN=$dc run_step "bundled pair, p-min 0, device chain $dc" "$OUT/spec-devchain$dc.log" 150 \
+        "$BUILD/src/cli/peregrine" bench --device cuda -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" \
+        --draft "$ROOT/models/peregrine-demo-draft-Q8_0.gguf" --ddtree --spec-draft-p-min 0 -n 128 -r 3
+      grep -E "^\\||model:" "$OUT/spec-devchain$dc.log" >>"$SUMMARY"
+    done
+  fi
 fi
 # The four drafters of issue 13 on the bundled target, fixed shapes (no adaptive choice), GPU then CPU:
 # plain draft and DFlash, each as chain and DDTree (bench prints AR, chain and DDTree per invocation).

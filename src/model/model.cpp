@@ -271,6 +271,10 @@ void Model::forward(const Batch& batch, KvCache& cache, std::vector<float>& logi
              "position " + std::to_string(batch.positions[static_cast<size_t>(i)]) + " is beyond the context size " + std::to_string(cache.n_ctx()));
   }
   PG_CHECK(!fopt.argmax_only || fopt.argmax, "ForwardOptions::argmax_only needs ForwardOptions::argmax");
+  PG_CHECK(!fopt.tokens_dev || (fopt.tokens_dev->type == DType::I32 && fopt.tokens_dev->n_elements() >= n),
+           "ForwardOptions::tokens_dev needs an I32 tensor of at least one element per batch row");
+  PG_CHECK(!fopt.argmax_dev || (fopt.argmax_dev->type == DType::I32 && fopt.argmax_dev->n_elements() >= batch.n_outputs()),
+           "ForwardOptions::argmax_dev needs an I32 tensor of at least one element per output row");
   PG_CHECK(fopt.top_k >= 0 && fopt.top_k <= 64 && fopt.top_k <= cfg_.n_vocab,
            "ForwardOptions::top_k must be between 1 and 64 (and at most the vocabulary), or 0 for none");
   PG_CHECK(fopt.top_k == 0 || (fopt.topk_ids && fopt.topk_logprobs), "ForwardOptions::top_k needs topk_ids and topk_logprobs");
@@ -539,7 +543,14 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
     }
     if (batch.logits[static_cast<size_t>(r)]) out_rows.push_back(i);
   }
-  be.upload(w.ids, batch.tokens.data() + b0, static_cast<size_t>(n) * 4);
+  if (fopt.tokens_dev) {
+    // Ids produced on the backend by an earlier step (its argmax_dev): nothing comes from the host.
+    const Tensor src = fopt.tokens_dev->reshape_2d(1, fopt.tokens_dev->n_elements()).rows_view(b0, n);  // I32 (n, 1)
+    Tensor dst = w.ids.reshape_2d(1, w.cap).rows_view(0, n);                                             // I32 (n, 1)
+    be.copy(src, dst);
+  } else {
+    be.upload(w.ids, batch.tokens.data() + b0, static_cast<size_t>(n) * 4);
+  }
   be.upload(w.pos, batch.positions.data() + b0, static_cast<size_t>(n) * 4);
   be.upload(w.seq, batch.seq.data() + b0, static_cast<size_t>(n) * 4);
   be.upload(w.cells, cells.data(), static_cast<size_t>(n) * 4);
@@ -705,11 +716,17 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
   be.rms_norm(xo, w_.output_norm, xo, c.rms_eps);
   logits.resize(static_cast<size_t>(m) * static_cast<size_t>(c.n_vocab));
   const size_t row_bytes = static_cast<size_t>(c.n_vocab) * sizeof(float);
+  bool host_out = fopt.argmax || fopt.top_k > 0 || nh > 0;  // something was downloaded
   for (int r0 = 0; r0 < m; r0 += Workspace::kLogitRows) {
     const int rn = std::min(m - r0, Workspace::kLogitRows);
     Tensor lg = w.logits.rows_view(0, rn);
     be.matmul(w_.output, xo.rows_view(r0, rn), lg);
     if (c.final_logit_softcap > 0) be.softcap(lg, c.final_logit_softcap);
+    if (fopt.argmax_dev) {
+      // Greedy tokens staying on the backend (the next device-fed step's token ids).
+      Tensor am = fopt.argmax_dev->reshape_2d(1, fopt.argmax_dev->n_elements()).rows_view(out0 + r0, rn).reshape_2d(rn, 1);  // I32 (rn)
+      be.argmax_rows(lg, am);
+    }
     if (fopt.argmax) {
       // Greedy tokens on the backend: 4 bytes per row come back instead of the whole vocabulary.
       Tensor am = w.out_argmax.reshape_2d(rn, 1);
@@ -738,10 +755,13 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
       while (j < rn && wanted(j)) ++j;
       be.download(lg, logits.data() + static_cast<size_t>(r0 + i) * c.n_vocab, static_cast<size_t>(j - i) * row_bytes,
                   static_cast<size_t>(i) * row_bytes);
+      host_out = true;
       i = j;
     }
   }
-  be.synchronize();
+  // A device-fed step with nothing for the host leaves the backend running: the caller's next step
+  // queues behind it, and its final download waits for all of them.
+  if (host_out || !fopt.argmax_dev) be.synchronize();
 }
 
 void Model::attention_block(int il, int n, KvCache& cache) {

@@ -59,6 +59,17 @@ struct ForwardOptions {
   // hidden_layers[k]'s state of batch row r at row k·n_rows + r (device-to-device copies, nothing
   // comes to the host); `hidden` may then be null.
   Tensor* hidden_dev = nullptr;
+  // Device-fed steps (a greedy chain drafted depth after depth with no host round trip, one download at
+  // the end): with tokens_dev set (I32 on this model's backend, at least n_rows elements, e.g. a
+  // (1, n) column), batch row r's token id is read from element r on the backend (a device-to-device
+  // copy into the step's id buffer, where batch.tokens would be uploaded; batch.tokens is then ignored
+  // apart from its range check). A recorded graph is unchanged: the copy runs before it, like the upload.
+  const Tensor* tokens_dev = nullptr;
+  // With argmax_dev set (I32 on this model's backend, at least n_outputs elements), output row i's
+  // greedy token (as for `argmax`) is written to element i on the backend and not downloaded. When the
+  // forward has nothing else for the host (rows skipped by logits_skip, no top-k, no host hidden
+  // states), it returns without waiting for the backend: read argmax_dev with a later download.
+  Tensor* argmax_dev = nullptr;
 };
 
 // Bytes a forward step reads, for roofline accounting.

@@ -79,6 +79,8 @@ class Drafter {
   // the per-depth cost the adaptive choices weigh.
   virtual uint64_t forwards() const { return 0; }
   virtual double forward_seconds() const { return 0; }
+  // Steps drafted as device-fed greedy chains (ModelDrafterOptions::device_chain), 0 for other drafters.
+  virtual uint64_t device_chain_steps() const { return 0; }
   // Target features (DFlash): the target layers whose hidden states this drafter reads
   // (ForwardOptions::hidden_layers), empty for none; the runner then hands it, for every committed
   // token, that token's row (feature_layers().size()·n_embd floats) at its position.
@@ -102,7 +104,17 @@ std::unique_ptr<Drafter> make_ngram_drafter(int n_min_ngram = 1, int n_max_ngram
 // and the history it is given (rejected drafts are rolled back, not recomputed). A hybrid (Gated
 // DeltaNet) draft keeps the recurrent state after each drafted token of the last step (capture slots,
 // `max_depth` + 1 per sequence slot), so it rolls back to the accepted prefix without replaying history.
-std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx, int max_depth = kMaxTreeNodes - 1);
+//
+// ModelDrafterOptions::device_chain (alias: env PEREGRINE_DRAFT_DEVICE_CHAIN=1, read here): greedy chains
+// (no sampler, k ≤ 1, p_min ≤ 0, every query wanting the same depth, a draft without recurrent layers)
+// run all depths back to back on the backend, each depth's token ids read there from the last depth's
+// argmax (ForwardOptions::tokens_dev / argmax_dev), with one download at the end. The drafts are the
+// same as the per-depth path's; other requests keep that path.
+struct ModelDrafterOptions {
+  bool device_chain = false;
+};
+std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx, int max_depth = kMaxTreeNodes - 1,
+                                            const ModelDrafterOptions& opt = {});
 
 // DFlash (docs/dflash.md): one parallel pass of the block-diffusion draft per step for every
 // sequence, on the target's backend, from the target's features of its committed tokens (taken from

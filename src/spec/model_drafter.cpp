@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 #include "kv/recurrent_state.h"
@@ -29,8 +31,8 @@ namespace {
 
 class ModelDrafter final : public Drafter {
  public:
-  ModelDrafter(Model& m, int n_slots, int n_ctx, int max_depth)
-      : m_(m), n_vocab_(m.config().n_vocab), n_slots_(n_slots), seen_(static_cast<size_t>(n_slots)) {
+  ModelDrafter(Model& m, int n_slots, int n_ctx, int max_depth, const ModelDrafterOptions& opt)
+      : m_(m), opt_(opt), n_vocab_(m.config().n_vocab), n_slots_(n_slots), seen_(static_cast<size_t>(n_slots)) {
     KvCacheOptions ko;
     ko.n_seq = n_slots;
     // Drafts run up to a tree's depth past the target's context.
@@ -42,6 +44,9 @@ class ModelDrafter final : public Drafter {
       ko.n_capture = n_slots + n_slots * stash_;
     }
     cache_ = m_.make_cache(ko);
+  }
+  ~ModelDrafter() override {
+    if (dev_ids_.valid()) m_.backend().free(dev_ids_);
   }
   const char* name() const override { return "draft"; }
   void release(int slot) override {
@@ -93,6 +98,10 @@ class ModelDrafter final : public Drafter {
       need_lp |= q.k > 1 || q.p_min > 0;
     }
     k = std::min({k, kMaxBackendTopK, n_vocab_});
+    if (device_chain_fits(in)) {
+      propose_device_chain(in, out);
+      return;
+    }
     for (int depth = 0; !active_.empty(); ++depth) {
       const size_t n_out = active_.size();
       if (batch_.size() > 0) {
@@ -167,8 +176,72 @@ class ModelDrafter final : public Drafter {
   uint64_t replays() const override { return replays_; }
   uint64_t forwards() const override { return forwards_; }
   double forward_seconds() const override { return seconds_; }
+  uint64_t device_chain_steps() const override { return device_steps_; }
 
  private:
+  // Whether this step's queries can take the device-fed chain (see ModelDrafterOptions::device_chain):
+  // all greedy chains of the same depth ≥ 1 (so every row drafts every depth: no row leaves the batch,
+  // the step shapes stay fixed), no recurrent state to keep per depth.
+  bool device_chain_fits(std::span<const DraftInput> in) const {
+    if (!opt_.device_chain || stash_ > 0 || in.empty()) return false;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const DraftInput& q = in[i];
+      if (q.sampler || q.k > 1 || q.p_min > 0 || want_[i] != want_[0]) return false;
+    }
+    return want_[0] >= 1;
+  }
+  // Greedy chains with one download: depth 0 is the catch-up batch already in batch_ (its argmax to
+  // dev_ids_ row 0), depth d ≥ 1 feeds depth d-1's ids from dev_ids_ on the backend at position
+  // history length + d - 1 (the same rows, cells and sequences the per-depth path would build).
+  void propose_device_chain(std::span<const DraftInput> in, std::span<Draft> out) {
+    const int nq = static_cast<int>(in.size()), depth_n = want_[0];
+    const int64_t need = static_cast<int64_t>(nq) * depth_n;
+    if (dev_ids_.n_elements() < need) {
+      // Grows to the largest step seen (the first steps of a run), never in steady state.
+      if (dev_ids_.valid()) m_.backend().free(dev_ids_);
+      dev_ids_ = m_.backend().alloc(DType::I32, 1, need);  // I32 (depth, query) as need rows of 1
+    }
+    skip_.assign(static_cast<size_t>(nq), 1);
+    ForwardOptions f;
+    f.logits_skip = skip_.data();
+    Tensor out_ids = dev_ids_.rows_view(0, nq);
+    f.argmax_dev = &out_ids;
+    m_.forward(batch_, *cache_, logits_, f);
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor in_ids;
+    for (int d = 1; d < depth_n; ++d) {
+      batch_.clear();
+      for (int i = 0; i < nq; ++i) {
+        const int slot = in[static_cast<size_t>(i)].slot;
+        // Placeholder token (in range); the forward reads the real one from depth d-1's argmax.
+        batch_.add(0, static_cast<int32_t>(seen_[static_cast<size_t>(slot)].size()) + d - 1, slot, true);
+      }
+      in_ids = dev_ids_.rows_view(static_cast<int64_t>(d - 1) * nq, nq);
+      out_ids = dev_ids_.rows_view(static_cast<int64_t>(d) * nq, nq);
+      f.tokens_dev = &in_ids;
+      f.argmax_dev = &out_ids;
+      m_.forward(batch_, *cache_, logits_, f);
+      ++forwards_;
+    }
+    batch_.clear();
+    ++device_steps_;
+    ids_.resize(static_cast<size_t>(need));
+    m_.backend().download(dev_ids_, ids_.data(), static_cast<size_t>(need) * sizeof(int32_t));
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (int i = 0; i < nq; ++i) {
+      Draft& dr = out[static_cast<size_t>(i)];
+      auto& seen = seen_[static_cast<size_t>(in[static_cast<size_t>(i)].slot)];
+      for (int d = 0; d < depth_n; ++d) {
+        const int32_t tok = ids_[static_cast<size_t>(d) * static_cast<size_t>(nq) + static_cast<size_t>(i)];
+        dr.chain.push_back(tok);
+        TopK t;
+        t.ids.assign(1, tok);
+        t.logprobs.assign(1, 0.0f);  // as the per-depth path: no log-probs asked for greedy chains
+        dr.topk.push_back(std::move(t));
+        if (d + 1 < depth_n) seen.push_back(tok);  // its K/V is in the cache (fed at depth d + 1)
+      }
+    }
+  }
   // Keeps capture `i`'s state (the state of `slot` after its newest row) as that slot's state at `depth`.
   void keep(RecurrentState& rs, int i, int slot, int depth) {
     const int dst = n_slots_ + slot * stash_ + depth;
@@ -179,9 +252,10 @@ class ModelDrafter final : public Drafter {
     rs.set_tag(dst, tag);
   }
   Model& m_;
+  ModelDrafterOptions opt_;
   int n_vocab_, n_slots_;
   int stash_ = 0;  // hybrid drafts: kept states per slot (max depth + 1), else 0
-  uint64_t rows_fed_ = 0, replays_ = 0, forwards_ = 0;
+  uint64_t rows_fed_ = 0, replays_ = 0, forwards_ = 0, device_steps_ = 0;
   double seconds_ = 0;
   std::vector<int> want_, active_, next_;  // (queries) depth wanted; queries still drafting
   std::unique_ptr<KvCache> cache_;
@@ -192,12 +266,16 @@ class ModelDrafter final : public Drafter {
   std::vector<int32_t> ids_;    // (queries, k) top-k ids (k = 1: the argmax)
   std::vector<float> lps_;      // (queries, k) their log-probs
   std::vector<uint8_t> skip_;   // (queries) 1: no logits copy
+  Tensor dev_ids_;              // I32 (depth · queries) on the draft's backend: device-fed chains' argmax per depth
 };
 
 }  // namespace
 
-std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx, int max_depth) {
-  return std::make_unique<ModelDrafter>(draft, n_slots, n_ctx, max_depth);
+std::unique_ptr<Drafter> make_model_drafter(Model& draft, int n_slots, int n_ctx, int max_depth, const ModelDrafterOptions& opt) {
+  ModelDrafterOptions o = opt;
+  // Documented alias (drafter.h): PEREGRINE_DRAFT_DEVICE_CHAIN=1 turns the device-fed chain on, =0 off.
+  if (const char* e = std::getenv("PEREGRINE_DRAFT_DEVICE_CHAIN"); e && *e) o.device_chain = std::string(e) != "0";
+  return std::make_unique<ModelDrafter>(draft, n_slots, n_ctx, max_depth, o);
 }
 
 }  // namespace pg::spec
