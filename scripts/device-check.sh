@@ -87,6 +87,7 @@ FA_PREFILL=${FA_PREFILL:-0}        # 1: tensor-core prefill attention: its tests
 FA_DECODE=${FA_DECODE:-0}          # 1: decode/verify attention on tensor cores (CudaOptions::fa_decode): its tests, test_cuda_model /
                                    #    test_cuda_spec with PEREGRINE_CUDA_FA_DECODE=1, tg128 at depths 0, 4096 off vs on (first model)
 FA_TEST_ROWS=${FA_TEST_ROWS:-16}    # PEREGRINE_CUDA_FA_PREFILL for the model tests of FA_PREFILL=1
+KV_STORE_PAR=${KV_STORE_PAR:-0}    # 1: parallel typed kv_store (PEREGRINE_CUDA_KV_STORE_PAR=1): the typed KV tests with it (tests-kv-store-par.log), and with KVTYPES each type's tg128 (and PROFILE_KV profile) again with it
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
@@ -231,6 +232,15 @@ if ((BUILD_OK && TESTS)); then
     sed -E 's/^[0-9]+: //' | head -160 >>"$SUMMARY"
 fi
 
+# The parallel typed kv_store (CudaOptions::kv_store_parallel): its byte-identity test runs in the main
+# test step (CudaKvStore.BytesEqualCpuQuantizer/Parallel); here every typed-KV test (attention on stored
+# caches, whole models, graph replay) runs with the option on, through the test helper's environment alias.
+if ((BUILD_OK && KV_STORE_PAR)); then
+  PEREGRINE_CUDA_KV_STORE_PAR=1 run_step "typed KV tests, parallel kv_store" "$OUT/tests-kv-store-par.log" 200 \
+    ctest --test-dir "$BUILD" -L cuda -R "CudaKv|CudaAttentionPrefill" -V -j 4 --timeout 180
+  grep -E "tests passed|tests failed|\(Failed\)|FAILED|first differing byte" "$OUT/tests-kv-store-par.log" | sed -E 's/^[0-9]+: //' | head -30 >>"$SUMMARY"
+fi
+
 if ((BUILD_OK && TESTS && TESTS_RPW2)); then
   PEREGRINE_GEMV_RPW=2 run_step "CUDA op/model tests, GEMV rows per warp 2" "$OUT/tests-rpw2.log" 200 \
     ctest --test-dir "$BUILD" -L cuda -R "CudaOps|CudaModel|CudaGreedy|CudaGraphs|CudaTree" -j 4 --timeout 180
@@ -366,6 +376,16 @@ if ((CLI_OK)); then
             PEREGRINE_CUDA_PROFILE=1 bench_one "$LOG" "$preset $type KV $kvt tg32 at depth 4096, per-op profile" -m "$MODEL" \
               -ctk "$kvt" -ctv "$kvt" -p 0 -n 32 -d 4096 -r 1
             { echo "per-op profile, KV $kvt, tg32 @ 4096 (top 14)"; grep -A16 "^ops of tg32 @ 4096" "$LOG" | tail -17 | head -17; } >>"$SUMMARY"
+          fi
+          # The same with the parallel typed kv_store (f16/f32 caches do not use the typed store).
+          if ((KV_STORE_PAR)) && [ "$kvt" != f16 ] && [ "$kvt" != f32 ]; then
+            PEREGRINE_CUDA_KV_STORE_PAR=1 bench_one "$LOG" "$preset $type KV $kvt tg128 at depths $KV_DEPTHS, parallel kv_store" -m "$MODEL" \
+              -ctk "$kvt" -ctv "$kvt" -p 0 -n 128 -d "$KV_DEPTHS" -r 1
+            if ((PROFILE_KV)) && (($(left) > 60)); then
+              PEREGRINE_CUDA_PROFILE=1 PEREGRINE_CUDA_KV_STORE_PAR=1 bench_one "$LOG" "$preset $type KV $kvt tg32 at depth 4096, per-op profile, parallel kv_store" \
+                -m "$MODEL" -ctk "$kvt" -ctv "$kvt" -p 0 -n 32 -d 4096 -r 1
+              { echo "per-op profile, KV $kvt, tg32 @ 4096, parallel kv_store (top 14)"; grep -A16 "^ops of tg32 @ 4096" "$LOG" | tail -17 | head -17; } >>"$SUMMARY"
+            fi
           fi
         done
       fi

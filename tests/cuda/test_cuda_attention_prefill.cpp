@@ -100,7 +100,7 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
       const auto v = randn(static_cast<size_t>(n * kvw), static_cast<uint32_t>(2000 + sq * 31 + p0));
       for (auto& s : sides) test::store_kv_rows(s, layout, pos, seq, kvw, k, v);
     }
-  // Typed: the two kv_stores write identical bytes (test_cuda_kv_types' StoreBytesEqualCpuQuantizer), so the
+  // Typed: the two kv_stores write identical bytes (test_cuda_kv_types' CudaKvStore.BytesEqualCpuQuantizer), so the
   // comparisons below are of kernels on the same cache.
   if (typed) {
     ASSERT_TRUE(fetch_bytes(*cpu, sides[0].kv.k) == fetch_bytes(*gpu, sides[1].kv.k)) << "K caches differ after kv_store";

@@ -51,17 +51,29 @@ std::vector<float> kv_rows(size_t n, int width, uint32_t seed, bool outliers) {
 
 // ---- kv_store -----------------------------------------------------------------------------------------
 
-TEST(CudaKvTypes, StoreBytesEqualCpuQuantizer) {
+// Both store kernels (CudaOptions::kv_store_parallel off: one thread per unit; on: one warp per block /
+// group), every type as K and as V, padded and unpadded heads, one-row decode batches and 37-row batches,
+// 1, 2 and 8 KV heads (the warp items of a row cross K/V and head boundaries inside one thread block).
+class CudaKvStore : public testing::TestWithParam<bool> {};
+
+TEST_P(CudaKvStore, BytesEqualCpuQuantizer) {
   PG_REQUIRE_GPU();
   auto cpu = test::make_cpu_exact();
-  auto gpu = test::make_cuda(false);
+  CudaOptions o;
+  o.kv_store_parallel = GetParam();
+  auto gpu = std::make_unique<CudaBackend>(0, o);
   const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::TQ3_0};
+  struct Shape {
+    int nh, n;
+  };
   for (DType kt : types)
-    for (int hd : {8, 64, 80, 128, 256}) {
+    for (int hd : {8, 64, 80, 128, 256})
+      for (const Shape sh : {Shape{2, 37}, Shape{8, 1}, Shape{1, 5}}) {
       // V in another type (the next one in the list), so K and V of every pair kind go through one call.
       const DType vt = types[(static_cast<size_t>(std::find(std::begin(types), std::end(types), kt) - std::begin(types)) + 1) % 9];
-      SCOPED_TRACE("K " + kv_type_name(kt) + " V " + kv_type_name(vt) + " head_dim " + std::to_string(hd));
-      const int nh = 2, n = 37, cells = 64;
+      SCOPED_TRACE("K " + kv_type_name(kt) + " V " + kv_type_name(vt) + " head_dim " + std::to_string(hd) + " heads " +
+                   std::to_string(sh.nh) + " rows " + std::to_string(sh.n));
+      const int nh = sh.nh, n = sh.n, cells = 64;
       std::vector<int32_t> cell(static_cast<size_t>(n));
       for (int i = 0; i < n; ++i) cell[static_cast<size_t>(i)] = (i * 29 + 3) % cells;  // scattered, distinct
       const auto k = kv_rows(static_cast<size_t>(n * nh * hd), nh * hd, static_cast<uint32_t>(hd) + 1, true);
@@ -99,6 +111,9 @@ TEST(CudaKvTypes, StoreBytesEqualCpuQuantizer) {
       }
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CudaKvStore, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "Parallel" : "PerThread"; });
 
 // ---- attention ---------------------------------------------------------------------------------------------
 

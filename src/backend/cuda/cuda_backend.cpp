@@ -79,6 +79,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL_TYPED"); e && *e) opt.fa_prefill_typed = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_PROFILE"); e && *e) opt.profile = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE"); e && *e) opt.fa_decode = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) opt.kv_store_parallel = std::strcmp(e, "0") != 0;
   return create_cuda_backend(index, opt);
 }
 
@@ -712,6 +713,7 @@ void CudaBackend::kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const 
     a.head_dim_v = hd_v;
     a.cells = batch.cells.as<int32_t>();
     a.n = batch.n_tokens;
+    a.parallel = opt_.kv_store_parallel;
     cuda::kv_store_typed(a, as_stream(stream_));
     return;
   }

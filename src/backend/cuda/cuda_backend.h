@@ -88,6 +88,12 @@ struct CudaOptions {
   // ops read high; their sum beside the wall time shows the gaps. For `peregrine bench` per-op tables.
   // Environment: PEREGRINE_CUDA_PROFILE=1 (factory).
   bool profile = false;
+  // Typed KV store (kv_quant.cu): one warp per 32-value block / TQ3_0 group (amax, min/max by shuffles,
+  // the cooperative TQ3_0 rotation) instead of one thread encoding a whole unit (TQ3_0: a 128-float local
+  // array and a sequential rotation per thread). Same bytes as the CPU's kv_quantize_row by construction;
+  // off by default until tests/cuda/test_cuda_kv_types.cpp's CudaKvStore.BytesEqualCpuQuantizer/Parallel passes on a GPU.
+  // Environment: PEREGRINE_CUDA_KV_STORE_PAR=1 (factory).
+  bool kv_store_parallel = false;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).

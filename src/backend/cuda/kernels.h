@@ -149,6 +149,9 @@ struct KvStoreArgs {
   int n_head_kv = 1, head_dim = 0, head_dim_v = 0;
   const int32_t* cells = nullptr;  // (n)
   int n = 0;
+  // One warp per 32-value block / TQ3_0 group (kv_quant.cu's kv_store_typed_par_kernel) instead of one
+  // thread per unit; same bytes (CudaOptions::kv_store_parallel).
+  bool parallel = false;
 };
 void kv_store_typed(const KvStoreArgs& a, cudaStream_t stream);
 
