@@ -171,7 +171,10 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true
   // model tests with it; op tests that bound attention at FP32 precision are not meant to run with it).
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) o.fa_prefill_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL_TYPED"); e && *e) o.fa_prefill_typed = std::strcmp(e, "0") != 0;
-  if (!fa_prefill) o.fa_prefill_min_rows = 0;
+  // Decode / verification attention on tensor cores (scripts/device-check.sh FA_DECODE=1 runs the model,
+  // greedy and speculative tests with it).
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE"); e && *e) o.fa_decode = std::strcmp(e, "0") != 0;
+  if (!fa_prefill) o.fa_prefill_min_rows = 0, o.fa_decode = false;
   // The parallel typed kv_store (scripts/device-check.sh KV_STORE_PAR=1 runs every CUDA test with it).
   if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) o.kv_store_parallel = std::strcmp(e, "0") != 0;
   return std::make_unique<CudaBackend>(0, o);
