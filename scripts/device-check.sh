@@ -283,7 +283,7 @@ if ((CLI_OK && SPEC4)); then
     for d in draft dflash; do
       run_step "bundled target + $d, $dev, fixed shapes" "$OUT/spec.log" 150 "$BUILD/src/cli/peregrine" bench --device "$dev" -t 8 \
         -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --draft "$ROOT/models/peregrine-demo-$d-Q8_0.gguf" --ddtree \
-        --spec-fixed --spec-draft-p-min 0 -n 128 -r 3
+        --spec-fixed --spec-draft-p-min 0 -n 128 -r "$([ "$dev" = cuda ] && echo 3 || echo 1)"
       { echo "bundled target + $d, $dev:"; grep -E "^\||^differs" "$OUT/spec.log" | tail -6; } >>"$SUMMARY"
     done
   done
