@@ -203,8 +203,6 @@ int main(int argc, char** argv) {
               // quantized beforehand (what the quantization launch costs).
               if (pg::cuda::gemv_fast_q8(a)) kernels.insert(kernels.end(), {"fast+pdl", "fast/noquant"});
               if (pg::cuda::gemv_fast_q8(a) && n == 1) kernels.insert(kernels.end(), {"fast/rw2", "fast/rw2+pdl"});
-              // The v2 one-row kernel (CudaOptions::gemv_kernel = 2) beside the default (fast/rw2+pdl).
-              if (pg::cuda::gemv_v2_supported(a)) kernels.insert(kernels.end(), {"v2", "v2+pdl", "v2/noquant"});
             }
             kernels.push_back("fp32");
           }
@@ -218,13 +216,7 @@ int main(int argc, char** argv) {
                 pg::cuda::gemm(a, nullptr, nullptr, scratch, stream);
               else if (kernel == "mmq")
                 pg::cuda::mmq(a, scratch, part, prop.multiProcessorCount, stream);
-              else if (kernel.rfind("v2", 0) == 0) {
-                a.gemv_kernel = 2;
-                a.pdl = kernel != "v2";
-                pg::cuda::gemv_fast(a, scratch, stream, /*x_quantized=*/kernel == "v2/noquant");
-                a.gemv_kernel = 1;
-                a.pdl = false;
-              } else if (kernel.rfind("fast", 0) == 0) {
+              else if (kernel.rfind("fast", 0) == 0) {
                 a.lanes = kernel == "fast/16" ? 16 : kernel == "fast/8" ? 8 : 32;
                 a.pdl = kernel == "fast+pdl" || kernel == "fast/rw2+pdl";
                 a.rows_per_warp = kernel.rfind("fast/rw2", 0) == 0 ? 2 : 1;

@@ -75,9 +75,6 @@ LONGCTX=${LONGCTX:-0}              # 1: qwen35-27b of MODELS with a 262144-token
 LONGCTX_DEPTH=${LONGCTX_DEPTH:-65536}
 DRAFT_DEVICE_CHAIN=${DRAFT_DEVICE_CHAIN:-0}  # 1: also the bundled-pair spec bench with device-fed greedy draft chains (PEREGRINE_DRAFT_DEVICE_CHAIN=1)
 TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_GEMV_RPW=2 (tests-rpw2.log)
-GEMV_KERNEL=${GEMV_KERNEL:-}       # 2: the v2 one-row GEMV (CudaOptions::gemv_kernel): op/model tests with PEREGRINE_GEMV_KERNEL=2
-                                   # (tests-gemv2.log, also when TESTS=0) and tg128 at depth 0 on the first model of MODELS, kernel 1 vs 2
-                                   # (pg_cuda_bench always prints its v2 rows beside fast/rw2+pdl)
 DFLASH_TRAIN=${DFLASH_TRAIN:-0}    # N > 0: train the bundled target's DFlash draft on the GPU for N minutes (tools/train/dflash_train.py),
                                    # then its acceptance vs the bundled one on the CPU  → $OUT/dflash/, dflash.log
 DFLASH_ARGS=${DFLASH_ARGS:---prompts 24000 --max-new 192 --bs 32 --anchors 12}  # the training run's data/batch flags
@@ -247,12 +244,6 @@ if ((BUILD_OK && TESTS && TESTS_RPW2)); then
   grep -E "tests passed|tests failed|\(Failed\)" "$OUT/tests-rpw2.log" | head -20 >>"$SUMMARY"
 fi
 
-if ((BUILD_OK)) && [ "$GEMV_KERNEL" = 2 ]; then
-  run_step "CUDA op tests (GemvV2, default mode) and model tests, GEMV kernel 2" "$OUT/tests-gemv2.log" 240 \
-    env PEREGRINE_GEMV_KERNEL=2 ctest --test-dir "$BUILD" -L cuda -R "CudaOps|CudaModel|CudaGreedy|CudaGraphs|CudaTree" -V -j 4 --timeout 200
-  grep -E "tests passed|tests failed|\(Failed\)|GemvV2|MatmulDefaultMode" "$OUT/tests-gemv2.log" | sed -E 's/^[0-9]+: //' | grep -v "^\[ RUN" | head -20 >>"$SUMMARY"
-fi
-
 # ---- 3. kernel micro-benchmark ---------------------------------------------------------------------------
 if ((BUILD_OK && KERNELS)); then
   run_step "pg_cuda_bench" "$OUT/kernels.log" 180 "$BUILD/src/backend/cuda/pg_cuda_bench" --reps 20 --types "$KERNEL_TYPES"
@@ -361,12 +352,6 @@ if ((CLI_OK)); then
       fi
       # KV cache types (issue 12): decode at depth per type on the first model. The typed CUDA path
       # (quantized / mixed KV) was written without a GPU; this is its first speed measurement.
-      if ((FIRST_MODEL && BENCH)) && [ "$GEMV_KERNEL" = 2 ]; then  # the v2 one-row GEMV vs the default, whole-model decode
-        for gk in 1 2; do
-          PEREGRINE_GEMV_KERNEL=$gk bench_one "$LOG" "$preset $type tg128 at depth 0, GEMV kernel $gk" -m "$MODEL" -p 0 -n 128 -d 0 -r 3 &&
-            { echo "GEMV kernel $gk, $preset $type:"; grep -E "tg128" "$LOG" | tail -1; } >>"$SUMMARY"
-        done
-      fi
       if ((FIRST_MODEL)); then
         for kvt in $KVTYPES; do
           bench_one "$LOG" "$preset $type KV $kvt tg128 at depths $KV_DEPTHS" -m "$MODEL" -ctk "$kvt" -ctv "$kvt" -p 0 -n 128 -d "$KV_DEPTHS" -r 1

@@ -142,13 +142,11 @@ TEST(CudaOps, MatmulDefaultModeMatchesCpuDefault) {
         cpu->matmul(wc, xc, yc);
         const auto ref = fetch(*cpu, yc);
         // MMQ (integer tensor cores) from its default row count (2) and from 9 rows; off (0): the GEMV.
-        // −1: MMQ off and the v2 one-row GEMV (CudaOptions::gemv_kernel = 2; other row counts and types keep kernel 1).
-        for (int mmq_min : {2, 9, 0, -1}) {
+        for (int mmq_min : {2, 9, 0}) {
           SCOPED_TRACE(std::string(dtype_name(t)) + " K=" + std::to_string(K) + " M=" + std::to_string(M) + " n=" + std::to_string(n) +
                        " mmq_min_rows=" + std::to_string(mmq_min));
           CudaOptions o;
-          o.mmq_min_rows = std::max(mmq_min, 0);
-          o.gemv_kernel = mmq_min < 0 ? 2 : 1;
+          o.mmq_min_rows = mmq_min;
           gpu->set_options(o);
           Tensor yg = gpu->alloc(DType::F32, M, n);
           gpu->matmul(wg, xg, yg);
@@ -986,58 +984,6 @@ TEST(CudaOps, GemvTwoRowsPerWarpBitIdentical) {
       gpu->free(w);
       gpu->free(x);
       gpu->free(y);
-    }
-  }
-}
-
-// The v2 one-row GEMV (CudaOptions::gemv_kernel = 2; Q4_K, Q5_K and Q8_0 with K % 256 == 0, Q6_K with K % 512 == 0
-// — superblocks at both word offsets —, other types and shapes fall back to kernel 1) against the CPU's default mode (the same 8-bit activations; only FP32
-// summation order differs: ≤ 2e-5 as in MatmulDefaultModeMatchesCpuDefault) and against kernel 1, with PDL
-// on and off: odd row counts (a warp or half-warp with one row), one-task rows (K = 256), rows of more
-// tasks than one round of a lane's loads (12288), and widths the v2 kernel does not take (Q8_0 96, Q6_K 256 and 4352).
-TEST(CudaOps, GemvV2MatchesCpuAndV1) {
-  PG_REQUIRE_GPU();
-  CpuOptions co;
-  co.n_threads = 2;
-  auto cpu = std::make_unique<CpuBackend>(co);
-  auto gpu = test::make_cuda(false);
-  for (const DType t : {DType::Q4_K, DType::Q5_K, DType::Q8_0, DType::Q6_K}) {
-    for (const int64_t K : {256, 2048, 4352, 12288, 96}) {
-      if (K % traits(t).block_size != 0) continue;
-      for (const int64_t M : {37, 300}) {
-        const auto wbytes = make_weights(t, K, M, 11u + static_cast<uint32_t>(K + M));
-        auto xv = randn(static_cast<size_t>(K), 12u + static_cast<uint32_t>(K));
-        xv[0] = -4.0f, xv[1] = 4.0f;
-        Tensor wc = make_weight(*cpu, t, K, M, 1, wbytes);
-        Tensor xc = make_tensor(*cpu, DType::F32, K, 1, xv.data());
-        Tensor yc = cpu->alloc(DType::F32, M, 1);
-        cpu->matmul(wc, xc, yc);
-        const auto ref = fetch(*cpu, yc);
-        Tensor w = make_weight(*gpu, t, K, M, 1, wbytes);
-        Tensor x = make_tensor(*gpu, DType::F32, K, 1, xv.data());
-        Tensor y = gpu->alloc(DType::F32, M, 1);
-        for (const bool pdl : {false, true}) {
-          SCOPED_TRACE(std::string(dtype_name(t)) + " K=" + std::to_string(K) + " M=" + std::to_string(M) + " pdl=" + std::to_string(pdl));
-          CudaOptions o;
-          o.pdl = pdl;
-          o.gemv_kernel = 1;
-          gpu->set_options(o);
-          gpu->matmul(w, x, y);
-          const auto v1 = fetch(*gpu, y);
-          o.gemv_kernel = 2;
-          gpu->set_options(o);
-          const std::vector<float> poison(static_cast<size_t>(M), 12345.0f);  // a kernel that writes nothing fails
-          gpu->upload(y, poison.data(), poison.size() * sizeof(float));
-          gpu->matmul(w, x, y);
-          const auto v2 = fetch(*gpu, y);
-          const ErrStats ec = compare(v2, ref), e1 = compare(v2, v1);
-          EXPECT_EQ(ec.bad, 0u);
-          EXPECT_LE(ec.rel, 2e-5) << "vs CPU, max_abs " << ec.max_abs;
-          EXPECT_LE(e1.rel, 2e-5) << "vs kernel 1, max_abs " << e1.max_abs;
-        }
-        for (Tensor* p : {&wc, &xc, &yc}) cpu->free(*p);
-        for (Tensor* p : {&w, &x, &y}) gpu->free(*p);
-      }
     }
   }
 }

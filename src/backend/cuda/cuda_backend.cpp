@@ -74,7 +74,6 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
   if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) opt.gemv_rows_per_warp = std::atoi(e);
-  if (const char* e = std::getenv("PEREGRINE_GEMV_KERNEL"); e && *e) opt.gemv_kernel = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) opt.fa_prefill_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL_TYPED"); e && *e) opt.fa_prefill_typed = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_PROFILE"); e && *e) opt.profile = std::strcmp(e, "0") != 0;
@@ -95,7 +94,6 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.gemv_lanes == 32 || opt_.gemv_lanes == 16 || opt_.gemv_lanes == 8, "CudaOptions::gemv_lanes must be 32, 16 or 8");
   PG_CHECK(opt_.mmq_min_rows >= 0 && opt_.mmq_min_rows <= cuda::kMmqMaxRows, "CudaOptions::mmq_min_rows must be 0..64");
   PG_CHECK(opt_.gemv_rows_per_warp == 1 || opt_.gemv_rows_per_warp == 2, "CudaOptions::gemv_rows_per_warp must be 1 or 2");
-  PG_CHECK(opt_.gemv_kernel == 1 || opt_.gemv_kernel == 2, "CudaOptions::gemv_kernel must be 1 or 2");
   PG_CHECK(opt_.fa_prefill_min_rows >= 0, "CudaOptions::fa_prefill_min_rows must be ≥ 0 (0 = off)");
   activate(device_);
   cudaDeviceProp prop{};
@@ -444,7 +442,6 @@ void CudaBackend::gemv(const cuda::MatmulArgs& a) {
     b.lanes = opt_.gemv_lanes;
     b.pdl = opt_.pdl && pdl_capable_;
     b.rows_per_warp = opt_.gemv_rows_per_warp;
-    b.gemv_kernel = opt_.gemv_kernel;
     const size_t sb = cuda::gemv_fast_scratch_bytes(b);
     if (cuda::gemv_fast(b, sb ? scratch(kSlotQ8, sb) : nullptr, as_stream(stream_))) return;
   }
@@ -488,7 +485,6 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& w, const Tensor& x, Tens
   a.lanes = opt_.gemv_lanes;
   a.pdl = opt_.pdl && pdl_capable_;
   a.rows_per_warp = opt_.gemv_rows_per_warp;
-  a.gemv_kernel = opt_.gemv_kernel;
   return a;
 }
 

@@ -55,10 +55,6 @@ struct CudaOptions {
   // tg128 196.1 → 207.8 tok/s, Q4_K 151936×4096 52 → 62 % of copy bandwidth) or 1; bit-identical results.
   // Environment: PEREGRINE_GEMV_RPW (factory).
   int gemv_rows_per_warp = 2;
-  // One-row decode GEMV kernel (8-bit activations): 1 = gemv_q8_kernel / rw2 (default), 2 = the v2 kernel
-  // (gemv_q8.cu: larger lane tasks, exact integer scale/min combination, pipelined wide loads) for Q4_K, Q5_K,
-  // Q6_K and Q8_0; other types keep 1. Default 1 until measured on the device. Environment: PEREGRINE_GEMV_KERNEL (factory).
-  int gemv_kernel = 1;
   // Prefill attention on tensor cores (attention_prefill.cu, FA2 form: mma.m16n8k16 FP16, cp.async double-
   // buffered K/V tiles) for attention calls of at least this many rows, when it applies (F16 cache, head_dim
   // 64/128/256, GQA ratio ≤ 64, no token tree; not in exact_f32 mode); other calls keep attention.cu. 0 = off.

@@ -22,7 +22,6 @@
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/gemv_v2_tasks.cuh"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
@@ -1086,89 +1085,6 @@ FastParams make_params(const MatmulArgs& a) {
   return p;
 }
 
-
-// ---- v2 one-row decode GEMV (CudaOptions::gemv_kernel = 2) ------------------------------------------------
-//
-// y (1, M) = x (1, K) · Wᵀ for Q4_K, Q5_K, Q6_K and Q8_0, same activations (act_quant_kernel) as gemv_q8_kernel. Why a
-// second kernel: gemv_q8_kernel is issue-bound — per 32 Q4_K weights a lane issues two 16-byte global
-// loads (quants + the superblock header again), decodes two 6-bit scale/min pairs, computes Σx with 4
-// more dp4a and does 4 float multiply-adds; Q8_0 rows (34-byte blocks, 2-byte aligned) cost 17 two-byte
-// loads per 32 weights. Here a lane's unit of work ("task") is larger and its integer part exact:
-//  - Q4_K task = one 64-weight half-pair j of a superblock (qs bytes [32j, +32): low nibbles sub-block
-//    2j, high nibbles 2j+1): 2 quant loads + 1 header load per 64 weights, both scale/min pairs unpacked
-//    with word operations, Σx read from act_quant's per-32 sums (scratch_s) instead of recomputed, and
-//    the two sub-blocks combined in integers (sc·dot and m·Σx) before one FP32 step per task:
-//    acc += xd·(d·Σ sc·dot − dmin·Σ m·Σx) (xd is one q8_K scale per superblock).
-//  - Q8_0 task = 8 blocks (272 bytes = 17 aligned 16-byte loads; needs a 16-byte aligned row start, i.e.
-//    K % 256 == 0); the 2-byte offsets of even blocks' quants are undone with funnel shifts in registers.
-//  - Q5_K, Q6_K: see gemv_v2_tasks.cuh.
-// The next round of a lane's loads is issued before the current round's dot products (software pipeline:
-// 2·U tasks in flight per lane), and the first round before griddepcontrol.wait (PDL) as in gemv_q8_kernel.
-// LPR lanes per row (32 / LPR rows per warp) so short rows still give every lane work. Reduction: shuffles,
-// fixed order. Numerics: the integer dot products per 32 values are the same exact integers as in
-// gemv_q8_kernel; only the FP32 summation order differs.
-constexpr int kV2Warps = 4;
-
-// The lane tasks (V2Params, V2K4, V2K5, V2B8, V2K6) live in gemv_v2_tasks.cuh, so that the host test
-// tests/cuda/test_cuda_gemv_v2.cpp can check them against dequantize_row without a GPU.
-using v2::V2B8;
-using v2::V2K4;
-using v2::V2K5;
-using v2::V2K6;
-using v2::V2Params;
-
-template <class T>
-__global__ void __launch_bounds__(kV2Warps * 32) gemv_v2_kernel(const V2Params p) {
-  constexpr int LPR = T::kLpr, U = T::kU;
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int sub = lane % LPR;
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kV2Warps + warp) * (32 / LPR) + lane / LPR;
-  grid_launch_dependents();
-  const bool active = row < p.M;  // inactive lanes still take part in the shuffles
-  const uint8_t* w = p.w + static_cast<size_t>(active ? row : 0) * p.row_bytes;
-  const int nt = active ? p.n_tasks : 0;
-  typename T::Raw r[U];
-  int base = sub;
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (base + LPR * u < nt) r[u] = T::load(w, base + LPR * u);
-  grid_wait();  // every thread, before reading the activations and before writing y
-  float acc = 0.0f;
-  while (base < nt) {
-    typename T::Raw cur[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) cur[u] = r[u];
-    const int next = base + LPR * U;
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (next + LPR * u < nt) r[u] = T::load(w, next + LPR * u);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (base + LPR * u < nt) acc += T::dot(cur[u], base + LPR * u, p);
-    base = next;
-  }
-#pragma unroll
-  for (int o = LPR / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (active && sub == 0) p.y[row] = acc;
-}
-
-template <class T>
-void launch_v2(const V2Params& p, cudaStream_t stream, bool pdl) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.M, static_cast<int64_t>(kV2Warps * (32 / T::kLpr)))));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kV2Warps * 32);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, gemv_v2_kernel<T>, p);
-  PG_CHECK(e == cudaSuccess, std::string("CUDA kernel launch failed (gemv_v2): ") + cudaGetErrorString(e));
-  check_launch("gemv_v2");
-}
-
 }  // namespace
 
 size_t gemv_fast_scratch_bytes(const MatmulArgs& a) {
@@ -1191,14 +1107,6 @@ uint4* scratch_split(const MatmulArgs& a, void* s) {
   return reinterpret_cast<uint4*>((p + 15) & ~uintptr_t{15});
 }
 }  // namespace
-
-bool gemv_v2_supported(const MatmulArgs& a) {
-  // One activation row, no experts; Q4_K / Q8_0 with 256-value tasks' alignment (16-byte loads, int2 Σq loads).
-  if (a.n != 1 || a.expert_ids || a.K % 256 != 0) return false;
-  if (a.type == DType::Q6_K) return a.K % 512 == 0 && aligned(a, 4) && gemv_fast_q8(a);  // 4-byte words, superblocks at 0 or 2 mod 4
-  if (a.type != DType::Q4_K && a.type != DType::Q5_K && a.type != DType::Q8_0) return false;
-  return aligned(a, 16) && gemv_fast_q8(a);
-}
 
 bool gemv_fast_q8(const MatmulArgs& a) {
   if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.x_stride % 4 != 0) return false;
@@ -1258,31 +1166,6 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
   if (!gemv_fast_q8(a)) return false;
   PG_CHECK(scratch != nullptr, "gemv_fast: no scratch for the quantized activations");
   if (!x_quantized) quantize_q8(a, scratch, stream);
-  if (a.gemv_kernel == 2 && gemv_v2_supported(a)) {
-    V2Params p{};
-    p.w = static_cast<const uint8_t*>(a.w);
-    p.row_bytes = a.row_bytes;
-    p.M = a.M;
-    p.K = a.K;
-    p.xq = scratch_q(scratch);
-    p.xd = scratch_d(a, scratch);
-    p.xs = scratch_s(a, scratch);
-    p.y = a.y;
-    if (a.type == DType::Q4_K) {
-      p.n_tasks = static_cast<int>(a.K / V2K4::kWeights);
-      launch_v2<V2K4>(p, stream, a.pdl);
-    } else if (a.type == DType::Q5_K) {
-      p.n_tasks = static_cast<int>(a.K / V2K5::kWeights);
-      launch_v2<V2K5>(p, stream, a.pdl);
-    } else if (a.type == DType::Q6_K) {
-      p.n_tasks = static_cast<int>(a.K / V2K6::kWeights);
-      launch_v2<V2K6>(p, stream, a.pdl);
-    } else {
-      p.n_tasks = static_cast<int>(a.K / V2B8::kWeights);
-      launch_v2<V2B8>(p, stream, a.pdl);
-    }
-    return true;
-  }
   dispatch_q8(a.type, [&]<class T>() {
     FastParams p = make_params(a);
     p.n_pieces = static_cast<int>(a.K / 32);

@@ -46,9 +46,6 @@ struct MatmulArgs {
   bool pdl = false;
   // Default-mode one-row GEMV: weight rows per warp, 1 or 2 (gemv_q8_rw2_kernel; bit-identical results).
   int rows_per_warp = 1;
-  // Default-mode one-row GEMV kernel: 1 = gemv_q8_kernel / gemv_q8_rw2_kernel, 2 = gemv_v2_kernel (Q4_K,
-  // Q5_K, Q6_K, Q8_0 where gemv_v2_supported; other types and shapes keep kernel 1). CudaOptions::gemv_kernel.
-  int gemv_kernel = 1;
 };
 
 bool gemv_supported(DType t);
@@ -63,9 +60,6 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
 // Whether gemv_fast takes a on an 8-bit-activation kernel; then quantize_q8 fills the scratch for a's
 // activations and gemv_fast(..., x_quantized = true) reuses it (products sharing one input).
 bool gemv_fast_q8(const MatmulArgs& a);
-// Whether gemv_fast takes a on the v2 one-row kernel when a.gemv_kernel == 2 (n = 1, not grouped, Q4_K, Q5_K or
-// Q8_0 with K % 256 == 0 and 16-byte aligned weights, Q6_K with K % 512 == 0 and 4-byte aligned weights).
-bool gemv_v2_supported(const MatmulArgs& a);
 void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream);
 
 // Default-mode matmul for 1..kMmqMaxRows activation rows on integer tensor cores (gemv_q8.cu: MMQ), for
