@@ -74,10 +74,11 @@ struct CudaOptions {
   // attention_prefill.cu when it takes the shape — F16 caches always, typed caches only with
   // fa_prefill_typed and only the types where it wins at decode shapes (cuda_backend.cpp
   // fa_decode_type_wins: q8_0 yes, tq3_0 no). H200, attention alone (32 q / 8 kv heads × 128): f16 1 row d4096
-  // 0.027 vs 0.047 ms, d32768 0.082 vs 0.274, 22 rows d4096 0.043 vs 0.456. Off by default until the device
-  // run of tests/cuda/test_cuda_attention_prefill.cpp's decode / tree cases and test_cuda_model / test_cuda_spec
-  // with it on passes. Environment: PEREGRINE_CUDA_FA_DECODE=1 (factory).
-  bool fa_decode = false;
+  // 0.027 vs 0.047 ms, d32768 0.082 vs 0.274, 22 rows d4096 0.043 vs 0.456. Device run 28 (H200, 2026-12-02):
+  // its decode / tree kernel tests 37/37 and the typed-KV tests with it 47/47 passed; qwen3-8b Q4_K_M tg128 at
+  // depth 4096 148.1 -> 172.7 tok/s (depth 0 218.5 -> 215.6). On by default. Environment:
+  // PEREGRINE_CUDA_FA_DECODE=0 turns it off (factory).
+  bool fa_decode = true;
   // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:
   // a matmul inside matmul_shared counts as part of it) and drained by profile_take(); CUDA graphs are off
   // so that each op is its own launch. The times include launch gaps when the host falls behind, so small
@@ -86,10 +87,11 @@ struct CudaOptions {
   bool profile = false;
   // Typed KV store (kv_quant.cu): one warp per 32-value block / TQ3_0 group (amax, min/max by shuffles,
   // the cooperative TQ3_0 rotation) instead of one thread encoding a whole unit (TQ3_0: a 128-float local
-  // array and a sequential rotation per thread). Same bytes as the CPU's kv_quantize_row by construction;
-  // off by default until tests/cuda/test_cuda_kv_types.cpp's CudaKvStore.BytesEqualCpuQuantizer/Parallel passes on a GPU.
-  // Environment: PEREGRINE_CUDA_KV_STORE_PAR=1 (factory).
-  bool kv_store_parallel = false;
+  // array and a sequential rotation per thread). Same bytes as the CPU's kv_quantize_row: device run 28 (H200,
+  // 2026-12-02) passed CudaKvStore.BytesEqualCpuQuantizer/Parallel and every CudaKv* / prefill test with it
+  // (79/79); qwen3-8b Q4_K_M tg128 at depth 4096: q8_0 125.2 -> 131.1, tq3_0 105.3 -> 124.1 tok/s. On by
+  // default. Environment: PEREGRINE_CUDA_KV_STORE_PAR=0 turns it off (factory).
+  bool kv_store_parallel = true;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
