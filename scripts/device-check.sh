@@ -227,6 +227,9 @@ if ((BUILD_OK && TESTS)); then
   # The model tests print one line per model (max/RMS logit differences) and per greedy run.
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|exact: max|greedy|identical|fused chunk|tree vs chain|diverges|CUDA vs CPU max|worst relative error" "$OUT/tests.log" |
     sed -E 's/^[0-9]+: //' | head -160 >>"$SUMMARY"
+  # Failures last and in full (the list above is cut): which tests, and gtest's messages.
+  { echo "CUDA test failures and messages:"; grep -E "tests failed|\(Failed\)|\(Subprocess|\(Timeout\)|Failure$|Expected|Which is|: error|what\(\)|C\+\+ exception" "$OUT/tests.log" |
+    sed -E 's/^[0-9]+: //' | tail -60; } >>"$SUMMARY"
 fi
 
 # The parallel typed kv_store (CudaOptions::kv_store_parallel): its byte-identity test runs in the main
