@@ -56,10 +56,14 @@ std::string case_name(const testing::TestParamInfo<FaCase>& i) {
   return name.append(buf);
 }
 
+// min_rows 0: every attention call on attention.cu (the reference side); > 0: calls of ≥ min_rows rows and,
+// through fa_decode, decode / verification calls on the tensor-core kernel (CudaOptions' defaults since
+// device run 28; the model test below would otherwise compare the kernel with itself).
 CudaOptions fa_options(int min_rows) {
   CudaOptions o;
   o.fa_prefill_min_rows = min_rows;
-  o.fa_prefill_typed = true;  // typed caches take the tensor-core kernel too (off by default until this test passes)
+  o.fa_decode = min_rows > 0;
+  o.fa_prefill_typed = true;  // typed caches take the tensor-core kernel too
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::string(e) == "0") o.pdl = false;
   return o;
 }
