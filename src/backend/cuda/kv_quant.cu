@@ -71,15 +71,7 @@ __device__ __forceinline__ void kvq_encode_block_warp(DType t, float x, int lane
     const float d = __fdiv_rn(amax, 127.0f);
     const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
     if (lane == 0) kvq_put16(y, kvq_f32_to_f16(d));
-    const float v = __fmul_rn(x, id);
-    int q;
-    if (!(v == v))
-      q = -128;
-    else {
-      const float r = rintf(v);
-      q = r >= 127.0f ? 127 : r <= -128.0f ? -128 : static_cast<int>(r);
-    }
-    y[2 + lane] = static_cast<uint8_t>(q & 0xff);
+    y[2 + lane] = kvq_q8_quant(__fmul_rn(x, id));
     return;
   }
   const bool sym = t == DType::Q4_0 || t == DType::Q5_0;  // scale from the signed absmax, else from min/max

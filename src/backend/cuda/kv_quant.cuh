@@ -60,8 +60,20 @@ __device__ __forceinline__ void kvq_put16(uint8_t* p, uint32_t v) {
 
 // ---- GGML 32-value blocks: x (32 floats) → one block at y ----------------------------------------------
 
+// One Q8_0 quant: v = x·(127/amax) rounded half to even, saturated, NaN → −128 (as the AVX2 pack does).
+__device__ __forceinline__ uint8_t kvq_q8_quant(float v) {
+  int q;
+  if (!(v == v))
+    q = -128;
+  else {
+    const float r = rintf(v);
+    q = r >= 127.0f ? 127 : r <= -128.0f ? -128 : static_cast<int>(r);
+  }
+  return static_cast<uint8_t>(q & 0xff);
+}
+
 // Q8_0 as ggml-cpu's from_float (activation rule): d = amax/127, multiplier 127/amax, round half to
-// even, saturated (NaN → −128, as the AVX2 pack does). y: 34 bytes.
+// even, saturated (kvq_q8_quant). y: 34 bytes.
 __device__ __forceinline__ void kvq_encode_q8_0(const float (&x)[32], uint8_t* y) {
   float amax = 0.0f;
 #pragma unroll
@@ -70,17 +82,7 @@ __device__ __forceinline__ void kvq_encode_q8_0(const float (&x)[32], uint8_t* y
   const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
   kvq_put16(y, kvq_f32_to_f16(d));
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const float v = __fmul_rn(x[j], id);
-    int q;
-    if (!(v == v))
-      q = -128;
-    else {
-      const float r = rintf(v);
-      q = r >= 127.0f ? 127 : r <= -128.0f ? -128 : static_cast<int>(r);
-    }
-    y[2 + j] = static_cast<uint8_t>(q & 0xff);
-  }
+  for (int j = 0; j < 32; ++j) y[2 + j] = kvq_q8_quant(__fmul_rn(x[j], id));
 }
 
 // The signed value of largest magnitude (the first one on ties) and that magnitude (quant_ref's signed_absmax).
