@@ -85,6 +85,13 @@ FA_DECODE=${FA_DECODE:-0}          # 1: decode/verify attention on tensor cores 
                                    #    test_cuda_spec with PEREGRINE_CUDA_FA_DECODE=1, tg128 at depths 0, 4096 off vs on (first model)
 FA_TEST_ROWS=${FA_TEST_ROWS:-16}    # PEREGRINE_CUDA_FA_PREFILL for the model tests of FA_PREFILL=1
 KV_STORE_PAR=${KV_STORE_PAR:-0}    # 1: parallel typed kv_store (PEREGRINE_CUDA_KV_STORE_PAR=1): the typed KV tests with it (tests-kv-store-par.log), and with KVTYPES each type's tg128 (and PROFILE_KV profile) again with it
+NCU=${NCU:-0}                      # 1: Nsight Compute (hardware counters; --clock-control none --cache-control none): the GPU time of every
+                                   #    kernel of decode steps of the first model (graphs off: no launch gaps in the numbers) at depths 0
+                                   #    and 4096, summed per kernel → $OUT/ncu-decode-*.csv + summary; then the speed-of-light, occupancy,
+                                   #    warp-stall and memory sections of the one-row GEMV and the decode attention → $OUT/ncu-kernels.txt
+NCU_KERNELS=${NCU_KERNELS:-rw2_kernel|fa_prefill_kernel|fa_combine}  # ncu --kernel-name regex of the detailed sections
+FA_SPLIT=${FA_SPLIT:-}              # PEREGRINE_CUDA_FA_SPLIT_BLOCKS values (tensor-core attention's split-K blocks per SM, default 2) to time
+                                   #    tg128 at depths 4096 and 32768 with, first model (e.g. "4 8")
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
@@ -318,6 +325,26 @@ if ((CLI_OK)); then
     MODEL=/tmp/peregrine-$preset-$type.gguf
     LOG=$OUT/model-$preset-$type.log
     if run_step "gguf synth $preset $type" "$LOG" 240 "$PG" gguf synth --preset "$preset" --type "$type" -o "$MODEL"; then
+      # Nsight Compute: per-kernel GPU time of decode steps (eager: ncu serializes kernels anyway), the first
+      # model only. bench -p 0 -n 8: the first 2 400 launches (warm-up; at depth 4096 9 000: also the ~7 000 of the
+      # depth's prefill) are skipped, the next 1 600 measured (~2 decode steps of ~780 launches); tools/ncu_sum.py
+      # sums them per kernel name. The sections step skips 1 000 matching launches (past the prefill's attention).
+      if ((NCU && FIRST_MODEL)) && command -v ncu >/dev/null 2>&1; then
+        for d in 0 4096; do
+          run_step "ncu $preset $type decode kernels at depth $d" "$OUT/ncu-run.log" 240 env PEREGRINE_CUDA_GRAPHS=0 ncu --clock-control none \
+            --cache-control none --launch-skip $((d > 0 ? 9000 : 2400)) --launch-count 1600 --csv --print-units base \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
+            --log-file "$OUT/ncu-decode-d$d.csv" "$PG" bench -m "$MODEL" -p 0 -n 8 -d "$d" -r 1 --device cuda
+          python3 "$ROOT/tools/ncu_sum.py" "$OUT/ncu-decode-d$d.csv" 1600 >"$OUT/ncu-decode-d$d.txt" 2>&1
+          { echo "ncu: decode kernels of $preset $type at depth $d (GPU time, graphs off)"; head -40 "$OUT/ncu-decode-d$d.txt"; } >>"$SUMMARY"
+        done
+        run_step "ncu $preset $type kernel sections (depth 4096 decode)" "$OUT/ncu-run.log" 240 env PEREGRINE_CUDA_GRAPHS=0 ncu --clock-control none \
+          --cache-control none --kernel-name "regex:$NCU_KERNELS" --launch-skip 1000 --launch-count 20 \
+          --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+          --section SchedulerStats --log-file "$OUT/ncu-kernels.txt" "$PG" bench -m "$MODEL" -p 0 -n 8 -d 4096 -r 1 --device cuda
+      elif ((NCU && FIRST_MODEL)); then
+        note "SKIP  ncu (not on the PATH)"
+      fi
       if ((FA_PREFILL)); then  # prefill speed with the tensor-core attention off, then on
         PEREGRINE_CUDA_FA_PREFILL=0 bench_one "$LOG" "$preset $type prefill, FA prefill off" -m "$MODEL" -p 512,4096 -d 0,4096 -n 0 -r 2
         PEREGRINE_CUDA_FA_PREFILL=$FA_PREFILL_ROWS bench_one "$LOG" "$preset $type prefill, FA prefill on (≥ $FA_PREFILL_ROWS rows)" \
@@ -335,6 +362,12 @@ if ((CLI_OK)); then
       if ((PROFILE)); then
         PEREGRINE_CUDA_PROFILE=1 bench_one "$LOG" "$preset $type per-op profile (pp512, tg32 at depths 0 and 4096)" -m "$MODEL" -p 512 -n 32 -d 0,4096 -r 1
         { echo "per-op profile $preset $type"; grep -A22 "^ops of " "$LOG" | tail -100; } >>"$SUMMARY"
+      fi
+      if ((FIRST_MODEL)); then
+        for v in $FA_SPLIT; do
+          PEREGRINE_CUDA_FA_SPLIT_BLOCKS=$v bench_one "$LOG" "$preset $type tg128 at depths 4096 and 32768, FA split blocks per SM $v" -m "$MODEL" -p 0 -n 128 -d 4096,32768 -r 1
+        done
+        [ -n "$FA_SPLIT" ] && bench_one "$LOG" "$preset $type tg128 at depths 4096 and 32768, FA split blocks per SM default" -m "$MODEL" -p 0 -n 128 -d 4096,32768 -r 1
       fi
       for r in $RPW; do
         ((BENCH)) && PEREGRINE_GEMV_RPW=$r bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, GEMV rows per warp $r" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2

@@ -684,7 +684,7 @@ FaPlan fa_plan(const AttentionArgs& a, int n_sm) {
     while (cap < a.kv_capacity) cap *= 2;
     max_kv = std::max(max_kv, cap);
   }
-  pl.split = fa::split_plan(pl.n_row_tiles * a.n_head_kv, max_kv, n_sm);
+  pl.split = fa::split_plan(pl.n_row_tiles * a.n_head_kv, max_kv, n_sm, a.fa_blocks_per_sm);
   return pl;
 }
 

@@ -89,11 +89,13 @@ struct SplitPlan {
   int n_splits = 1, target = 1;
 };
 constexpr int kMinSplitKeys = 64;  // smallest split chunk (one 64-key tile; two at head 256); as attention.cu
-PG_FA_HD SplitPlan split_plan(int base_blocks, int max_kv, int n_sm) {
+PG_FA_HD SplitPlan split_plan(int base_blocks, int max_kv, int n_sm, int per_sm = 2) {
   SplitPlan s;
-  // ~2 blocks per SM: an FA block (4 warps, 16 rows each on tensor cores) has far more work in flight
-  // than a SIMT decode block, so fewer of them hide the latency.
-  const int want = base_blocks >= 2 * n_sm ? 1 : (2 * n_sm + base_blocks - 1) / base_blocks;
+  // per_sm (default 2) blocks per SM: an FA block (4 warps, 16 rows each on tensor cores) has far more work
+  // in flight than a SIMT decode block, so fewer of them hide the latency (CudaOptions::fa_blocks_per_sm
+  // tries more: decode rows fill 4-8 of a block's 64 MMA rows, so its keys per block set the time).
+  if (per_sm < 1) per_sm = 1;
+  const int want = base_blocks >= per_sm * n_sm ? 1 : (per_sm * n_sm + base_blocks - 1) / base_blocks;
   const int most = (max_kv + kMinSplitKeys - 1) / kMinSplitKeys;
   s.target = want;
   s.n_splits = want < most ? want : most;

@@ -79,6 +79,11 @@ struct CudaOptions {
   // depth 4096 148.1 -> 172.7 tok/s (depth 0 218.5 -> 215.6). On by default. Environment:
   // PEREGRINE_CUDA_FA_DECODE=0 turns it off (factory).
   bool fa_decode = true;
+  // Split-K of the tensor-core attention for small grids (decode, short verification batches at depth):
+  // the key range is cut so that about this many blocks per SM run (attention_prefill.cuh split_plan). Each
+  // value is deterministic and graph/eager-identical; values give different (equally valid) summation orders.
+  // Environment: PEREGRINE_CUDA_FA_SPLIT_BLOCKS=<n> (factory). Being measured (issue 11: tg at depth).
+  int fa_blocks_per_sm = 2;
   // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:
   // a matmul inside matmul_shared counts as part of it) and drained by profile_take(); CUDA graphs are off
   // so that each op is its own launch. The times include launch gaps when the host falls behind, so small
