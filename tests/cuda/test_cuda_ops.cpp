@@ -211,7 +211,8 @@ TEST(CudaOps, RmsNorm) {
   PG_REQUIRE_GPU();
   auto cpu = test::make_cpu_exact();
   auto gpu = test::make_cuda(false);
-  const std::pair<int64_t, int64_t> shapes[] = {{1, 4096}, {7, 100}, {33, 64}, {4, 5000}, {130, 128}};
+  // (d ≤ 16 values per thread takes the register kernel, 4 / 8 / 16 per thread; 10 000 the loop kernel.)
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 4096}, {7, 100}, {33, 64}, {4, 5000}, {130, 128}, {3, 8192}, {2, 10000}, {5, 33}};
   for (auto [rows, d] : shapes) {
     for (int wmode = 0; wmode < 3; ++wmode) {  // F32 weight, F16 weight, none
       for (bool inplace : {false, true}) {
