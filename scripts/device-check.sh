@@ -90,6 +90,8 @@ NCU=${NCU:-0}                      # 1: Nsight Compute (hardware counters; --clo
                                    #    and 4096, summed per kernel → $OUT/ncu-decode-*.csv + summary; then the speed-of-light, occupancy,
                                    #    warp-stall and memory sections of the one-row GEMV and the decode attention → $OUT/ncu-kernels.txt
 NCU_KERNELS=${NCU_KERNELS:-rw2_kernel|fa_prefill_kernel|fa_combine}  # ncu --kernel-name regex of the detailed sections
+PDL_ALL=${PDL_ALL:-0}              # 1: PDL for every decode-path kernel (PEREGRINE_CUDA_PDL_ALL=1): the CUDA tests with it (tests-pdl-all.log)
+                                   #    and, per model, tg128 at depths 0 and 4096 with it
 FA_SPLIT=${FA_SPLIT:-}              # PEREGRINE_CUDA_FA_SPLIT_BLOCKS values (tensor-core attention's split-K blocks per SM, default 2) to time
                                    #    tg128 at depths 4096 and 32768 with, first model (e.g. "4 8")
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
@@ -239,6 +241,13 @@ if ((BUILD_OK && TESTS)); then
     sed -E 's/^[0-9]+: //' | tail -60; } >>"$SUMMARY"
 fi
 
+# PDL for every decode-path kernel (CudaOptions::pdl_all): every CUDA test again with it on.
+if ((BUILD_OK && PDL_ALL)); then
+  PEREGRINE_CUDA_PDL_ALL=1 run_step "CUDA tests, PDL for every kernel" "$OUT/tests-pdl-all.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -j 6 --timeout 280 --output-on-failure
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Failure$|Expected|Which is" "$OUT/tests-pdl-all.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
+fi
+
 # The parallel typed kv_store (CudaOptions::kv_store_parallel): its byte-identity test runs in the main
 # test step (CudaKvStore.BytesEqualCpuQuantizer/Parallel); here every typed-KV test (attention on stored
 # caches, whole models, graph replay) runs with the option on, through the test helper's environment alias.
@@ -353,6 +362,9 @@ if ((CLI_OK)); then
       if ((FA_DECODE && FIRST_MODEL)); then  # decode speed with the tensor-core decode attention off, then on
         PEREGRINE_CUDA_FA_DECODE=0 bench_one "$LOG" "$preset $type tg128, FA decode off" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
         PEREGRINE_CUDA_FA_DECODE=1 bench_one "$LOG" "$preset $type tg128, FA decode on" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+      fi
+      if ((BENCH && PDL_ALL)); then
+        PEREGRINE_CUDA_PDL_ALL=1 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, PDL for every kernel" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
       fi
       if ((BENCH && TG_ONLY)); then
         bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2

@@ -66,13 +66,18 @@
 #include "cuda_thread_shim.h"  // namespace pg::cuda::host_emu: the emulated intrinsics
 #define PG_FA_NAMESPACE pg::cuda::host_emu
 #define PG_FA_LAUNCH(kernel, grid, block, smem, stream, ...) ::pg::cuda::host_emu::shim::launch(grid, block, smem, [&] { kernel(__VA_ARGS__); })
+namespace pg::cuda::host_emu {
+inline void grid_wait() {}  // PDL (pdl.cuh) has nothing to emulate: one kernel at a time
+inline void grid_launch_dependents() {}
+}  // namespace pg::cuda::host_emu
 #else
 #include <cuda_fp16.h>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/launch.h"
 #define PG_FA_NAMESPACE pg::cuda
-#define PG_FA_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#include "backend/cuda/pdl.cuh"
+#define PG_FA_LAUNCH(kernel, grid, block, smem, stream, ...) ::pg::cuda::launch(kernel, grid, block, smem, stream, __VA_ARGS__)
 #endif
 // The typed-KV tile decoders (kvq_load, bit-identical to core's dequantizers) and the TQ3_0 rotation, in
 // pg::cuda (the host emulation's namespace sits inside it, so they resolve the same way in both builds).
@@ -148,6 +153,8 @@ __device__ __forceinline__ void fa_rotate_block(float* x, int n, bool inverse) {
 // none of that code). Grid (row tiles, n_head_kv, n_splits), 128 threads.
 template <int DK, int DV, int BN, bool TYPED>
 __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams P) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const AttentionArgs& p = P.a;
   static_assert(TYPED || DK == DV, "an F16/F16 cache has one head width");
   constexpr int LDK = fa::tile_pitch(DK);  // halves per K tile row
@@ -670,6 +677,8 @@ __global__ void fa_combine_kernel(const float* part_acc,  // (n_splits, n, n_hea
                                   int n_splits, int n, int n_head, int hd,
                                   float* out,  // (n, out_stride), heads at h·hd
                                   int64_t out_stride) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
 #ifdef PG_CUDA_HOST_SHIM
   float* const cw = shim::dynamic_smem<float>();
 #else
@@ -693,6 +702,8 @@ __global__ void fa_combine_typed_kernel(const float* part_acc,  // (n_splits, n,
                                         int n_splits, int n, int n_head, int hd, int wv, bool rot_v,
                                         float* out,  // (n, out_stride), heads at h·hd
                                         int64_t out_stride) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
 #ifdef PG_CUDA_HOST_SHIM
   float* const y = shim::dynamic_smem<float>();
 #else

@@ -73,6 +73,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_PDL_ALL"); e && *e) opt.pdl_all = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) opt.gemv_rows_per_warp = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) opt.fa_prefill_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL_TYPED"); e && *e) opt.fa_prefill_typed = std::strcmp(e, "0") != 0;
@@ -103,6 +104,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
                                 std::to_string(prop.minor) + "; Peregrine needs 8.0 or newer");
   n_sm_ = prop.multiProcessorCount;
   pdl_capable_ = prop.major >= 9;
+  cuda::set_pdl_launches(opt_.pdl && opt_.pdl_all && pdl_capable_);
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_ = s;

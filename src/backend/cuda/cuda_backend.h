@@ -50,6 +50,12 @@ struct CudaOptions {
   // gap, ramp-up and tail overlap the weight stream. Inside CUDA graphs too (programmatic edges).
   // Environment: PEREGRINE_CUDA_PDL=0 turns it off (factory).
   bool pdl = true;
+  // PDL for every kernel of the decode path, not only the GEMV (pdl.cuh: RMSNorm, RoPE, KV store, the
+  // attention and its combine, GLU, activation quantization, Gated DeltaNet, MoE routing, top-k, ...): each
+  // is scheduled while its predecessor drains and waits in griddepcontrol.wait, so the ~1-2 µs launch gap
+  // per kernel boundary (~780 per qwen3-8b decode step) overlaps. Timing only: results are bit-identical.
+  // Needs pdl. Process-wide (cuda::set_pdl_launches). Environment: PEREGRINE_CUDA_PDL_ALL=1 (factory).
+  bool pdl_all = false;
   // One-row decode GEMV (8-bit activations): weight rows per warp, 2 (default: a lane serves two rows
   // with each activation load and keeps twice the weight bytes in flight; device run 18: qwen3-8b Q4_K_M
   // tg128 196.1 → 207.8 tok/s, Q4_K 151936×4096 52 → 62 % of copy bandwidth) or 1; bit-identical results.

@@ -19,6 +19,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "core/error.h"
 
 namespace pg::cuda {
@@ -30,6 +31,8 @@ constexpr int kMaxRowsPerThread = 64;  // d_k ≤ kWarps · 64 = 256
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
 __global__ void deltanet_gates_kernel(float* alpha, float* beta, const float* dt_bias, const float* a, int64_t rows, int h) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * h) return;
   const int c = static_cast<int>(i % h);
@@ -40,6 +43,8 @@ __global__ void deltanet_gates_kernel(float* alpha, float* beta, const float* dt
 }
 
 __global__ void mul_rows_sigmoid_kernel(float* x, const float* gate, int64_t rows, int64_t d) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * d) return;
   const float g = gate[i / d];
@@ -50,6 +55,8 @@ __global__ void mul_rows_sigmoid_kernel(float* x, const float* gate, int64_t row
 template <int H>
 __global__ void ssm_conv_kernel(const float* __restrict__ x, const void* __restrict__ w, bool w_f16, float* state, const int32_t* rows,
                                 const int32_t* seg, const int32_t* capture, int seg_base, int64_t C, bool silu, float* __restrict__ out) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int32_t* sg = seg + 4 * (seg_base + static_cast<int>(blockIdx.y));
@@ -95,6 +102,8 @@ struct DeltaParams {
 
 // grid: (ceil(d_v/32), hv, segments); block: 32 × kWarps.
 __global__ void __launch_bounds__(32 * kWarps) gated_delta_kernel(const DeltaParams p) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
   const int j = static_cast<int>(blockIdx.x) * 32 + lane;  // value column
   const int h = static_cast<int>(blockIdx.y), kh = h % p.hk;
@@ -188,14 +197,14 @@ void over_segments(int n_segments, bool serial, F&& launch) {
 void deltanet_gates(float* alpha, float* beta, const float* dt_bias, const float* a, int64_t rows, int h, cudaStream_t stream) {
   const int64_t n = rows * h;
   if (n == 0) return;
-  deltanet_gates_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(alpha, beta, dt_bias, a, rows, h);
+  launch(deltanet_gates_kernel, static_cast<unsigned>((n + 255) / 256), 256, 0, stream, alpha, beta, dt_bias, a, rows, h);
   check_launch("deltanet_gates");
 }
 
 void mul_rows_sigmoid(float* x, const float* gate, int64_t rows, int64_t d, cudaStream_t stream) {
   const int64_t n = rows * d;
   if (n == 0) return;
-  mul_rows_sigmoid_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(x, gate, rows, d);
+  launch(mul_rows_sigmoid_kernel, static_cast<unsigned>((n + 255) / 256), 256, 0, stream, x, gate, rows, d);
   check_launch("mul_rows_sigmoid");
 }
 
@@ -207,7 +216,7 @@ void ssm_conv(const SsmConvArgs& a, cudaStream_t stream) {
     const dim3 grid(bx, static_cast<unsigned>(count));
 #define PG_CONV(HH)                                                                                                    \
   case HH + 1:                                                                                                         \
-    ssm_conv_kernel<HH><<<grid, 128, 0, stream>>>(a.x, a.w, a.w_f16, a.state, a.rows, a.seg, a.capture, s0, a.C, a.silu, a.out); \
+    launch(ssm_conv_kernel<HH>, grid, 128, 0, stream, a.x, a.w, a.w_f16, a.state, a.rows, a.seg, a.capture, s0, a.C, a.silu, a.out); \
     break;
     switch (a.kernel) {
       PG_CONV(0)
@@ -231,7 +240,7 @@ void gated_delta_net(const GatedDeltaArgs& a, cudaStream_t stream) {
   over_segments(a.n_segments, a.serial, [&](int s0, int count) {
     p.seg_base = s0;
     const dim3 grid(static_cast<unsigned>((a.d_v + 31) / 32), static_cast<unsigned>(a.hv), static_cast<unsigned>(count));
-    gated_delta_kernel<<<grid, 32 * kWarps, 0, stream>>>(p);
+    launch(gated_delta_kernel, grid, 32 * kWarps, 0, stream, p);
     check_launch("gated_delta_net");
   });
 }

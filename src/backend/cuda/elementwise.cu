@@ -3,9 +3,11 @@
 // (same association order, accurate exp/tanh/sin/cos, sums of squares in double) so results agree
 // with the CPU to a few ulps.
 #include <algorithm>
+#include <atomic>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "core/error.h"
 
 namespace pg::cuda {
@@ -22,6 +24,8 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
 template <class Q>
 __global__ void get_rows_quant_kernel(const uint8_t* table, size_t row_bytes, int64_t n_rows, int64_t d, const int32_t* ids,
                                       float* out, int64_t out_stride) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const int i = static_cast<int>(blockIdx.y);
   const int32_t id = ids[i];
   float* o = out + static_cast<int64_t>(i) * out_stride;
@@ -45,6 +49,8 @@ __global__ void get_rows_quant_kernel(const uint8_t* table, size_t row_bytes, in
 template <int T>  // 0 f32, 1 f16, 2 bf16
 __global__ void get_rows_plain_kernel(const uint8_t* table, size_t row_bytes, int64_t n_rows, int64_t d, const int32_t* ids,
                                       float* out, int64_t out_stride) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const int i = static_cast<int>(blockIdx.y);
   const int32_t id = ids[i];
   float* o = out + static_cast<int64_t>(i) * out_stride;
@@ -83,6 +89,8 @@ __device__ T block_sum(T v, T* sh) {
 // scale pass, so the result equals add then rms_norm bit for bit (same thread count, same order).
 __global__ void rms_norm_kernel(const float* x, const void* w, int w_f16, float* y, int64_t d, float eps, const float* r = nullptr,
                                 float* x_out = nullptr) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   __shared__ double sh[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * d;
@@ -116,6 +124,8 @@ __global__ void rms_norm_kernel(const float* x, const void* w, int w_f16, float*
 template <int PER>
 __global__ void rms_norm_reg_kernel(const float* x, const void* w, int w_f16, float* y, int64_t d, float eps, const float* r,
                                     float* x_out) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   __shared__ double sh[32];
   const int64_t row = blockIdx.x;
   const int t = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
@@ -163,13 +173,13 @@ void launch_rms_norm(unsigned rows, int threads, const float* x, const void* w, 
                      const float* r, float* x_out, cudaStream_t stream) {
   const int64_t per = (d + threads - 1) / threads;
   if (per <= 4)
-    rms_norm_reg_kernel<4><<<rows, threads, 0, stream>>>(x, w, w_f16, y, d, eps, r, x_out);
+    launch(rms_norm_reg_kernel<4>, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out);
   else if (per <= 8)
-    rms_norm_reg_kernel<8><<<rows, threads, 0, stream>>>(x, w, w_f16, y, d, eps, r, x_out);
+    launch(rms_norm_reg_kernel<8>, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out);
   else if (per <= 16)
-    rms_norm_reg_kernel<16><<<rows, threads, 0, stream>>>(x, w, w_f16, y, d, eps, r, x_out);
+    launch(rms_norm_reg_kernel<16>, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out);
   else
-    rms_norm_kernel<<<rows, threads, 0, stream>>>(x, w, w_f16, y, d, eps, r, x_out);
+    launch(rms_norm_kernel, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out);
 }
 
 // ---- element-wise -----------------------------------------------------------------------------------
@@ -178,12 +188,18 @@ void launch_rms_norm(unsigned rows, int threads, const float* x, const void* w, 
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   PG_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
 }
 __global__ void scale_kernel(float* x, float s, int64_t n) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   PG_GRID_STRIDE(i, n) x[i] = __fmul_rn(x[i], s);
 }
 __global__ void add_bias_kernel(float* y, const void* bias, int bias_f16, int64_t rows, int64_t d) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   PG_GRID_STRIDE(i, rows * d) {
     const int64_t c = i % d;
     y[i] += bias_f16 ? h2f(static_cast<const uint16_t*>(bias)[c]) : static_cast<const float*>(bias)[c];
@@ -204,6 +220,8 @@ __device__ __forceinline__ float gelu_ggml(float x) {
 }
 
 __global__ void glu_kernel(const float* gate, const float* up, float* y, int64_t n, int act) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   PG_GRID_STRIDE(i, n) {
     const float g = gate[i];
     const float a = act == 0 ? __fdiv_rn(g, 1.0f + expf(-g)) : gelu_ggml(g);
@@ -212,15 +230,21 @@ __global__ void glu_kernel(const float* gate, const float* up, float* y, int64_t
 }
 
 __global__ void mul_sigmoid_kernel(float* x, const float* gate, int64_t n) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   PG_GRID_STRIDE(i, n) x[i] = __fmul_rn(x[i], __fdiv_rn(1.0f, 1.0f + expf(-gate[i])));
 }
 
 __global__ void softcap_kernel(float* x, float cap, int64_t n) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   PG_GRID_STRIDE(i, n) x[i] = __fmul_rn(cap, tanhf(__fdiv_rn(x[i], cap)));
 }
 
 __global__ void gather_cols_kernel(const float* src, int64_t src_cols, int group, int col0, float* dst, int64_t dst_cols,
                                    int64_t rows, int64_t w) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   PG_GRID_STRIDE(i, rows * dst_cols) {
     const int64_t r = i / dst_cols, c = i % dst_cols, g = c / w, k = c % w;
     dst[i] = src[r * src_cols + g * group + col0 + k];
@@ -232,6 +256,8 @@ __global__ void gather_cols_kernel(const float* src, int64_t src_cols, int group
 // blockIdx.x = row; threadIdx.x = rotation pair i (< n_rot/2), threadIdx.y strides over heads.
 __global__ void rope_kernel(float* x, int64_t x_stride, const int32_t* pos, int n_heads, int head_dim, int n_rot,
                             float theta_scale, int neox) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const int r = static_cast<int>(blockIdx.x);
   const int half = n_rot / 2;
   for (int i = static_cast<int>(threadIdx.x); i < half; i += blockDim.x) {
@@ -254,6 +280,8 @@ __global__ void rope_kernel(float* x, int64_t x_stride, const int32_t* pos, int 
 
 template <bool F16>
 __global__ void kv_store_kernel(void* kc, void* vc, const float* k, const float* v, int64_t kw, int64_t vw, const int32_t* cells) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const int r = static_cast<int>(blockIdx.x);
   const int64_t cell = cells[r];
   for (int64_t i = threadIdx.x; i < kw + vw; i += blockDim.x) {
@@ -282,16 +310,16 @@ void get_rows(DType type, const void* table, size_t row_bytes, int64_t n_rows, i
     if (type == DType::F32 || type == DType::F16 || type == DType::BF16) {
       const dim3 grid(static_cast<unsigned>(std::min<int64_t>((d + kThreads - 1) / kThreads, 64)), static_cast<unsigned>(cnt));
       if (type == DType::F32)
-        get_rows_plain_kernel<0><<<grid, kThreads, 0, stream>>>(t, row_bytes, n_rows, d, id, o, out_stride);
+        launch(get_rows_plain_kernel<0>, grid, kThreads, 0, stream, t, row_bytes, n_rows, d, id, o, out_stride);
       else if (type == DType::F16)
-        get_rows_plain_kernel<1><<<grid, kThreads, 0, stream>>>(t, row_bytes, n_rows, d, id, o, out_stride);
+        launch(get_rows_plain_kernel<1>, grid, kThreads, 0, stream, t, row_bytes, n_rows, d, id, o, out_stride);
       else
-        get_rows_plain_kernel<2><<<grid, kThreads, 0, stream>>>(t, row_bytes, n_rows, d, id, o, out_stride);
+        launch(get_rows_plain_kernel<2>, grid, kThreads, 0, stream, t, row_bytes, n_rows, d, id, o, out_stride);
     } else {
       const bool ok = dispatch_type(type, [&]<class Q>() {
         PG_CHECK(d % Q::kElems == 0, "get_rows: row width is not a multiple of the block size");
         const dim3 grid(static_cast<unsigned>(std::min<int64_t>((d / 16 + 127) / 128, 64)), static_cast<unsigned>(cnt));
-        get_rows_quant_kernel<Q><<<grid, 128, 0, stream>>>(t, row_bytes, n_rows, d, id, o, out_stride);
+        launch(get_rows_quant_kernel<Q>, grid, 128, 0, stream, t, row_bytes, n_rows, d, id, o, out_stride);
       });
       PG_CHECK(ok, "CUDA get_rows: type " + std::string(dtype_name(type)) + " is not supported");
     }
@@ -322,31 +350,31 @@ void add_rms_norm(float* x, const float* r, const void* w, bool w_f16, float* y,
 
 void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  add_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, b, y, n);
+  launch(add_kernel, grid_for(n), kThreads, 0, stream, a, b, y, n);
   check_launch("add");
 }
 
 void scale(float* x, float s, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, s, n);
+  launch(scale_kernel, grid_for(n), kThreads, 0, stream, x, s, n);
   check_launch("scale");
 }
 
 void add_bias(float* y, const void* bias, bool bias_f16, int64_t rows, int64_t d, cudaStream_t stream) {
   if (rows * d <= 0) return;
-  add_bias_kernel<<<grid_for(rows * d), kThreads, 0, stream>>>(y, bias, bias_f16 ? 1 : 0, rows, d);
+  launch(add_bias_kernel, grid_for(rows * d), kThreads, 0, stream, y, bias, bias_f16 ? 1 : 0, rows, d);
   check_launch("add_bias");
 }
 
 void glu(const float* gate, const float* up, float* y, int64_t n, int act, cudaStream_t stream) {
   if (n <= 0) return;
-  glu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, y, n, act);
+  launch(glu_kernel, grid_for(n), kThreads, 0, stream, gate, up, y, n, act);
   check_launch("glu");
 }
 
 void mul_sigmoid(float* x, const float* gate, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  mul_sigmoid_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, gate, n);
+  launch(mul_sigmoid_kernel, grid_for(n), kThreads, 0, stream, x, gate, n);
   check_launch("mul_sigmoid");
 }
 
@@ -360,6 +388,8 @@ __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) 
 // iteration keep the SM's memory pipe full. The comparison is a strict total order (value, then column),
 // so the scan order does not change the result.
 __global__ void __launch_bounds__(1024) argmax_rows_kernel(const float* x, int64_t cols, int32_t* ids) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
   float bv = -INFINITY;
   int bi = 0x7fffffff;
@@ -419,13 +449,13 @@ void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, cudaS
   if (rows <= 0) return;
   // Small rows (tests, tiny vocabularies) do not need a 1024-thread block.
   const int threads = cols >= 16384 ? 1024 : 256;
-  argmax_rows_kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, cols, ids);
+  launch(argmax_rows_kernel, static_cast<unsigned>(rows), threads, 0, stream, x, cols, ids);
   check_launch("argmax_rows");
 }
 
 void softcap(float* x, float cap, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  softcap_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, cap, n);
+  launch(softcap_kernel, grid_for(n), kThreads, 0, stream, x, cap, n);
   check_launch("softcap");
 }
 
@@ -434,7 +464,7 @@ void gather_cols(const float* src, int64_t src_cols, int group, int col0, float*
   if (rows * dst_cols <= 0) return;
   const int64_t groups = src_cols / group;
   const int64_t w = dst_cols / groups;
-  gather_cols_kernel<<<grid_for(rows * dst_cols), kThreads, 0, stream>>>(src, src_cols, group, col0, dst, dst_cols, rows, w);
+  launch(gather_cols_kernel, grid_for(rows * dst_cols), kThreads, 0, stream, src, src_cols, group, col0, dst, dst_cols, rows, w);
   check_launch("gather_cols");
 }
 
@@ -443,7 +473,7 @@ void rope(float* x, int64_t x_stride, const int32_t* pos, int n, int n_heads, in
   if (n <= 0 || n_rot < 2) return;
   const int pairs = std::min(n_rot / 2, 256);
   const dim3 block(static_cast<unsigned>(pairs), static_cast<unsigned>(std::max(1, std::min(n_heads, 256 / pairs))));
-  rope_kernel<<<static_cast<unsigned>(n), block, 0, stream>>>(x, x_stride, pos, n_heads, head_dim, n_rot, theta_scale, neox ? 1 : 0);
+  launch(rope_kernel, static_cast<unsigned>(n), block, 0, stream, x, x_stride, pos, n_heads, head_dim, n_rot, theta_scale, neox ? 1 : 0);
   check_launch("rope");
 }
 
@@ -451,10 +481,16 @@ void kv_store(void* k_cache, void* v_cache, bool kv_f16, const float* k, const f
               const int32_t* cells, int n, cudaStream_t stream) {
   if (n <= 0) return;
   if (kv_f16)
-    kv_store_kernel<true><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(k_cache, v_cache, k, v, k_width, v_width, cells);
+    launch(kv_store_kernel<true>, static_cast<unsigned>(n), kThreads, 0, stream, k_cache, v_cache, k, v, k_width, v_width, cells);
   else
-    kv_store_kernel<false><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(k_cache, v_cache, k, v, k_width, v_width, cells);
+    launch(kv_store_kernel<false>, static_cast<unsigned>(n), kThreads, 0, stream, k_cache, v_cache, k, v, k_width, v_width, cells);
   check_launch("kv_store");
 }
+
+namespace {
+std::atomic<bool> g_pdl_launches{false};
+}  // namespace
+bool pdl_launches() { return g_pdl_launches.load(std::memory_order_relaxed); }
+void set_pdl_launches(bool on) { g_pdl_launches.store(on, std::memory_order_relaxed); }
 
 }  // namespace pg::cuda

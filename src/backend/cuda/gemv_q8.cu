@@ -23,6 +23,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "core/error.h"
 
 namespace pg::cuda {
@@ -50,21 +51,7 @@ struct FastParams {
   bool pdl;  // host side: launch with programmatic dependent launch (gemv_q8_kernel only)
 };
 
-// Programmatic dependent launch (sm_90+; no-ops below, and no-ops when the kernel was launched without
-// the attribute). grid_launch_dependents lets the next kernel's blocks be scheduled before this grid
-// ends — only a hint: the dependent still waits for this grid's completion and memory flush in its
-// grid_wait. A kernel launched with the attribute must call grid_wait in every thread before it reads
-// anything an earlier kernel writes, and before it writes anything.
-__device__ __forceinline__ void grid_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
+// grid_wait / grid_launch_dependents: pdl.cuh (programmatic dependent launch).
 
 __device__ __forceinline__ int4 ld_q8x16(const int8_t* p) { return *reinterpret_cast<const int4*>(p); }
 __device__ __forceinline__ uint32_t ldg32a2(const uint8_t* p) {
@@ -522,6 +509,7 @@ template <int MODE, int OUT>
 __global__ void __launch_bounds__(128) act_quant_kernel(const float* __restrict__ x, int64_t x_stride, const int32_t* __restrict__ x_rows,
                                                         int n, int64_t K, void* __restrict__ out, float* __restrict__ d_out,
                                                         int32_t* __restrict__ s_out, uint4* __restrict__ split_out) {
+  grid_wait();  // PDL (pdl.cuh): launched with the attribute in a decode step
   const int lane = static_cast<int>(threadIdx.x & 31);
   grid_launch_dependents();  // a GEMV launched after this with PDL may start streaming its weights
   const int64_t chunks = (K + 255) / 256;
@@ -632,9 +620,9 @@ void launch_act_quant(int mode, const float* x, int64_t x_stride, const int32_t*
   if (warps == 0) return;
   const auto blocks = static_cast<unsigned>((warps + 3) / 4);
   if (mode == kActQ8_K)
-    act_quant_kernel<kActQ8_K, OUT><<<blocks, 128, 0, stream>>>(x, x_stride, x_rows, static_cast<int>(n), K, out, d, sums, split);
+    launch(act_quant_kernel<kActQ8_K, OUT>, blocks, 128, 0, stream, x, x_stride, x_rows, static_cast<int>(n), K, out, d, sums, split);
   else
-    act_quant_kernel<kActQ8_0, OUT><<<blocks, 128, 0, stream>>>(x, x_stride, x_rows, static_cast<int>(n), K, out, d, sums, split);
+    launch(act_quant_kernel<kActQ8_0, OUT>, blocks, 128, 0, stream, x, x_stride, x_rows, static_cast<int>(n), K, out, d, sums, split);
   check_launch("act_quant");
 }
 

@@ -11,6 +11,12 @@
 
 namespace pg::cuda {
 
+// Process-wide: whether the decode-path kernels are launched with programmatic dependent launch (pdl.cuh).
+// CudaBackend sets it from CudaOptions::pdl on devices of compute capability ≥ 9.0; every backend of a
+// process shares it (PDL changes timing only, never results).
+bool pdl_launches();
+void set_pdl_launches(bool on);
+
 // Throws pg::Error naming `what` when err is not cudaSuccess.
 void check(cudaError_t err, const char* what);
 // Checks cudaGetLastError() after a launch.

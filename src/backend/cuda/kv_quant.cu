@@ -2,6 +2,7 @@
 // the cache type on the device, with the encoders of kv_quant.cuh (bytes identical to the CPU backend's
 // kv_quantize_row). The F32/F16 pair of equal types keeps elementwise.cu's kv_store kernel.
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/kv_quant.cuh"
 #include "core/error.h"
 
@@ -12,6 +13,8 @@ namespace {
 // (unit = one value, one 32-block or one 128-group: kvq_unit_elems). Reads src rows (n, n_head_kv·hd) f32,
 // writes cache row cells[r] (row_bytes each); a negative or out-of-range cell writes nothing.
 __global__ void kv_store_typed_kernel(const KvStoreArgs a) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const int r = static_cast<int>(blockIdx.x);
   const int64_t cell = a.cells[r];
 #pragma unroll 1
@@ -175,6 +178,8 @@ __device__ __forceinline__ void kvq_encode_tq3_0_warp(float* xs, uint8_t* ks, do
 // block, or 32 plain F32/F16/BF16 values) or a 128-group for TQ3_0; wk = units per K head. Reads src rows
 // (n, n_head_kv·hd) f32, writes cache row cells[r]; a negative or out-of-range cell writes nothing.
 __global__ void __launch_bounds__(kStoreWarps * 32) kv_store_typed_par_kernel(const KvStoreArgs a) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   __shared__ float s_x[kStoreWarps][128];
   __shared__ uint8_t s_k[kStoreWarps][128];
   __shared__ double s_d[kStoreWarps];
@@ -232,13 +237,13 @@ void kv_store_typed(const KvStoreArgs& a, cudaStream_t stream) {
     const auto wu = [](DType t, int hd) { return (hd + (t == DType::TQ3_0 ? 127 : 31)) / (t == DType::TQ3_0 ? 128 : 32); };
     const int work = a.n_head_kv * (wu(a.k_type, a.head_dim) + wu(a.v_type, a.head_dim_v));
     const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>((work + kStoreWarps - 1) / kStoreWarps));
-    kv_store_typed_par_kernel<<<grid, kStoreWarps * 32, 0, stream>>>(a);
+    launch(kv_store_typed_par_kernel, grid, kStoreWarps * 32, 0, stream, a);
     check_launch("kv_store (typed, parallel)");
     return;
   }
   // 64 threads: a decode row has n_head_kv·(head_dim/32) block units per side (8·4 for an 8B model), a
   // TQ3_0 row n_head_kv groups; the per-thread work is sequential by design (kv_quant.cuh).
-  kv_store_typed_kernel<<<static_cast<unsigned>(a.n), 64, 0, stream>>>(a);
+  launch(kv_store_typed_kernel, static_cast<unsigned>(a.n), 64, 0, stream, a);
   check_launch("kv_store (typed)");
 }
 

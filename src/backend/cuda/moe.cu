@@ -5,6 +5,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 #include "core/error.h"
 
 namespace pg::cuda {
@@ -16,6 +17,8 @@ constexpr int kMaxK = 32;
 // One warp per row. Ties in probability go to the lower expert id, as CpuBackend's partial_sort.
 __global__ void moe_route_kernel(const float* logits, int n, int n_expert, int k, int sigmoid, int norm, float scale, int32_t* ids,
                                  float* weights) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   extern __shared__ float probs[];  // (warps per block, n_expert)
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int r = static_cast<int>(blockIdx.x) * static_cast<int>(blockDim.x >> 5) + warp;
@@ -74,6 +77,8 @@ __global__ void moe_route_kernel(const float* logits, int n, int n_expert, int k
 
 __global__ void moe_sort_kernel(const int32_t* ids, int n_entries, int k, int n_expert, int32_t* sorted_rows, int32_t* sorted_entry,
                                 int32_t* tiles, int max_tiles) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   __shared__ int cnt[kMaxExperts], cursor[kMaxExperts], tile_off[kMaxExperts];
   __shared__ int total_tiles;
   for (int e = static_cast<int>(threadIdx.x); e < n_expert; e += blockDim.x) cnt[e] = 0;
@@ -115,6 +120,8 @@ __global__ void moe_sort_kernel(const int32_t* ids, int n_entries, int k, int n_
 }
 
 __global__ void moe_combine_kernel(const float* t, const int32_t* ids, const float* weights, int k, int64_t d, float* out) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   __shared__ int order[kMaxK];
   const int r = static_cast<int>(blockIdx.y);
   if (threadIdx.x == 0) {
@@ -147,7 +154,7 @@ void moe_route(const float* logits, int n, int n_expert, int k, bool sigmoid, bo
   PG_CHECK(n_expert <= kMaxExperts, "moe_route: at most 1024 experts");
   const int warps = 4;
   const size_t smem = static_cast<size_t>(warps) * n_expert * sizeof(float);
-  moe_route_kernel<<<static_cast<unsigned>(ceil_div(n, warps)), warps * 32, smem, stream>>>(logits, n, n_expert, k, sigmoid ? 1 : 0,
+  launch(moe_route_kernel, static_cast<unsigned>(ceil_div(n, warps)), warps * 32, smem, stream, logits, n, n_expert, k, sigmoid ? 1 : 0,
                                                                                            norm ? 1 : 0, scale, ids, weights);
   check_launch("moe_route");
 }
@@ -159,7 +166,7 @@ size_t moe_sort_scratch_bytes(int) { return 0; }
 void moe_sort(const int32_t* ids, int n_entries, int k, int n_expert, int32_t* sorted_rows, int32_t* sorted_entry, int32_t* tiles,
               int max_tiles, void*, cudaStream_t stream) {
   PG_CHECK(n_expert <= kMaxExperts, "moe: at most 1024 experts");
-  moe_sort_kernel<<<1, 1024, 0, stream>>>(ids, n_entries, k, n_expert, sorted_rows, sorted_entry, tiles, max_tiles);
+  launch(moe_sort_kernel, 1, 1024, 0, stream, ids, n_entries, k, n_expert, sorted_rows, sorted_entry, tiles, max_tiles);
   check_launch("moe_sort");
 }
 
@@ -169,7 +176,7 @@ void moe_combine(const float* t, const int32_t* ids, const float* weights, int n
   for (int r0 = 0; r0 < n; r0 += 65535) {
     const int cnt = std::min(65535, n - r0);
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((d + 255) / 256, 16)), static_cast<unsigned>(cnt));
-    moe_combine_kernel<<<grid, 256, 0, stream>>>(t + static_cast<int64_t>(r0) * k * d, ids + static_cast<int64_t>(r0) * k,
+    launch(moe_combine_kernel, grid, 256, 0, stream, t + static_cast<int64_t>(r0) * k * d, ids + static_cast<int64_t>(r0) * k,
                                                 weights + static_cast<int64_t>(r0) * k, k, d, out + static_cast<int64_t>(r0) * d);
     check_launch("moe_combine");
   }

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace pg::cuda {
 namespace {
@@ -39,6 +40,8 @@ __device__ T block_reduce(T v, Op op, T* sh) {
 // (4) the ≤ 64 winners ranked in shared memory.
 __global__ void __launch_bounds__(kTopkThreads) topk_rows_kernel(const float* __restrict__ x, int64_t cols, int k, int32_t* __restrict__ ids,
                                                                  float* __restrict__ logprobs) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const float* row = x + static_cast<int64_t>(blockIdx.x) * cols;
   __shared__ double sh_d[32];
   __shared__ float sh_f[32];
@@ -157,6 +160,8 @@ constexpr int kWave = 8;
 template <class U>
 __global__ void kv_copy_kernel(uint8_t* __restrict__ k, uint8_t* __restrict__ v, int64_t k_units, int64_t v_units, int64_t n_cells,
                                const int32_t* __restrict__ src, const int32_t* __restrict__ dst, int n) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= k_units + v_units) return;
   const bool is_v = t >= k_units;
@@ -188,7 +193,7 @@ __global__ void kv_copy_kernel(uint8_t* __restrict__ k, uint8_t* __restrict__ v,
 
 void topk_rows(const float* x, int64_t rows, int64_t cols, int k, int32_t* ids, float* logprobs, cudaStream_t stream) {
   if (rows <= 0) return;
-  topk_rows_kernel<<<static_cast<unsigned>(rows), kTopkThreads, 0, stream>>>(x, cols, k, ids, logprobs);
+  launch(topk_rows_kernel, static_cast<unsigned>(rows), kTopkThreads, 0, stream, x, cols, k, ids, logprobs);
   check_launch("topk_rows");
 }
 
@@ -198,7 +203,7 @@ void kv_copy(void* k_cache, void* v_cache, size_t k_row_bytes, size_t v_row_byte
   auto run = [&]<class U>() {
     const int64_t ku = static_cast<int64_t>(k_row_bytes / sizeof(U)), vu = static_cast<int64_t>(v_row_bytes / sizeof(U));
     const int64_t total = ku + vu;
-    kv_copy_kernel<U><<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache),
+    launch(kv_copy_kernel<U>, static_cast<unsigned>((total + 255) / 256), 256, 0, stream, static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache),
                                                                                        ku, vu, n_cells, src, dst, n);
   };
   const size_t g = k_row_bytes | v_row_bytes | reinterpret_cast<uintptr_t>(k_cache) | reinterpret_cast<uintptr_t>(v_cache);
