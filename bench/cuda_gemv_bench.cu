@@ -268,7 +268,7 @@ int main(int argc, char** argv) {
                 pg::cuda::quantize_q8(g, scratch, stream);
                 pg::cuda::gemv_fast(g, scratch, stream, true);
                 pg::cuda::gemv_fast(u, scratch, stream, true);
-                pg::cuda::glu(g.y, u.y, g.y, 0, stream);
+                pg::cuda::glu(g.y, u.y, g.y, s.M, 0, stream);
               } else if (kernel == "glu/fused+pdl") {
                 pg::cuda::gemv_glu(g, u, 0, scratch, stream);
               } else {
