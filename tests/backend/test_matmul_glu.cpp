@@ -54,7 +54,7 @@ TEST(MatmulGlu, DefaultEqualsMatmulsThenGlu) {
           be.glu(g2, u2, y2, act);
           EXPECT_EQ(std::memcmp(y.data, y2.data, y.nbytes()), 0) << dtype_name(t) << " n=" << n << " exact=" << exact;
           EXPECT_EQ(std::memcmp(u.data, u2.data, u.nbytes()), 0) << "u holds the up product";
-          for (Tensor* p : {&gw, &uw, &x, &y, &u, &g2, &u2, &y2}) be.free(*p);
+          for (Tensor* p : {&x, &y, &u, &g2, &u2, &y2}) be.free(*p);  // not the weights: they reference gb/ub
         }
       }
     }

@@ -1158,7 +1158,7 @@ TEST(CudaFuse, GluBitIdenticalToComposition) {
         }
       }
       for (Tensor* p : {&gw, &uw, &x, &y, &u}) gpu->free(*p);
-      for (Tensor* p : {&gc, &uc, &xc, &yc, &ucc}) cpu->free(*p);
+      for (Tensor* p : {&xc, &yc, &ucc}) cpu->free(*p);  // gc/uc reference gb/ub (CPU weights stay in place)
     }
   }
   gpu->set_options(base);
