@@ -6,9 +6,10 @@
 // 4096×12288 FFN down, 151936×4096 output) it times the decode GEMV (n = 1) and prints µs, GB/s and
 // the fraction of a measured device-to-device copy bandwidth (bytes read + written, like the roofline in
 // shared/reference/gpu-baseline.md). On the FFN shape it also times n = 2, 4, 8 and the tensor-core
-// GEMM at n = 512 (TFLOP/s). Weights are valid random blocks (quantize_row on the host, tiled on the
-// device); each measurement rotates over enough weight copies to exceed the L2 cache several times, and
-// reports the median of CUDA-event timings after warm-up.
+// GEMM at n = 512 (TFLOP/s), and the fused gate+up+GLU kernel against its composition (12288×4096) and
+// the grouped q/k/v GEMV against three launches (4096×4096 + 2 × 1024×4096). Weights are valid random
+// blocks (quantize_row on the host, tiled on the device); each measurement rotates over enough weight
+// copies to exceed the L2 cache several times, and reports the median of CUDA-event timings after warm-up.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -233,6 +234,61 @@ int main(int argc, char** argv) {
             const double tflops = 2.0 * static_cast<double>(s.M) * s.K * n / (ms * 1e-3) / 1e12;
             std::printf("| %s | %s | %lld | %lld | %d | %.1f | %.0f | %.1f%% | %.2f |\n", std::string(pg::dtype_name(t)).c_str(), kernel.c_str(),
                         static_cast<long long>(s.M), static_cast<long long>(s.K), n, ms * 1e3, gbs, 100.0 * gbs / copy_bw, tflops);
+            std::fflush(stdout);
+          }
+        }
+        // Fused decode FFN (CudaOptions::fuse_glu) on the gate/up shape: the composition the model runs
+        // without it (act-quant, the two-row GEMV on gate and on up, both with PDL, then glu) against the
+        // act-quant + one fused kernel; GB/s over both matrices. Grouped q/k/v (CudaOptions::fuse_qkv) on
+        // the attention shape: q 4096 + k 1024 + v 1024 rows (slices of the weight copies) as three GEMV
+        // launches vs one grouped launch, both after one act-quant.
+        pg::cuda::MatmulArgs a1;
+        a1.type = t;
+        a1.row_bytes = pg::row_bytes(t, s.K);
+        a1.K = s.K;
+        a1.M = s.M;
+        a1.x = x;
+        a1.x_stride = s.K;
+        a1.y = y;
+        a1.y_stride = s.M;
+        a1.n = 1;
+        a1.w = w[0];
+        a1.pdl = true;
+        a1.rows_per_warp = 2;
+        const bool attn = s.M == 4096 && s.K == 4096;
+        if ((ffn || attn) && pg::cuda::gemv_fast_q8(a1)) {
+          for (const std::string& kernel : ffn ? std::vector<std::string>{"glu/composed+pdl", "glu/fused+pdl"}
+                                              : std::vector<std::string>{"qkv/separate+pdl", "qkv/grouped+pdl"}) {
+            const double ms = time_ms(reps, [&](int i) {
+              pg::cuda::MatmulArgs g = a1, u = a1;
+              g.w = w[static_cast<size_t>(i) % w.size()];
+              u.w = w[static_cast<size_t>(i + 1) % w.size()];
+              u.y = y + s.M;
+              if (kernel == "glu/composed+pdl") {
+                pg::cuda::quantize_q8(g, scratch, stream);
+                pg::cuda::gemv_fast(g, scratch, stream, true);
+                pg::cuda::gemv_fast(u, scratch, stream, true);
+                pg::cuda::glu(g.y, u.y, g.y, s.M, 0, stream);
+              } else if (kernel == "glu/fused+pdl") {
+                pg::cuda::gemv_glu(g, u, 0, scratch, stream);
+              } else {
+                pg::cuda::MatmulArgs q = g, k = g, v = u;
+                k.w = static_cast<const uint8_t*>(u.w) + a1.row_bytes * 1024;  // rows of another copy
+                k.M = v.M = 1024;
+                k.y = y + 2 * s.M;
+                const pg::cuda::MatmulArgs* group[3] = {&q, &k, &v};
+                pg::cuda::quantize_q8(q, scratch, stream);
+                if (kernel == "qkv/grouped+pdl") {
+                  pg::cuda::gemv_multi(group, 3, scratch, stream, true);
+                } else {
+                  for (const pg::cuda::MatmulArgs* m : group) pg::cuda::gemv_fast(*m, scratch, stream, true);
+                }
+              }
+            });
+            const double wb = ffn ? 2.0 * static_cast<double>(wbytes) : 1.5 * static_cast<double>(wbytes);
+            const double gbs = (wb + 4.0 * (s.K + 2 * s.M)) / (ms * 1e-3) / 1e9;
+            std::printf("| %s | %s | %lld | %lld | 1 | %.1f | %.0f | %.1f%% | |\n", std::string(pg::dtype_name(t)).c_str(), kernel.c_str(),
+                        static_cast<long long>(s.M), static_cast<long long>(s.K), ms * 1e3, gbs, 100.0 * gbs / copy_bw);
             std::fflush(stdout);
           }
         }

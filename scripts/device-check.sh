@@ -95,6 +95,9 @@ PDL_ALL=${PDL_ALL:-0}              # 1: PDL for every decode-path kernel (PEREGR
 FA_SPLIT=${FA_SPLIT:-}              # PEREGRINE_CUDA_FA_SPLIT_BLOCKS values (tensor-core attention's split-K blocks per SM, default 2) to time
                                    #    tg128 at depths 4096 and 32768 with, first model (e.g. "4 8")
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
+FUSE=${FUSE:-0}                    # 1: fused decode GEMVs (CudaOptions::fuse_glu + fuse_qkv, PEREGRINE_CUDA_FUSE_GLU/QKV=1): the
+                                   #    CudaFuse* tests, the op/model/graph/spec tests with both on (tests-fuse.log), and per model
+                                   #    tg128 at depths 0 and 4096 with both on, then each alone (beside the default run)
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
 if [ ! -d "$DEPS/usr" ] && [ -f "$ROOT/.deps/debs.tar.xz" ]; then tar xJf "$ROOT/.deps/debs.tar.xz" -C "$ROOT/.deps"; fi
@@ -257,6 +260,14 @@ if ((BUILD_OK && KV_STORE_PAR)); then
   grep -E "tests passed|tests failed|\(Failed\)|FAILED|first differing byte" "$OUT/tests-kv-store-par.log" | sed -E 's/^[0-9]+: //' | head -30 >>"$SUMMARY"
 fi
 
+# Fused decode GEMVs (issue 11): their own bit-identity tests (also part of the plain test step), then the
+# op/model/graph/spec tests with both switches on through the test helper's environment aliases.
+if ((BUILD_OK && FUSE)); then
+  PEREGRINE_CUDA_FUSE_GLU=1 PEREGRINE_CUDA_FUSE_QKV=1 run_step "CUDA tests with fuse_glu + fuse_qkv on" "$OUT/tests-fuse.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda -R "CudaOps|CudaModel|CudaGreedy|CudaGraphs|CudaTree|CudaSpec" -V -j 4 --timeout 280
+  grep -E "tests passed|tests failed|\(Failed\)|FAILED|fused vs separate" "$OUT/tests-fuse.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
+fi
+
 if ((BUILD_OK && TESTS && TESTS_RPW2)); then
   PEREGRINE_GEMV_RPW=2 run_step "CUDA op/model tests, GEMV rows per warp 2" "$OUT/tests-rpw2.log" 200 \
     ctest --test-dir "$BUILD" -L cuda -R "CudaOps|CudaModel|CudaGreedy|CudaGraphs|CudaTree" -j 4 --timeout 180
@@ -386,6 +397,12 @@ if ((CLI_OK)); then
       done
       # Verification-shaped steps: one forward of R rows (speculative trees, concurrent decoding).
       ((BENCH && BENCH_ROWS)) && bench_one "$LOG" "$preset $type rows ${ROWS}" -m "$MODEL" -p "$ROWS" -n 0 -r 3
+      if ((BENCH && FUSE)); then
+        PEREGRINE_CUDA_FUSE_GLU=1 PEREGRINE_CUDA_FUSE_QKV=1 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, fuse_glu + fuse_qkv" \
+          -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+        PEREGRINE_CUDA_FUSE_GLU=1 bench_one "$LOG" "$preset $type tg128, fuse_glu only" -m "$MODEL" -p 0 -n 128 -r 2
+        PEREGRINE_CUDA_FUSE_QKV=1 bench_one "$LOG" "$preset $type tg128, fuse_qkv only" -m "$MODEL" -p 0 -n 128 -r 2
+      fi
       ((BENCH && PDL_OFF)) && PEREGRINE_CUDA_PDL=0 bench_one "$LOG" "$preset $type tg128, PDL off" -m "$MODEL" -p 0 -n 128 -r 2
       for v in $MMQ_MIN_ROWS; do  # the row count from which MMQ replaces the GEMV (CudaOptions::mmq_min_rows)
         PEREGRINE_MMQ_MIN_ROWS=$v bench_one "$LOG" "$preset $type rows ${ROWS}, MMQ from $v rows" -m "$MODEL" -p "$ROWS" -n 0 -r 3

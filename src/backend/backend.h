@@ -143,6 +143,15 @@ class Backend {
   virtual void scale(Tensor& x, float s) = 0;
   // y (n, f) = act(gate) ⊙ up, all (n, f).
   virtual void glu(const Tensor& gate, const Tensor& up, Tensor& y, Activation act) = 0;
+  // The gated FFN's first half: y (n, f) = act(x · gate_wᵀ) ⊙ (x · up_wᵀ), x (n, d), gate_w and up_w (f, d).
+  // u (n, f) is the caller's scratch for the up product (the op allocates nothing); y may not alias x or u.
+  // The default is exactly matmul_shared(x, {gate_w → y, up_w → u}) then glu(y, u, y, act), bit for bit;
+  // a backend may fuse it (CUDA: one decode kernel for both products and the activation, which then
+  // leaves u untouched).
+  virtual void matmul_glu(const Tensor& x, const Tensor& gate_w, const Tensor& up_w, Activation act, Tensor& y, Tensor& u) {
+    matmul_shared(x, {{&gate_w, &y}, {&up_w, &u}});
+    glu(y, u, y, act);
+  }
   // Rotates x (n, n_heads*head_dim) in place by positions pos (I32 n); dims ≥ n_rot pass through.
   virtual void rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, int n_rot, float base, RopeStyle style) = 0;
   // Writes k, v (n, n_head_kv*head_dim) into the layer cache at cells batch.cells.

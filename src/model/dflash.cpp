@@ -401,8 +401,7 @@ void DFlashModel::block_layers(Tensor& x, const Tensor& tpos, int R,
     be_.matmul(l.wo, at, o);
     be_.add(x, o, x);
     be_.rms_norm(x, l.ffn_norm, h, c_.rms_eps);
-    be_.matmul_shared(h, {{&l.ffn_gate, &g}, {&l.ffn_up, &u}});
-    be_.glu(g, u, g, Activation::Silu);
+    be_.matmul_glu(h, l.ffn_gate, l.ffn_up, Activation::Silu, g, u);
     be_.matmul(l.ffn_down, g, o);
     be_.add(x, o, x);
   }

@@ -857,8 +857,7 @@ void Model::ffn_block(int il, int n) {
   Tensor h = w.h.rows_view(0, n), o = w.o.rows_view(0, n);
   if (!c.is_moe()) {
     Tensor g = w.ff_g.reshape_2d(c.n_ff, w.cap).rows_view(0, n), u = w.ff_u.reshape_2d(c.n_ff, w.cap).rows_view(0, n);
-    be.matmul_shared(h, {{&l.ffn_gate, &g}, {&l.ffn_up, &u}});
-    be.glu(g, u, g, c.ffn_act);
+    be.matmul_glu(h, l.ffn_gate, l.ffn_up, c.ffn_act, g, u);
     be.matmul(l.ffn_down, g, o);
     return;
   }
@@ -869,8 +868,7 @@ void Model::ffn_block(int il, int n) {
   if (c.n_ff_shexp > 0) {
     Tensor g = w.ff_g.reshape_2d(c.n_ff_shexp, w.cap).rows_view(0, n), u = w.ff_u.reshape_2d(c.n_ff_shexp, w.cap).rows_view(0, n);
     Tensor o2 = w.o2.rows_view(0, n);
-    be.matmul_shared(h, {{&l.gate_shexp, &g}, {&l.up_shexp, &u}});
-    be.glu(g, u, g, c.ffn_act);
+    be.matmul_glu(h, l.gate_shexp, l.up_shexp, c.ffn_act, g, u);
     be.matmul(l.down_shexp, g, o2);
     if (l.router_shexp.valid()) {
       Tensor sg = w.sh_gate.rows_view(0, n);

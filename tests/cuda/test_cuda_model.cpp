@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "cuda_test_util.h"
 #include "model/model.h"
@@ -252,6 +253,37 @@ TEST(CudaGraphsScratch, OldRecordingSurvivesScratchGrowth) {
   std::printf("graphs across scratch growth: max |Δ| %.2e\n", max);
   EXPECT_LE(max, 1e-4);
 }
+
+// The fused decode kernels (CudaOptions::fuse_glu: gate+up+GLU in one launch; fuse_qkv: q/k/v grouped)
+// change no bit of a whole model: a prompt and 20 greedy decode steps (graphs recorded and replayed) with
+// both on give the logits of both off, on tiny models whose FFN and attention weights take the 8-bit
+// kernels (Q4_K_M mixes Q4_K and Q6_K; K = 256).
+class CudaFuseModel : public testing::TestWithParam<std::string> {};
+
+TEST_P(CudaFuseModel, DecodeBitIdentical) {
+  PG_REQUIRE_GPU();
+  const std::string path = test::shared_path("golden/models/" + GetParam() + ".gguf").string();
+  auto logits = [&](bool fuse, const std::vector<int32_t>& feed) {
+    auto gpu = test::make_cuda(false);
+    CudaOptions o = gpu->options();
+    o.fuse_glu = o.fuse_qkv = fuse;
+    gpu->set_options(o);
+    return run(*gpu, path, DType::F16, 20, feed);
+  };
+  const Logits off = logits(false, {});
+  const Logits on = logits(true, off.tokens);
+  const Diff d = diff(on, off);
+  std::printf("%s: fused vs separate max |Δ| %.2e\n", GetParam().c_str(), d.max);
+  EXPECT_EQ(d.max, 0.0);
+  ASSERT_EQ(on.steps.size(), off.steps.size());
+  for (size_t s = 0; s < on.steps.size(); ++s)
+    EXPECT_EQ(std::memcmp(on.steps[s].data(), off.steps[s].data(), on.steps[s].size() * sizeof(float)), 0) << "step " << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Decode, CudaFuseModel,
+                         testing::Values("tiny-qwen3-Q4_K_M", "tiny-llama-Q4_K_M", "tiny-qwen3-Q8_0", "tiny-llama-Q4_0", "tiny-qwen3-Q5_K_M",
+                                         "tiny-qwen3-Q6_K", "tiny-qwen3-IQ4_XS", "tiny-qwen35-f16"),
+                         name_of);
 
 INSTANTIATE_TEST_SUITE_P(Decode, CudaGraphs, testing::Values("tiny-qwen3-Q4_K_M", "tiny-qwen35-f16", "tiny-qwen35moe-f16"), name_of);
 

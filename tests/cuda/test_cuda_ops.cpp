@@ -1092,5 +1092,208 @@ TEST(CudaOps, ErrorsAreReported) {
   EXPECT_THROW(create_cuda_backend(cuda_device_count()), Error);   // no such device
 }
 
+// ---- fused decode kernels (CudaOptions::fuse_glu / fuse_qkv; issue 11) -----------------------------------
+
+CudaOptions with_fuse(const CudaOptions& base, bool glu, bool qkv, int rpw, bool pdl) {
+  CudaOptions o = base;
+  o.fuse_glu = glu;
+  o.fuse_qkv = qkv;
+  o.gemv_rows_per_warp = rpw;
+  o.pdl = pdl;
+  return o;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = a.size() == b.size() ? 0.0f : INFINITY;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+// matmul_glu with fuse_glu (act-quant + gemv_q8_glu_kernel) against the composition it replaces
+// (matmul_shared on gate and up, then glu): bit-identical (max |Δ| = 0, and the same bytes, NaN patterns
+// included) for every 8-bit-activation type, the FFN shape of an 8B model, odd row counts (a block with
+// fewer than 4 warps' rows, a single row), K of 1 and 17 superblocks, SiLU and GELU, one and two rows per
+// warp in the composition, PDL on and off. And both against the CPU's default mode (bounds as
+// MatmulDefaultModeMatchesCpuDefault; GELU's FP16 rounding as the GELU bound above).
+TEST(CudaFuse, GluBitIdenticalToComposition) {
+  PG_REQUIRE_GPU();
+  CpuOptions co;
+  co.n_threads = 2;
+  auto cpu = std::make_unique<CpuBackend>(co);
+  auto gpu = test::make_cuda(false);
+  const CudaOptions base = gpu->options();
+  for (const DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS}) {
+    const bool sb = traits(t).block_size == 256;
+    const std::pair<int64_t, int64_t> shapes[] = {{4096, 12288}, {256, 37}, {sb ? 4352 : 4128, 75}, {sb ? 512 : 96, 1}};  // (K, M)
+    for (auto [K, M] : shapes) {
+      const auto gb = make_weights(t, K, M, 11u + static_cast<uint32_t>(K + M)), ub = make_weights(t, K, M, 12u + static_cast<uint32_t>(K + M));
+      auto xv = randn(static_cast<size_t>(K), 13u + static_cast<uint32_t>(K));
+      xv[0] = 3.0f, xv[1] = -3.0f;
+      Tensor gw = make_weight(*gpu, t, K, M, 1, gb), uw = make_weight(*gpu, t, K, M, 1, ub);
+      Tensor gc = make_weight(*cpu, t, K, M, 1, gb), uc = make_weight(*cpu, t, K, M, 1, ub);
+      Tensor x = make_tensor(*gpu, DType::F32, K, 1, xv.data()), xc = make_tensor(*cpu, DType::F32, K, 1, xv.data());
+      Tensor y = gpu->alloc(DType::F32, M, 1), u = gpu->alloc(DType::F32, M, 1);  // (1, M)
+      Tensor yc = cpu->alloc(DType::F32, M, 1), ucc = cpu->alloc(DType::F32, M, 1);
+      for (const Activation act : {Activation::Silu, Activation::GeluTanh}) {
+        const bool silu = act == Activation::Silu;
+        cpu->matmul_glu(xc, gc, uc, act, yc, ucc);
+        const auto cref = fetch(*cpu, yc);
+        for (const int rpw : {2, 1}) {
+          for (const bool pdl : {true, false}) {
+            SCOPED_TRACE(std::string(dtype_name(t)) + " K=" + std::to_string(K) + " M=" + std::to_string(M) + (silu ? " silu" : " gelu") +
+                         " rpw " + std::to_string(rpw) + " pdl " + std::to_string(pdl));
+            gpu->set_options(with_fuse(base, false, false, rpw, pdl));
+            gpu->matmul_glu(x, gw, uw, act, y, u);
+            const auto ref = fetch(*gpu, y);
+            gpu->set_options(with_fuse(base, true, false, rpw, pdl));
+            std::vector<float> junk(static_cast<size_t>(M), 12345.0f);
+            gpu->upload(y, junk.data(), junk.size() * sizeof(float));  // the fused kernel must write every row
+            gpu->matmul_glu(x, gw, uw, act, y, u);
+            const auto got = fetch(*gpu, y);
+            EXPECT_EQ(max_abs_diff(got, ref), 0.0f);
+            EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0);
+            const ErrStats e = compare(got, cref);
+            EXPECT_EQ(e.bad, 0u);
+            EXPECT_LE(e.rel, silu ? (M < 64 ? 1e-4 : 5e-5) : 2e-3) << "vs CPU default mode, max_abs " << e.max_abs;
+          }
+        }
+      }
+      for (Tensor* p : {&gw, &uw, &x, &y, &u}) gpu->free(*p);
+      for (Tensor* p : {&xc, &yc, &ucc}) cpu->free(*p);  // gc/uc reference gb/ub (CPU weights stay in place)
+    }
+  }
+  gpu->set_options(base);
+}
+
+// Where the fused kernel does not apply, matmul_glu with fuse_glu is the composition itself: several rows
+// (GEMV groups and MMQ), exact mode, gate and up of different types, 16 lanes per row, a type without an
+// 8-bit kernel (Q3_K), MMQ from one row.
+TEST(CudaFuse, GluFallsBackToComposition) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  const CudaOptions base = gpu->options();
+  const int64_t K = 512, M = 300;
+  struct Case {
+    DType tg, tu;
+    int n;
+    const char* what;
+    void (*tweak)(CudaOptions&);
+  };
+  const Case cases[] = {
+      {DType::Q4_K, DType::Q4_K, 2, "2 rows (MMQ)", [](CudaOptions&) {}},
+      {DType::Q4_K, DType::Q4_K, 5, "5 rows, no MMQ", [](CudaOptions& o) { o.mmq_min_rows = 0; }},
+      {DType::Q4_K, DType::Q4_K, 1, "exact mode", [](CudaOptions& o) { o.exact_f32 = true; }},
+      {DType::Q4_K, DType::Q6_K, 1, "mixed types", [](CudaOptions&) {}},
+      {DType::Q8_0, DType::Q8_0, 1, "16 lanes", [](CudaOptions& o) { o.gemv_lanes = 16; }},
+      {DType::Q3_K, DType::Q3_K, 1, "no 8-bit kernel", [](CudaOptions&) {}},
+      {DType::Q4_K, DType::Q4_K, 1, "MMQ from one row", [](CudaOptions& o) { o.mmq_min_rows = 1; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const auto gb = make_weights(c.tg, K, M, 21), ub = make_weights(c.tu, K, M, 22);
+    const auto xv = randn(static_cast<size_t>(K * c.n), 23);
+    Tensor gw = make_weight(*gpu, c.tg, K, M, 1, gb), uw = make_weight(*gpu, c.tu, K, M, 1, ub);
+    Tensor x = make_tensor(*gpu, DType::F32, K, c.n, xv.data());
+    Tensor y = gpu->alloc(DType::F32, M, c.n), u = gpu->alloc(DType::F32, M, c.n);
+    std::vector<float> res[2];
+    for (const bool fuse : {false, true}) {
+      CudaOptions o = with_fuse(base, fuse, fuse, base.gemv_rows_per_warp, base.pdl);
+      c.tweak(o);
+      gpu->set_options(o);
+      gpu->matmul_glu(x, gw, uw, Activation::Silu, y, u);
+      res[fuse] = fetch(*gpu, y);
+    }
+    EXPECT_EQ(std::memcmp(res[0].data(), res[1].data(), res[0].size() * sizeof(float)), 0);
+    for (Tensor* p : {&gw, &uw, &x, &y, &u}) gpu->free(*p);
+  }
+  gpu->set_options(base);
+}
+
+// matmul_shared of 2..5 products (initializer lists are fixed at compile time).
+void shared_products(Backend& be, const Tensor& x, const std::vector<Tensor>& w, std::vector<Tensor>& y) {
+  switch (w.size()) {
+    case 2: return be.matmul_shared(x, {{&w[0], &y[0]}, {&w[1], &y[1]}});
+    case 3: return be.matmul_shared(x, {{&w[0], &y[0]}, {&w[1], &y[1]}, {&w[2], &y[2]}});
+    case 4: return be.matmul_shared(x, {{&w[0], &y[0]}, {&w[1], &y[1]}, {&w[2], &y[2]}, {&w[3], &y[3]}});
+    default: return be.matmul_shared(x, {{&w[0], &y[0]}, {&w[1], &y[1]}, {&w[2], &y[2]}, {&w[3], &y[3]}, {&w[4], &y[4]}});
+  }
+}
+
+// matmul_shared of one row with fuse_qkv (cuda::gemv_multi: the same-type products in one launch over
+// their concatenated rows) against one launch per product: bit-identical, for q/k/v of an 8B model (one
+// type; wv Q6_K beside Q4_K wq/wk: two launches), odd row counts (a warp with one row at the end of a
+// matrix), more products than one launch takes (5 > 4), types of both activation roundings interleaved
+// (the act-quant is redone between groups), a type without an 8-bit kernel among them, eagerly and
+// replayed from a CUDA graph, one and two rows per warp, PDL on and off.
+TEST(CudaFuse, QkvGroupedBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  const CudaOptions base = gpu->options();
+  struct Case {
+    int64_t K;
+    std::vector<std::pair<DType, int64_t>> outs;  // (type, M)
+  };
+  const Case cases[] = {
+      {4096, {{DType::Q4_K, 4096}, {DType::Q4_K, 1024}, {DType::Q4_K, 1024}}},
+      {4096, {{DType::Q4_K, 4096}, {DType::Q4_K, 1024}, {DType::Q6_K, 1024}}},
+      {256, {{DType::Q4_K, 37}, {DType::Q4_K, 5}, {DType::Q4_K, 1}}},
+      {96, {{DType::Q8_0, 33}, {DType::Q8_0, 7}, {DType::Q8_0, 64}, {DType::Q8_0, 3}, {DType::Q8_0, 1}}},
+      {512, {{DType::Q8_0, 9}, {DType::Q4_K, 10}, {DType::Q8_0, 11}, {DType::IQ4_XS, 12}, {DType::Q4_0, 13}}},
+      {512, {{DType::Q5_K, 255}, {DType::Q5_K, 257}}},
+      {512, {{DType::Q6_K, 77}, {DType::Q3_K, 50}, {DType::Q6_K, 31}, {DType::F16, 20}}},
+  };
+  int ci = 0;
+  for (const Case& c : cases) {
+    std::vector<Tensor> w, y;
+    for (size_t j = 0; j < c.outs.size(); ++j) {
+      const auto [t, M] = c.outs[j];
+      w.push_back(make_weight(*gpu, t, c.K, M, 1, make_weights(t, c.K, M, static_cast<uint32_t>(31 + 7 * ci + j))));
+      y.push_back(gpu->alloc(DType::F32, M, 1));
+    }
+    const auto xv = randn(static_cast<size_t>(c.K), static_cast<uint32_t>(41 + ci));
+    Tensor x = make_tensor(*gpu, DType::F32, c.K, 1, xv.data());
+    auto fill_junk = [&]() {  // every output row must be written again
+      for (Tensor& t : y) {
+        std::vector<float> junk(static_cast<size_t>(t.cols()), -777.0f);
+        gpu->upload(t, junk.data(), junk.size() * sizeof(float));
+      }
+    };
+    auto outputs = [&]() {
+      std::vector<std::vector<float>> r;
+      for (const Tensor& t : y) r.push_back(fetch(*gpu, t));
+      return r;
+    };
+    for (const int rpw : {2, 1}) {
+      for (const bool pdl : {true, false}) {
+        SCOPED_TRACE("case " + std::to_string(ci) + " rpw " + std::to_string(rpw) + " pdl " + std::to_string(pdl));
+        gpu->set_options(with_fuse(base, false, false, rpw, pdl));
+        shared_products(*gpu, x, w, y);
+        const auto ref = outputs();
+        gpu->set_options(with_fuse(base, false, true, rpw, pdl));
+        fill_junk();
+        shared_products(*gpu, x, w, y);
+        const auto eager = outputs();
+        gpu->begin_capture();
+        shared_products(*gpu, x, w, y);
+        const int g = gpu->end_capture();
+        fill_junk();
+        gpu->replay(g);
+        const auto replay = outputs();
+        gpu->drop_graphs();
+        for (size_t j = 0; j < y.size(); ++j) {
+          EXPECT_EQ(max_abs_diff(eager[j], ref[j]), 0.0f) << "product " << j << " eager";
+          EXPECT_EQ(std::memcmp(eager[j].data(), ref[j].data(), ref[j].size() * sizeof(float)), 0) << "product " << j << " eager";
+          EXPECT_EQ(std::memcmp(replay[j].data(), ref[j].data(), ref[j].size() * sizeof(float)), 0) << "product " << j << " graph";
+        }
+      }
+    }
+    for (Tensor& t : w) gpu->free(t);
+    for (Tensor& t : y) gpu->free(t);
+    gpu->free(x);
+    ++ci;
+  }
+  gpu->set_options(base);
+}
+
 }  // namespace
 }  // namespace pg

@@ -81,6 +81,8 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE"); e && *e) opt.fa_decode = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_SPLIT_BLOCKS"); e && *e) opt.fa_blocks_per_sm = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) opt.kv_store_parallel = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_GLU"); e && *e) opt.fuse_glu = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) opt.fuse_qkv = std::strcmp(e, "0") != 0;
   return create_cuda_backend(index, opt);
 }
 
@@ -562,6 +564,42 @@ void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut
   // Decode: the 8-bit activations are made once and serve every product that reads them with the same
   // rounding (q8_0 or q8_K: weights of different families re-quantize).
   int quantized = cuda::kActNone;
+  constexpr size_t kMaxGrouped = 8;
+  if (opt_.fuse_qkv && x.rows() == 1 && outs.size() > 1 && outs.size() <= kMaxGrouped) {
+    // Grouped: the products of one 8-bit-activation type in one launch (cuda::gemv_multi), groups in the
+    // order of their first product; the rest one launch each. Same per-row sums as the loop below. Fixed
+    // arrays: nothing is allocated on the decode path.
+    cuda::MatmulArgs args[kMaxGrouped];
+    bool done[kMaxGrouped] = {};
+    const cuda::MatmulArgs* group[kMaxGrouped];
+    const size_t n_out = outs.size();
+    {
+      size_t k = 0;
+      for (const MatmulOut& o : outs) args[k++] = matmul_args(*o.w, x, *o.y);
+    }
+    for (size_t i = 0; i < n_out; ++i) {
+      if (done[i]) continue;
+      done[i] = true;
+      if (!cuda::gemv_fast_q8(args[i]) || !cuda::gemv_multi_compatible(args[i], args[i])) {
+        gemv(args[i]);
+        quantized = cuda::kActNone;  // gemv may have used the scratch for its own quantization
+        continue;
+      }
+      int count = 0;
+      group[count++] = &args[i];
+      for (size_t j = i + 1; j < n_out; ++j)
+        if (!done[j] && cuda::gemv_multi_compatible(args[i], args[j])) group[count++] = &args[j], done[j] = true;
+      void* s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(args[i]));
+      const int mode = cuda::act_quant_mode(args[i].type);
+      if (quantized != mode) cuda::quantize_q8(args[i], s, as_stream(stream_));
+      quantized = mode;
+      if (count == 1)
+        cuda::gemv_fast(args[i], s, as_stream(stream_), /*x_quantized=*/true);
+      else
+        cuda::gemv_multi(group, count, s, as_stream(stream_), /*x_quantized=*/true);
+    }
+    return;
+  }
   for (const MatmulOut& o : outs) {
     const cuda::MatmulArgs a = matmul_args(*o.w, x, *o.y);
     if (cuda::gemv_fast_q8(a)) {
@@ -574,6 +612,23 @@ void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut
       gemv(a);
     }
   }
+}
+
+void CudaBackend::matmul_glu(const Tensor& x, const Tensor& gate_w, const Tensor& up_w, Activation act, Tensor& y, Tensor& u) {
+  // The fused kernel only where the composition would run the one-row 8-bit GEMV on both products (one
+  // row, default mode, no MMQ for one row, 32 lanes): there it is bit-identical; everything else is the
+  // composition itself.
+  if (!opt_.fuse_glu || opt_.exact_f32 || x.rows() != 1 || opt_.mmq_min_rows == 1) return Backend::matmul_glu(x, gate_w, up_w, act, y, u);
+  activate(device_);
+  const cuda::MatmulArgs g = matmul_args(gate_w, x, y), uo = matmul_args(up_w, x, u);
+  if (!cuda::gemv_glu_supported(g, uo)) return Backend::matmul_glu(x, gate_w, up_w, act, y, u);
+  PG_CHECK(y.data != x.data && y.data != u.data, "matmul_glu: y must not alias x or u");
+  const ProfScope prof(prof_active() ? this : nullptr, "matmul_glu",
+                       prof_active() ? std::string(dtype_name(gate_w.type)) + " " + std::to_string(gate_w.rows()) + "x" +
+                                           std::to_string(gate_w.cols()) + " n1"
+                                     : std::string());
+  void* s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(g));
+  cuda::gemv_glu(g, uo, act == Activation::Silu ? 0 : 1, s, as_stream(stream_));
 }
 
 void CudaBackend::add_bias(Tensor& y, const Tensor& bias) {

@@ -103,6 +103,19 @@ struct CudaOptions {
   // (79/79); qwen3-8b Q4_K_M tg128 at depth 4096: q8_0 125.2 -> 131.1, tq3_0 105.3 -> 124.1 tok/s. On by
   // default. Environment: PEREGRINE_CUDA_KV_STORE_PAR=0 turns it off (factory).
   bool kv_store_parallel = true;
+  // Fused decode FFN: matmul_glu of one activation row with gate and up of the same 8-bit-activation type
+  // (Q4_K/Q5_K/Q6_K/Q8_0/Q4_0/IQ4_XS) and shape, in default mode, runs as the act-quant plus ONE kernel
+  // (gemv_q8.cu gemv_q8_glu_kernel: a warp owns row i of gate and of up, sums both as the two-row GEMV
+  // does and writes act(g)·u) instead of the act-quant, two GEMVs and the glu kernel. Bit-identical to the
+  // composition (tests/cuda/test_cuda_ops.cpp CudaFuse*). Everything else takes the composition. Why: a
+  // decode step is ~21 launches per layer, each ~2-3 µs of fill/drain in a graph (issue 11). Written without
+  // a GPU: off until a device run passes its tests and measures it. Environment: PEREGRINE_CUDA_FUSE_GLU=1.
+  bool fuse_glu = false;
+  // Grouped decode GEMV: matmul_shared of one activation row launches the products of the same
+  // 8-bit-activation type as one kernel over their concatenated rows (q/k/v: one launch; wv of another type
+  // than wq/wk: two), bit-identical to one launch each. Off until measured (as fuse_glu). Environment:
+  // PEREGRINE_CUDA_FUSE_QKV=1.
+  bool fuse_qkv = false;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
@@ -134,6 +147,8 @@ class CudaBackend final : public Backend {
   void get_rows(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void matmul(const Tensor& w, const Tensor& x, Tensor& y) override;
   void matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) override;
+  // With CudaOptions::fuse_glu, one decode row: act-quant + one fused kernel (u untouched); else the default.
+  void matmul_glu(const Tensor& x, const Tensor& gate_w, const Tensor& up_w, Activation act, Tensor& y, Tensor& u) override;
   void mul_rows_sigmoid(Tensor& x, const Tensor& gate) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void deltanet_gates(Tensor& alpha, Tensor& beta, const Tensor& dt_bias, const Tensor& a) override;

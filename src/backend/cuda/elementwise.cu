@@ -6,6 +6,7 @@
 #include <atomic>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/glu_act.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "core/error.h"
@@ -206,27 +207,11 @@ __global__ void add_bias_kernel(float* y, const void* bias, int bias_f16, int64_
   }
 }
 
-__device__ __forceinline__ float round_fp16(float x) { return __half2float(__float2half_rn(x)); }
-
-// GELU (tanh form) as ggml-cpu computes it (see CpuBackend::gelu_ggml): through FP16 in and out.
-__device__ __forceinline__ float gelu_ggml(float x) {
-  if (x <= -10.0f) return 0.0f;
-  if (x >= 10.0f) return x;
-  const float h = round_fp16(x);
-  constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
-  constexpr float kCoef = 0.044715f;
-  const float g = 0.5f * h * (1.0f + tanhf(kSqrt2OverPi * h * (1.0f + kCoef * h * h)));
-  return round_fp16(g);
-}
-
+// act(gate)·up through glu_act.cuh, the expression the fused decode GEMV + GLU (gemv_q8.cu) shares.
 __global__ void glu_kernel(const float* gate, const float* up, float* y, int64_t n, int act) {
   grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
   grid_launch_dependents();
-  PG_GRID_STRIDE(i, n) {
-    const float g = gate[i];
-    const float a = act == 0 ? __fdiv_rn(g, 1.0f + expf(-g)) : gelu_ggml(g);
-    y[i] = __fmul_rn(a, up[i]);
-  }
+  PG_GRID_STRIDE(i, n) y[i] = glu_act(gate[i], up[i], act);
 }
 
 __global__ void mul_sigmoid_kernel(float* x, const float* gate, int64_t n) {

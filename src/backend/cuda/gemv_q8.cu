@@ -20,8 +20,11 @@
 // (act_quant_kernel below) — ~0.5 % relative error per product sum, the same on both backends.
 // Exact mode never comes here.
 #include <algorithm>
+#include <string>
+#include <utility>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/glu_act.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 #include "core/error.h"
@@ -390,9 +393,42 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
 // from L1 serves both rows (the activation and scale loads of the second dot are the first's, merged by the
 // compiler) and twice the weight bytes are in flight per lane. Each row's sum is formed in the same order
 // as gemv_q8_kernel<T, NA, 32>: results are bit-identical to it.
+//
+// rw2_sums is that loop for any two rows w0, w1 (n_pieces np each) of one weight type against the same
+// activations: the two-row kernel gives it adjacent rows of one matrix, the fused GLU kernel row i of
+// gate and row i of up, the grouped kernel two rows of one of several matrices. Because every caller runs
+// this one function, each row's per-lane partial sums acc0/acc1 (reduced by the caller with warp_sum)
+// are formed in the same order everywhere. It issues the first round of weight loads, then grid_wait()
+// (PDL: every thread of the warp must reach it; activations are only read after it).
+template <class T, int NA>
+__device__ __forceinline__ void rw2_sums(const uint8_t* w0, const uint8_t* w1, const ActRows<NA>& x, int np, int lane,
+                                         float (&acc0)[NA], float (&acc1)[NA]) {
+  constexpr int U = kUnroll;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) acc0[a] = acc1[a] = 0.0f;
+  typename T::Raw r0[U], r1[U];
+  int base = lane;
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (base + 32 * u < np) r0[u] = T::load(w0, base + 32 * u), r1[u] = T::load(w1, base + 32 * u);
+  grid_wait();
+  while (base < np) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + 32 * u < np) {
+        T::template dot<NA>(r0[u], base + 32 * u, x, acc0);
+        T::template dot<NA>(r1[u], base + 32 * u, x, acc1);
+      }
+    base += 32 * U;
+    if (base >= np) break;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (base + 32 * u < np) r0[u] = T::load(w0, base + 32 * u), r1[u] = T::load(w1, base + 32 * u);
+  }
+}
+
 template <class T, int NA>
 __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_rw2_kernel(const FastParams p) {
-  constexpr int U = kUnroll;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp) * 2;
   grid_launch_dependents();
@@ -414,30 +450,95 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_rw2_kernel(const F
     x.d[a] = p.xd + xr * nd;
   }
   float acc0[NA], acc1[NA];
-#pragma unroll
-  for (int a = 0; a < NA; ++a) acc0[a] = acc1[a] = 0.0f;
-  const int np = p.n_pieces;
-  typename T::Raw r0[U], r1[U];
-  int base = lane;
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (base + 32 * u < np) r0[u] = T::load(w0, base + 32 * u), r1[u] = T::load(w1, base + 32 * u);
-  grid_wait();
-  while (base < np) {
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (base + 32 * u < np) {
-        T::template dot<NA>(r0[u], base + 32 * u, x, acc0);
-        T::template dot<NA>(r1[u], base + 32 * u, x, acc1);
-      }
-    base += 32 * U;
-    if (base >= np) break;
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (base + 32 * u < np) r0[u] = T::load(w0, base + 32 * u), r1[u] = T::load(w1, base + 32 * u);
-  }
+  rw2_sums<T, NA>(w0, w1, x, p.n_pieces, lane, acc0, acc1);
   store_rows<NA>(p, row0, a0, acc0, lane);
   if (has1) store_rows<NA>(p, row0 + 1, a0, acc1, lane);
+}
+
+// Fused decode FFN (CudaOptions::fuse_glu): y (1, M) = act(x·Gᵀ) ⊙ (x·Uᵀ) for gate G and up U (M, K) of
+// one type and layout, one activation row, in one launch after the act-quant. Contract:
+//  - p.w = G, w_up = U, both p.row_bytes per row; p.xq (K) int8 / p.xd (K/32) the quantize_q8 activations
+//    of x; p.y (M) receives the GLU output (nothing else is written; the up product never leaves registers).
+//  - a warp owns row i of G and row i of U (4 per block): rw2_sums gives both rows the per-lane sums of the
+//    two-row kernel, warp_sum reduces them as store_rows does, and glu_act is elementwise.cu's glu
+//    expression, so y is bit-identical to gemv_q8_rw2_kernel (or gemv_q8_kernel) on G and U + glu_kernel.
+//  - PDL as gemv_q8_rw2_kernel: weight loads before grid_wait, every thread waits, even past the end.
+template <class T, int ACT>
+__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_glu_kernel(const FastParams p, const uint8_t* __restrict__ w_up) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
+  grid_launch_dependents();
+  if (row >= p.M) {
+    grid_wait();
+    return;
+  }
+  ActRows<1> x;
+  x.q[0] = p.xq;
+  x.d[0] = p.xd;
+  float acc_g[1], acc_u[1];
+  rw2_sums<T, 1>(p.w + static_cast<size_t>(row) * p.row_bytes, w_up + static_cast<size_t>(row) * p.row_bytes, x, p.n_pieces, lane,
+                 acc_g, acc_u);
+  const float g = warp_sum(acc_g[0]), u = warp_sum(acc_u[0]);
+  if (lane == 0) p.y[row] = glu_act(g, u, ACT);
+}
+
+// Grouped decode GEMV (CudaOptions::fuse_qkv): y_j (1, M_j) = x·W_jᵀ for up to kGemvMultiMax matrices W_j
+// (M_j, K) of one type and K sharing one activation row (q/k/v, the DeltaNet input projections), in one
+// launch. Contract:
+//  - xq (K) / xd (K/32): the quantize_q8 activations; n_pieces = K/32; w[j], row_bytes[j], M[j], y[j] per
+//    matrix; pair_end[j] = Σ_{i ≤ j} ceil(M_i/2): matrix j owns the warps [pair_end[j−1], pair_end[j]) of
+//    the grid (4 per block), each two adjacent rows of it (the last one row when M_j is odd), so a row
+//    pair never straddles two matrices.
+//  - every row is summed by rw2_sums + warp_sum exactly as gemv_q8_rw2_kernel sums it: y_j is
+//    bit-identical to one gemv_fast launch per matrix.
+//  - PDL as gemv_q8_rw2_kernel.
+constexpr int kMultiMax = 4;
+struct MultiParams {
+  const int8_t* xq;  // (K)
+  const float* xd;   // (K/32)
+  int n_pieces;      // K/32
+  int count;         // matrices, 1..kMultiMax
+  const uint8_t* w[kMultiMax];    // (M_j, row_bytes_j) bytes
+  size_t row_bytes[kMultiMax];
+  int64_t M[kMultiMax];
+  float* y[kMultiMax];            // (M_j)
+  int64_t pair_end[kMultiMax];    // cumulative warps
+  int64_t warps;                  // pair_end[count − 1]: the warps with work
+  bool pdl;                       // host side
+};
+
+template <class T>
+__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_multi_kernel(const MultiParams p) {
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
+  grid_launch_dependents();
+  if (gw >= p.warps) {
+    grid_wait();
+    return;
+  }
+  // The matrix of this warp, selected with static indices only (no dynamically indexed parameter array,
+  // which would be copied to local memory).
+  const uint8_t* w = p.w[0];
+  size_t rb = p.row_bytes[0];
+  int64_t M = p.M[0], first = 0;
+  float* y = p.y[0];
+#pragma unroll
+  for (int j = 1; j < kMultiMax; ++j)
+    if (j < p.count && gw >= p.pair_end[j - 1]) w = p.w[j], rb = p.row_bytes[j], M = p.M[j], y = p.y[j], first = p.pair_end[j - 1];
+  const int64_t row0 = (gw - first) * 2;
+  const bool has1 = row0 + 1 < M;  // warp-uniform
+  const uint8_t* w0 = w + static_cast<size_t>(row0) * rb;
+  const uint8_t* w1 = has1 ? w0 + rb : w0;
+  ActRows<1> x;
+  x.q[0] = p.xq;
+  x.d[0] = p.xd;
+  float acc0[1], acc1[1];
+  rw2_sums<T, 1>(w0, w1, x, p.n_pieces, lane, acc0, acc1);
+  const float s0 = warp_sum(acc0[0]), s1 = warp_sum(acc1[0]);
+  if (lane == 0) {
+    y[row0] = s0;
+    if (has1) y[row0 + 1] = s1;
+  }
 }
 
 // F16/BF16 weights with FP32 activations: a piece is 8 weights (16 bytes).
@@ -1051,6 +1152,29 @@ struct LaunchHalf {
   };
 };
 
+// One launch of kernel(args...) on `grid` blocks of kRowsPerBlock warps, with programmatic stream
+// serialization when pdl (the kernel must call grid_wait as gemv_q8_rw2_kernel does).
+template <class... P, class... A>
+void launch_fast(void (*kernel)(P...), dim3 grid, bool pdl, cudaStream_t stream, const char* what, A&&... args) {
+  if (pdl) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kRowsPerBlock * 32);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+    PG_CHECK(e == cudaSuccess, std::string("CUDA kernel launch failed (") + what + ", PDL): " + cudaGetErrorString(e));
+  } else {
+    kernel<<<grid, kRowsPerBlock * 32, 0, stream>>>(std::forward<A>(args)...);
+  }
+  check_launch(what);
+}
+
 bool aligned(const MatmulArgs& a, size_t align) {
   return reinterpret_cast<uintptr_t>(a.w) % align == 0 && a.row_bytes % align == 0 && a.expert_bytes % align == 0;
 }
@@ -1170,6 +1294,68 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
     }
   });
   return true;
+}
+
+bool gemv_glu_supported(const MatmulArgs& g, const MatmulArgs& u) {
+  return g.n == 1 && u.n == 1 && !g.expert_ids && !u.expert_ids && g.lanes == 32 && u.lanes == 32 && g.type == u.type && g.K == u.K &&
+         g.M == u.M && g.row_bytes == u.row_bytes && g.x == u.x && gemv_fast_q8(g) && gemv_fast_q8(u);
+}
+
+void gemv_glu(const MatmulArgs& g, const MatmulArgs& u, int act, void* scratch, cudaStream_t stream, bool x_quantized) {
+  PG_CHECK(gemv_glu_supported(g, u), "gemv_glu: unsupported pair of matmuls");
+  PG_CHECK(act == 0 || act == 1, "gemv_glu: unknown activation");
+  if (g.M <= 0) return;
+  PG_CHECK(scratch != nullptr, "gemv_glu: no scratch for the quantized activations");
+  if (!x_quantized) quantize_q8(g, scratch, stream);
+  dispatch_q8(g.type, [&]<class T>() {
+    FastParams p = make_params(g);
+    p.n_pieces = static_cast<int>(g.K / 32);
+    p.xq = scratch_q(scratch);
+    p.xd = scratch_d(g, scratch);
+    const dim3 grid(static_cast<unsigned>(ceil_div(g.M, kRowsPerBlock)));
+    const auto* wu = static_cast<const uint8_t*>(u.w);
+    if (act == 0)
+      launch_fast(gemv_q8_glu_kernel<T, 0>, grid, g.pdl, stream, "gemv_glu", p, wu);
+    else
+      launch_fast(gemv_q8_glu_kernel<T, 1>, grid, g.pdl, stream, "gemv_glu", p, wu);
+  });
+}
+
+bool gemv_multi_compatible(const MatmulArgs& a, const MatmulArgs& b) {
+  return a.n == 1 && b.n == 1 && !a.expert_ids && !b.expert_ids && a.lanes == 32 && b.lanes == 32 && a.type == b.type && a.K == b.K &&
+         a.x == b.x && gemv_fast_q8(a) && gemv_fast_q8(b);
+}
+
+void gemv_multi(const MatmulArgs* const* a, int count, void* scratch, cudaStream_t stream, bool x_quantized) {
+  if (count <= 0) return;
+  for (int j = 1; j < count; ++j) PG_CHECK(gemv_multi_compatible(*a[0], *a[j]), "gemv_multi: incompatible matmuls");
+  PG_CHECK(gemv_fast_q8(*a[0]) && a[0]->n == 1 && !a[0]->expert_ids, "gemv_multi: unsupported matmul");
+  PG_CHECK(scratch != nullptr, "gemv_multi: no scratch for the quantized activations");
+  if (!x_quantized) quantize_q8(*a[0], scratch, stream);
+  dispatch_q8(a[0]->type, [&]<class T>() {
+    for (int j0 = 0; j0 < count; j0 += kMultiMax) {
+      MultiParams p{};
+      p.xq = scratch_q(scratch);
+      p.xd = scratch_d(*a[0], scratch);
+      p.n_pieces = static_cast<int>(a[0]->K / 32);
+      p.count = std::min(kMultiMax, count - j0);
+      p.pdl = a[0]->pdl;
+      int64_t warps = 0;
+      for (int j = 0; j < p.count; ++j) {
+        const MatmulArgs& m = *a[j0 + j];
+        p.w[j] = static_cast<const uint8_t*>(m.w);
+        p.row_bytes[j] = m.row_bytes;
+        p.M[j] = m.M;
+        p.y[j] = m.y;
+        warps += (std::max<int64_t>(m.M, 0) + 1) / 2;
+        p.pair_end[j] = warps;
+      }
+      p.warps = warps;
+      if (warps == 0) continue;
+      const dim3 grid(static_cast<unsigned>(ceil_div(warps, kRowsPerBlock)));
+      launch_fast(gemv_q8_multi_kernel<T>, grid, p.pdl, stream, "gemv_multi", p);
+    }
+  });
 }
 
 bool mmq_supported(const MatmulArgs& a) {

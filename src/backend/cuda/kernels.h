@@ -68,6 +68,19 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
 bool gemv_fast_q8(const MatmulArgs& a);
 void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream);
 
+// Fused decode FFN (CudaOptions::fuse_glu): gate.y (1, M) = act(x·Gᵀ) ⊙ (x·Uᵀ), G = gate.w and U = up.w
+// (M, K), in one launch (after the act-quant unless x_quantized: the scratch already holds x's). act: as
+// glu(). Bit-identical to gemv_fast on both + glu (same per-row sums, glu_act.cuh's expression); up.y is
+// not written. Supported: one activation row of one x, not grouped, 32 lanes, the same 8-bit-activation
+// type and layout (gemv_fast_q8) for both.
+bool gemv_glu_supported(const MatmulArgs& gate, const MatmulArgs& up);
+void gemv_glu(const MatmulArgs& gate, const MatmulArgs& up, int act, void* scratch, cudaStream_t stream, bool x_quantized = false);
+// Grouped decode GEMV (CudaOptions::fuse_qkv): the products a[0..count) of one activation row, all of one
+// 8-bit-activation type and K (gemv_multi_compatible with a[0]), in one launch per 4 of them over their
+// concatenated rows; bit-identical to one gemv_fast each. scratch / x_quantized as for gemv_fast.
+bool gemv_multi_compatible(const MatmulArgs& a, const MatmulArgs& b);
+void gemv_multi(const MatmulArgs* const* a, int count, void* scratch, cudaStream_t stream, bool x_quantized = false);
+
 // Default-mode matmul for 1..kMmqMaxRows activation rows on integer tensor cores (gemv_q8.cu: MMQ), for
 // Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 with K a multiple of 256 (not grouped). The activations are the
 // quantize_q8 ones in `scratch` (gemv_fast_scratch_bytes; x_quantized: already there, as for gemv_fast);
