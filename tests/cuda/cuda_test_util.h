@@ -176,6 +176,8 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true
   if (!fa_prefill) o.fa_prefill_min_rows = 0, o.fa_decode = false;
   // The parallel typed kv_store (scripts/device-check.sh KV_STORE_PAR=1 runs every CUDA test with it).
   if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) o.kv_store_parallel = std::strcmp(e, "0") != 0;
+  // The one-launch q/k RMSNorm + RoPE (PEREGRINE_CUDA_FUSE_QK_ROPE=1 runs every CUDA test with it).
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QK_ROPE"); e && *e) o.fuse_qk_norm_rope = std::strcmp(e, "0") != 0;
   return std::make_unique<CudaBackend>(0, o);
 }
 
