@@ -214,10 +214,29 @@ __global__ void __launch_bounds__(kQkWarps * 32)
                         int n_head, int n_head_kv, int head_dim, int n_rot,
                         float theta_scale,         // base^(−2/n_rot), computed on the host as for rope
                         int neox, float eps) {
+  constexpr int kPer = kQkNormRopeMaxHeadDim / 32;  // values of a head per lane
   __shared__ float cos_t[kQkNormRopeMaxHeadDim / 2], sin_t[kQkNormRopeMaxHeadDim / 2];  // (n_rot/2): per pair
   __shared__ float buf[kQkWarps][kQkNormRopeMaxHeadDim];                                 // (head_dim) per warp
   const int r = static_cast<int>(blockIdx.x);
   const int half = n_rot / 2;
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int hg = static_cast<int>(blockIdx.y) * kQkWarps + warp;
+  const bool has_head = hg < n_head + n_head_kv;
+  const bool is_q = hg < n_head;
+  float* x = is_q ? q + static_cast<int64_t>(r) * q_stride + static_cast<int64_t>(hg) * head_dim
+                  : k + static_cast<int64_t>(r) * k_stride + static_cast<int64_t>(hg - n_head) * head_dim;
+  const void* w = is_q ? q_w : k_w;
+  const int w_f16 = is_q ? q_w_f16 : k_w_f16;
+  // The head and its weights are loaded into registers before the θ table is built, so their memory latency
+  // overlaps the running product and sin/cos (a decode step has one row: this kernel is latency, not bandwidth).
+  float v[kPer], wv[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    const bool in = has_head && i < head_dim;
+    v[j] = in ? x[i] : 0.0f;
+    wv[j] = in && w ? (w_f16 ? h2f(static_cast<const uint16_t*>(w)[i]) : static_cast<const float*>(w)[i]) : 1.0f;
+  }
   for (int i = static_cast<int>(threadIdx.x); i < half; i += blockDim.x) {
     float theta = static_cast<float>(pos[r]);
     for (int j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
@@ -225,32 +244,24 @@ __global__ void __launch_bounds__(kQkWarps * 32)
     sin_t[i] = sinf(theta);
   }
   __syncthreads();  // the only block-wide barrier: warps without a head leave after it
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int hg = static_cast<int>(blockIdx.y) * kQkWarps + warp;
-  if (hg >= n_head + n_head_kv) return;
-  const bool is_q = hg < n_head;
-  float* x = is_q ? q + static_cast<int64_t>(r) * q_stride + static_cast<int64_t>(hg) * head_dim
-                  : k + static_cast<int64_t>(r) * k_stride + static_cast<int64_t>(hg - n_head) * head_dim;
-  const void* w = is_q ? q_w : k_w;
-  const int w_f16 = is_q ? q_w_f16 : k_w_f16;
+  if (!has_head) return;
   float* b = buf[warp];
-  for (int i = lane; i < head_dim; i += 32) b[i] = x[i];
   if (w) {
+    // rms_norm_kernel's per-thread sum for 32 threads: lane l adds i = l, l+32, … in increasing order.
     double s = 0;
-    for (int i = lane; i < head_dim; i += 32) {
-      const float v = b[i];
-      s += static_cast<double>(__fmul_rn(v, v));
-    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      if (lane + 32 * j < head_dim) s += static_cast<double>(__fmul_rn(v[j], v[j]));
     s = warp_sum(s);
     const float mean = static_cast<float>(s / static_cast<double>(head_dim));
     const float sc = 1.0f / sqrtf(mean + eps);
-    for (int i = lane; i < head_dim; i += 32) {
-      const float v = __fmul_rn(b[i], sc);
-      const float wv = w_f16 ? h2f(static_cast<const uint16_t*>(w)[i]) : static_cast<const float*>(w)[i];
-      b[i] = __fmul_rn(v, wv);
-    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], sc), wv[j]);
   }
-  __syncwarp();  // pairs cross lanes: every lane's normalised values are in b
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (lane + 32 * j < head_dim) b[lane + 32 * j] = v[j];
+  __syncwarp();  // pairs cross lanes: every lane's (normalised) values are in b
   for (int i = lane; i < half; i += 32) {
     const int i0 = neox ? i : 2 * i;
     const int i1 = neox ? i + half : 2 * i + 1;
