@@ -229,13 +229,15 @@ __global__ void __launch_bounds__(kQkWarps * 32)
   const int w_f16 = is_q ? q_w_f16 : k_w_f16;
   // The head and its weights are loaded into registers before the θ table is built, so their memory latency
   // overlaps the running product and sin/cos (a decode step has one row: this kernel is latency, not bandwidth).
-  float v[kPer], wv[kPer];
+  // Weights stay raw bits until after the table: an F16 conversion next to its load would wait for it.
+  float v[kPer];
+  uint32_t wbits[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = lane + 32 * j;
     const bool in = has_head && i < head_dim;
     v[j] = in ? x[i] : 0.0f;
-    wv[j] = in && w ? (w_f16 ? h2f(static_cast<const uint16_t*>(w)[i]) : static_cast<const float*>(w)[i]) : 1.0f;
+    wbits[j] = in && w ? (w_f16 ? static_cast<uint32_t>(static_cast<const uint16_t*>(w)[i]) : static_cast<const uint32_t*>(w)[i]) : 0u;
   }
   for (int i = static_cast<int>(threadIdx.x); i < half; i += blockDim.x) {
     float theta = static_cast<float>(pos[r]);
@@ -256,7 +258,10 @@ __global__ void __launch_bounds__(kQkWarps * 32)
     const float mean = static_cast<float>(s / static_cast<double>(head_dim));
     const float sc = 1.0f / sqrtf(mean + eps);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], sc), wv[j]);
+    for (int j = 0; j < kPer; ++j) {
+      const float wv = w_f16 ? h2f(wbits[j]) : __uint_as_float(wbits[j]);
+      v[j] = __fmul_rn(__fmul_rn(v[j], sc), wv);
+    }
   }
 #pragma unroll
   for (int j = 0; j < kPer; ++j)
