@@ -84,6 +84,9 @@ FA_PREFILL=${FA_PREFILL:-0}        # 1: tensor-core prefill attention: its tests
 FA_DECODE=${FA_DECODE:-0}          # 1: decode/verify attention on tensor cores (CudaOptions::fa_decode): its tests, test_cuda_model /
                                    #    test_cuda_spec with PEREGRINE_CUDA_FA_DECODE=1, tg128 at depths 0, 4096 off vs on (first model)
 FA_TEST_ROWS=${FA_TEST_ROWS:-16}    # PEREGRINE_CUDA_FA_PREFILL for the model tests of FA_PREFILL=1
+FUSE_QK_ROPE=${FUSE_QK_ROPE:-0}    # 1: one-launch q/k RMSNorm + RoPE (PEREGRINE_CUDA_FUSE_QK_ROPE=1, issue 11): its op / model tests
+                                   #    (tests-qk-rope.log), the op/model/graph/spec tests with it on (tests-qk-rope-on.log), tg128 at
+                                   #    depths 0, 4096 off vs on (first model)
 KV_STORE_PAR=${KV_STORE_PAR:-0}    # 1: parallel typed kv_store (PEREGRINE_CUDA_KV_STORE_PAR=1): the typed KV tests with it (tests-kv-store-par.log), and with KVTYPES each type's tg128 (and PROFILE_KV profile) again with it
 NCU=${NCU:-0}                      # 1: Nsight Compute (hardware counters; --clock-control none --cache-control none): the GPU time of every
                                    #    kernel of decode steps of the first model (graphs off: no launch gaps in the numbers) at depths 0
@@ -218,6 +221,17 @@ if ((BUILD_OK && FA_DECODE)); then
   PEREGRINE_CUDA_FA_DECODE=1 PEREGRINE_CUDA_FA_PREFILL_TYPED=1 run_step "KV type tests with decode attention on tensor cores" \
     "$OUT/tests-fa-decode-kv.log" 300 ctest --test-dir "$BUILD" -R "CudaKv" -V -j 4 --timeout 280
   grep -E "tests passed|tests failed|\(Failed\)" "$OUT/tests-fa-decode-kv.log" | sed -E 's/^[0-9]+: //' | head -20 >>"$SUMMARY"
+fi
+# One-launch q/k RMSNorm + RoPE (CudaOptions::fuse_qk_norm_rope): its own tests (bit-identical to the four ops,
+# ops and whole models), then the op, model, graph and speculative tests with it on through make_cuda's alias.
+if ((BUILD_OK && FUSE_QK_ROPE)); then
+  run_step "fused q/k norm + rope tests (QkNormRope*, CudaFuseQkRope*)" "$OUT/tests-qk-rope.log" 200 \
+    ctest --test-dir "$BUILD" -R "QkNormRope|CudaFuseQkRope" -V -j 4 --timeout 180
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|four ops max|Failure|Expected|Which is|fused" "$OUT/tests-qk-rope.log" |
+    sed -E 's/^[0-9]+: //' | head -60 >>"$SUMMARY"
+  PEREGRINE_CUDA_FUSE_QK_ROPE=1 run_step "op/model/graph/spec tests with fused q/k norm + rope on" "$OUT/tests-qk-rope-on.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda -R "CudaOps|CudaModel|CudaGreedy|CudaGraphs|CudaSpec|CudaTree|CudaKvModel" -j 4 --timeout 280
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)" "$OUT/tests-qk-rope-on.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
 fi
 if ((BUILD_OK && ATTN_DECODE)) && [ -x "$BUILD/tests/cuda/pg_cuda_attn_bench" ]; then
   run_step "decode attention alone (rows 1, 22)" "$OUT/kernels-attn.log" 120 "$BUILD/tests/cuda/pg_cuda_attn_bench" \
@@ -376,6 +390,10 @@ if ((CLI_OK)); then
       fi
       if ((BENCH && PDL_ALL)); then
         PEREGRINE_CUDA_PDL_ALL=1 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, PDL for every kernel" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+      fi
+      if ((FUSE_QK_ROPE && FIRST_MODEL)); then  # decode speed with the one-launch q/k norm + rope off, then on
+        PEREGRINE_CUDA_FUSE_QK_ROPE=0 bench_one "$LOG" "$preset $type tg128, fused q/k norm + rope off" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 3
+        PEREGRINE_CUDA_FUSE_QK_ROPE=1 bench_one "$LOG" "$preset $type tg128, fused q/k norm + rope on" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 3
       fi
       if ((BENCH && TG_ONLY)); then
         bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2

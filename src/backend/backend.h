@@ -154,6 +154,25 @@ class Backend {
   }
   // Rotates x (n, n_heads*head_dim) in place by positions pos (I32 n); dims ≥ n_rot pass through.
   virtual void rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, int n_rot, float base, RopeStyle style) = 0;
+  // The per-head q/k step of an attention layer, in place: q (n, n_head*head_dim) and k (n, n_head_kv*head_dim)
+  // are each, when their norm weight (head_dim, F32/F16) is valid, normalised per head (rms_norm of the
+  // (n*heads, head_dim) view with that weight and eps; an invalid weight means no norm at all for that
+  // tensor, not a weightless norm), then both rotated by rope(pos, head_dim, n_rot, base, style). Exactly
+  // this sequence of ops — rms_norm q, rms_norm k, rope q, rope k — bit for bit; a backend may fuse it
+  // (CUDA: one launch instead of up to four per layer). q and k must not alias.
+  virtual void qk_norm_rope(Tensor& q, Tensor& k, const Tensor& q_norm, const Tensor& k_norm, const Tensor& pos, int n_head,
+                            int n_head_kv, int head_dim, int n_rot, float base, RopeStyle style, float eps) {
+    if (q_norm.valid()) {
+      Tensor qh = q.reshape_2d(head_dim, q.rows() * n_head);  // (n*n_head, head_dim)
+      rms_norm(qh, q_norm, qh, eps);
+    }
+    if (k_norm.valid()) {
+      Tensor kh = k.reshape_2d(head_dim, k.rows() * n_head_kv);  // (n*n_head_kv, head_dim)
+      rms_norm(kh, k_norm, kh, eps);
+    }
+    rope(q, pos, n_head, head_dim, n_rot, base, style);
+    rope(k, pos, n_head_kv, head_dim, n_rot, base, style);
+  }
   // Writes k, v (n, n_head_kv*head_dim) into the layer cache at cells batch.cells.
   virtual void kv_store(KvLayer& kv, const Tensor& k, const Tensor& v, const AttentionBatch& batch) = 0;
   // out (n, n_head*head_dim) = softmax(q·kᵀ·scale + mask)·v over each row's visible cache cells

@@ -392,11 +392,7 @@ void DFlashModel::block_layers(Tensor& x, const Tensor& tpos, int R,
     const DFlashLayer& l = layers_[static_cast<size_t>(il)];
     be_.rms_norm(x, l.attn_norm, h, c_.rms_eps);
     be_.matmul_shared(h, {{&l.wq, &q}, {&l.wk, &k}, {&l.wv, &v}});
-    Tensor qh = q.reshape_2d(hd, static_cast<int64_t>(R) * c_.n_head), kh = k.reshape_2d(hd, static_cast<int64_t>(R) * c_.n_head_kv);
-    be_.rms_norm(qh, l.q_norm, qh, c_.rms_eps);
-    be_.rms_norm(kh, l.k_norm, kh, c_.rms_eps);
-    be_.rope(q, tpos, c_.n_head, hd, hd, c_.rope_base, RopeStyle::Neox);
-    be_.rope(k, tpos, c_.n_head_kv, hd, hd, c_.rope_base, RopeStyle::Neox);
+    be_.qk_norm_rope(q, k, l.q_norm, l.k_norm, tpos, c_.n_head, c_.n_head_kv, hd, hd, c_.rope_base, RopeStyle::Neox, c_.rms_eps);
     attend(il, q, k, v, at);
     be_.matmul(l.wo, at, o);
     be_.add(x, o, x);

@@ -786,18 +786,12 @@ void Model::attention_block(int il, int n, KvCache& cache) {
   if (l.bk.valid()) be.add_bias(k, l.bk);
   if (l.bv.valid()) be.add_bias(v, l.bv);
 
-  if (l.q_norm.valid()) {
-    Tensor qh = q.reshape_2d(c.head_dim, static_cast<int64_t>(n) * c.n_head);
-    be.rms_norm(qh, l.q_norm, qh, c.rms_eps);
-  }
-  if (l.k_norm.valid()) {
-    Tensor kh = k.reshape_2d(c.head_dim, static_cast<int64_t>(n) * c.n_head_kv);
-    be.rms_norm(kh, l.k_norm, kh, c.rms_eps);
-  }
   const bool swa = c.layer_swa[static_cast<size_t>(il)];
   const float base = swa ? c.rope_base_swa : c.rope_base;
-  be.rope(q, w.ab.positions, c.n_head, c.head_dim, c.n_rot, base, c.rope_style);
-  be.rope(k, w.ab.positions, c.n_head_kv, c.head_dim, c.n_rot, base, c.rope_style);
+  // Per-head q/k RMSNorm (qwen3, gemma3, qwen35; invalid weights = none: llama, qwen2) and RoPE of both:
+  // one op, which CUDA can run as one launch instead of four (issue 11); elsewhere the same four ops.
+  be.qk_norm_rope(q, k, l.q_norm, l.k_norm, w.ab.positions, c.n_head, c.n_head_kv, c.head_dim, c.n_rot, base, c.rope_style,
+                  c.rms_eps);
 
   KvLayer& kv = cache.layer(il);
   be.kv_store(kv, k, v, w.ab);

@@ -285,6 +285,44 @@ INSTANTIATE_TEST_SUITE_P(Decode, CudaFuseModel,
                                          "tiny-qwen3-Q6_K", "tiny-qwen3-IQ4_XS", "tiny-qwen35-f16"),
                          name_of);
 
+// The one-launch q/k RMSNorm + RoPE (CudaOptions::fuse_qk_norm_rope) against the four ops, whole models: the
+// prompt and 20 decode steps (graphs on, as in serving) give bit-identical logits, on models with q/k norms
+// (qwen3 dense/MoE, gemma3, qwen35's attention layers) and without (llama, qwen2: rope only). A profiled step
+// then checks that the fused kernel is what ran.
+class CudaFuseQkRope : public testing::TestWithParam<std::string> {};
+
+TEST_P(CudaFuseQkRope, LogitsBitIdentical) {
+  PG_REQUIRE_GPU();
+  const std::string path = test::shared_path("golden/models/" + GetParam() + ".gguf").string();
+  auto gpu = test::make_cuda(false);
+  CudaOptions o = gpu->options();
+  o.fuse_qk_norm_rope = false;
+  gpu->set_options(o);
+  const Logits off = run(*gpu, path, DType::F16, 20, {});
+  o.fuse_qk_norm_rope = true;
+  gpu->set_options(o);
+  const Logits on = run(*gpu, path, DType::F16, 20, off.tokens);
+  ASSERT_EQ(on.prompt.size(), off.prompt.size());
+  ASSERT_EQ(on.steps.size(), off.steps.size());
+  EXPECT_EQ(0, std::memcmp(on.prompt.data(), off.prompt.data(), on.prompt.size() * sizeof(float))) << "prompt logits differ";
+  for (size_t s = 0; s < on.steps.size(); ++s)
+    EXPECT_EQ(0, std::memcmp(on.steps[s].data(), off.steps[s].data(), on.steps[s].size() * sizeof(float))) << "decode step " << s;
+  std::printf("%s: fused q/k norm + rope vs four ops max |Δ| %.2e\n", GetParam().c_str(), diff(on, off).max);
+  o.profile = true;
+  gpu->set_options(o);
+  run(*gpu, path, DType::F16, 1, {});
+  const auto prof = gpu->profile_take();
+  int64_t fused_calls = 0;
+  for (const auto& t : prof)
+    if (t.key.rfind("qk_norm_rope", 0) == 0) fused_calls += t.calls;
+  EXPECT_GT(fused_calls, 0) << "the fused kernel did not run";
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CudaFuseQkRope,
+                         testing::Values("tiny-qwen3-f16", "tiny-qwen3-Q4_K_M", "tiny-qwen3moe-f16", "tiny-gemma3-f16", "tiny-qwen35-f16",
+                                         "tiny-llama-f16", "tiny-qwen2-f16"),
+                         name_of);
+
 INSTANTIATE_TEST_SUITE_P(Decode, CudaGraphs, testing::Values("tiny-qwen3-Q4_K_M", "tiny-qwen35-f16", "tiny-qwen35moe-f16"), name_of);
 
 }  // namespace

@@ -481,6 +481,107 @@ TEST(CudaOps, Rope) {
     }
 }
 
+// qk_norm_rope: the one-launch kernel (CudaOptions::fuse_qk_norm_rope) against the four ops it replaces on the
+// same GPU — bit-identical, q and k — and against the CPU (≤ the norm/RoPE op bounds), for head_dim 64/80/128/256,
+// partial rotary (n_rot < head_dim), both styles, F32/F16/absent norm weights (absent: rope only; one absent),
+// 1 and 37 rows, GQA and head counts that leave the last block of heads part-empty. With op profiling on, the
+// fused side must have run as the one op "qk_norm_rope" (not silently as the four).
+TEST(CudaOps, QkNormRopeFusedBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto cpu = test::make_cpu_exact();
+  auto sep = test::make_cuda(false), fused = test::make_cuda(false);
+  CudaOptions so = sep->options(), fo = fused->options();
+  so.fuse_qk_norm_rope = false;
+  fo.fuse_qk_norm_rope = true;
+  fo.profile = true;
+  sep->set_options(so);
+  fused->set_options(fo);
+  struct Case {
+    int n_head, n_head_kv, head_dim, n_rot;
+  };
+  const Case cases[] = {{32, 8, 128, 128}, {8, 2, 64, 64}, {5, 1, 64, 32}, {16, 4, 256, 256}, {8, 2, 256, 64},
+                        {4, 4, 128, 64},   {3, 1, 80, 80},  {14, 2, 64, 64}};
+  // wmode: 0 both F32 weights, 1 both F16, 2 none (rope only), 3 q F32 and no k norm, 4 k F16 and no q norm.
+  int checked = 0;
+  for (const Case& c : cases)
+    for (const int n : {1, 37})
+      for (RopeStyle style : {RopeStyle::Norm, RopeStyle::Neox})
+        for (int wmode = 0; wmode < 5; ++wmode) {
+          SCOPED_TRACE("heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " head_dim " + std::to_string(c.head_dim) +
+                       " n_rot " + std::to_string(c.n_rot) + " rows " + std::to_string(n) + " neox " +
+                       std::to_string(style == RopeStyle::Neox) + " wmode " + std::to_string(wmode));
+          const int64_t qw = static_cast<int64_t>(c.n_head) * c.head_dim, kw = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+          const auto qv = randn(static_cast<size_t>(n * qw), static_cast<uint32_t>(31 + c.head_dim + n), 3.0f);
+          const auto kv = randn(static_cast<size_t>(n * kw), static_cast<uint32_t>(47 + c.head_dim + n), 3.0f);
+          const auto wq = randn(static_cast<size_t>(c.head_dim), 5u), wk = randn(static_cast<size_t>(c.head_dim), 6u);
+          std::vector<uint16_t> wqh(wq.size()), wkh(wk.size());
+          quantize_row(DType::F16, wq.data(), wqh.data(), c.head_dim);
+          quantize_row(DType::F16, wk.data(), wkh.data(), c.head_dim);
+          std::vector<int32_t> pos(static_cast<size_t>(n));
+          std::mt19937 rng(static_cast<uint32_t>(n + c.head_dim));
+          for (auto& p : pos) p = static_cast<int32_t>(rng() % 40000);
+          pos[0] = 0;
+          if (n > 2) pos[1] = 1, pos[2] = 32767;
+          const bool q_f16 = wmode == 1, k_f16 = wmode == 1 || wmode == 4;
+          const bool has_q = wmode == 0 || wmode == 1 || wmode == 3, has_k = wmode == 0 || wmode == 1 || wmode == 4;
+          struct Side {
+            Tensor q, k, wq, wk, pos;
+          };
+          auto make = [&](Backend& be) {
+            Side sd;
+            sd.q = make_tensor(be, DType::F32, qw, n, qv.data());
+            sd.k = make_tensor(be, DType::F32, kw, n, kv.data());
+            if (has_q) sd.wq = q_f16 ? make_tensor(be, DType::F16, c.head_dim, 1, wqh.data()) : make_tensor(be, DType::F32, c.head_dim, 1, wq.data());
+            if (has_k) sd.wk = k_f16 ? make_tensor(be, DType::F16, c.head_dim, 1, wkh.data()) : make_tensor(be, DType::F32, c.head_dim, 1, wk.data());
+            sd.pos = make_tensor(be, DType::I32, n, 1, pos.data());
+            be.qk_norm_rope(sd.q, sd.k, sd.wq, sd.wk, sd.pos, c.n_head, c.n_head_kv, c.head_dim, c.n_rot, 1e6f, style, 1e-6f);
+            return sd;
+          };
+          Side a = make(*sep), b = make(*fused), r = make(*cpu);
+          const auto aq = fetch(*sep, a.q), ak = fetch(*sep, a.k), bq = fetch(*fused, b.q), bk = fetch(*fused, b.k);
+          EXPECT_EQ(0, std::memcmp(aq.data(), bq.data(), aq.size() * 4)) << "q: fused differs from rms_norm + rope";
+          EXPECT_EQ(0, std::memcmp(ak.data(), bk.data(), ak.size() * 4)) << "k: fused differs from rms_norm + rope";
+          EXPECT_EQ(compare(bq, aq).max_abs, 0.0);
+          EXPECT_EQ(compare(bk, ak).max_abs, 0.0);
+          for (auto [g, ref] : {std::pair{&bq, fetch(*cpu, r.q)}, std::pair{&bk, fetch(*cpu, r.k)}}) {
+            const ErrStats e = compare(*g, ref);
+            EXPECT_EQ(e.bad, 0u);
+            EXPECT_LE(e.rel, 1e-5) << "vs CPU";
+          }
+          const auto prof = fused->profile_take();
+          EXPECT_TRUE(std::any_of(prof.begin(), prof.end(), [](const Backend::OpTime& t) { return t.key.rfind("qk_norm_rope", 0) == 0; }))
+              << "the fused kernel did not run";
+          for (const auto& t : prof) EXPECT_TRUE(t.key.rfind("rms_norm", 0) != 0 && t.key.rfind("rope", 0) != 0) << t.key;
+          auto release = [](Backend& be, Side& sd) {
+            for (Tensor* t : {&sd.q, &sd.k, &sd.wq, &sd.wk, &sd.pos})
+              if (t->valid()) be.free(*t);
+          };
+          release(*sep, a);
+          release(*fused, b);
+          release(*cpu, r);
+          ++checked;
+        }
+  EXPECT_EQ(checked, 8 * 2 * 2 * 5);
+  // A head the kernel does not take (512) still gives the four ops' result through the default.
+  {
+    const int64_t d = 512;
+    const auto qv = randn(static_cast<size_t>(2 * d), 71), kv = randn(static_cast<size_t>(d), 72), w = randn(static_cast<size_t>(d), 73);
+    const int32_t pos = 123;
+    std::vector<float> out[2][2];
+    for (int f = 0; f < 2; ++f) {
+      Backend& be = f ? static_cast<Backend&>(*fused) : static_cast<Backend&>(*sep);
+      Tensor q = make_tensor(be, DType::F32, 2 * d, 1, qv.data()), k = make_tensor(be, DType::F32, d, 1, kv.data());
+      Tensor wt = make_tensor(be, DType::F32, d, 1, w.data()), p = make_tensor(be, DType::I32, 1, 1, &pos);
+      be.qk_norm_rope(q, k, wt, wt, p, 2, 1, static_cast<int>(d), 128, 1e4f, RopeStyle::Neox, 1e-6f);
+      out[f][0] = fetch(be, q), out[f][1] = fetch(be, k);
+      for (Tensor* t : {&q, &k, &wt, &p}) be.free(*t);
+    }
+    EXPECT_EQ(out[0][0], out[1][0]);
+    EXPECT_EQ(out[0][1], out[1][1]);
+    fused->profile_take();
+  }
+}
+
 // ---- attention over the paged cache -----------------------------------------------------------------
 
 struct AttnCase {

@@ -83,6 +83,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) opt.kv_store_parallel = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_GLU"); e && *e) opt.fuse_glu = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) opt.fuse_qkv = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QK_ROPE"); e && *e) opt.fuse_qk_norm_rope = std::strcmp(e, "0") != 0;
   return create_cuda_backend(index, opt);
 }
 
@@ -714,6 +715,39 @@ void CudaBackend::rope(Tensor& x, const Tensor& pos, int n_heads, int head_dim, 
   const float theta_scale = std::pow(base, -2.0f / static_cast<float>(n_rot));
   cuda::rope(x.as<float>(), x.cols(), pos.as<int32_t>(), static_cast<int>(x.rows()), n_heads, head_dim, n_rot, theta_scale,
              style == RopeStyle::Neox, as_stream(stream_));
+}
+
+void CudaBackend::qk_norm_rope(Tensor& q, Tensor& k, const Tensor& q_norm, const Tensor& k_norm, const Tensor& pos, int n_head,
+                               int n_head_kv, int head_dim, int n_rot, float base, RopeStyle style, float eps) {
+  // The fused kernel takes: heads of ≤ 256 (a head's norm is one warp, as rms_norm's launch for rows below 512),
+  // F32/F16 norm weights of at least head_dim values, q and k with the same rows, rows that are exactly the heads
+  // when normalised (the (n*heads, head_dim) view of the four-op form needs that). Anything else: the four ops.
+  auto weight_ok = [&](const Tensor& w) {
+    return !w.valid() || ((w.type == DType::F32 || w.type == DType::F16) && w.n_elements() >= head_dim);
+  };
+  const bool fits = opt_.fuse_qk_norm_rope && head_dim > 0 && head_dim <= cuda::kQkNormRopeMaxHeadDim && n_rot >= 0 &&
+                    n_rot <= head_dim && n_rot % 2 == 0 && q.rows() == k.rows() && q.type == DType::F32 && k.type == DType::F32 &&
+                    q.data != k.data && weight_ok(q_norm) && weight_ok(k_norm) &&
+                    (q_norm.valid() ? q.cols() == static_cast<int64_t>(n_head) * head_dim : q.cols() >= static_cast<int64_t>(n_head) * head_dim) &&
+                    (k_norm.valid() ? k.cols() == static_cast<int64_t>(n_head_kv) * head_dim
+                                    : k.cols() >= static_cast<int64_t>(n_head_kv) * head_dim);
+  if (!fits) {
+    Backend::qk_norm_rope(q, k, q_norm, k_norm, pos, n_head, n_head_kv, head_dim, n_rot, base, style, eps);
+    return;
+  }
+  if (!q_norm.valid() && !k_norm.valid() && n_rot < 2) return;  // nothing to do (rope of n_rot 0 is a no-op)
+  activate(device_);
+  const ProfScope prof = profile_op(__func__);
+  check_own(q, "qk_norm_rope");
+  check_own(k, "qk_norm_rope");
+  check_own(pos, "qk_norm_rope");
+  if (q_norm.valid()) check_own(q_norm, "qk_norm_rope");
+  if (k_norm.valid()) check_own(k_norm, "qk_norm_rope");
+  // The same float expression as CudaBackend::rope (and CpuBackend::rope), so all use one θ scale.
+  const float theta_scale = n_rot > 0 ? std::pow(base, -2.0f / static_cast<float>(n_rot)) : 1.0f;
+  cuda::qk_norm_rope(q.as<float>(), q.cols(), k.as<float>(), k.cols(), q_norm.valid() ? q_norm.data : nullptr, q_norm.type == DType::F16,
+                     k_norm.valid() ? k_norm.data : nullptr, k_norm.type == DType::F16, pos.as<int32_t>(), static_cast<int>(q.rows()),
+                     n_head, n_head_kv, head_dim, n_rot, theta_scale, style == RopeStyle::Neox, eps, as_stream(stream_));
 }
 
 bool CudaBackend::supports_kv_type(DType t) const { return is_kv_type(t); }

@@ -261,6 +261,99 @@ __global__ void rope_kernel(float* x, int64_t x_stride, const int32_t* pos, int 
   }
 }
 
+// ---- q/k RMSNorm + RoPE in one launch ---------------------------------------------------------------------
+
+constexpr int kQkWarps = 4;  // heads per block, one warp each
+
+// Backend::qk_norm_rope for every head of q and k of every row, in place.
+// Contract: grid (n rows, ceil((n_head + n_head_kv) / kQkWarps)), block kQkWarps × 32 threads; block (r, y) owns
+// the heads y·kQkWarps + warp of row r, numbered q heads first, then k heads. head_dim ≤ kQkNormRopeMaxHeadDim,
+// n_rot even ≤ head_dim. A null weight means no norm for that tensor (rope only).
+// Bit-identical to rms_norm_kernel (the 32-thread launch that rms_norm uses for rows below 512) followed by
+// rope_kernel, because each value goes through the same operations in the same order:
+//  - norm: lane l sums (double) __fmul_rn(v, v) over i = l, l+32, … in that order, warp_sum (block_sum's one-warp
+//    case), then the same float expressions for mean, scale and the weight product;
+//  - rope: θ_i = pos·scale^i by the same running product of __fmul_rn, cosf/sinf, the same four rounded
+//    products and sums, taken on the normalised values exactly as rms_norm would have stored them.
+// Why a θ table per block: the running product costs i multiplies for pair i; one table serves the block's heads
+// (rope_kernel shares it over all heads of a row in the same way).
+__global__ void __launch_bounds__(kQkWarps * 32)
+    qk_norm_rope_kernel(float* q,                  // (n, q_stride) F32, heads at h·head_dim
+                        int64_t q_stride,          // floats per q row
+                        float* k,                  // (n, k_stride) F32
+                        int64_t k_stride,          // floats per k row
+                        const void* q_w,           // (head_dim) F32/F16 q norm weight, or null
+                        int q_w_f16,               // q_w is F16
+                        const void* k_w,           // (head_dim) F32/F16 k norm weight, or null
+                        int k_w_f16,               // k_w is F16
+                        const int32_t* pos,        // I32 (n) rotation positions
+                        int n_head, int n_head_kv, int head_dim, int n_rot,
+                        float theta_scale,         // base^(−2/n_rot), computed on the host as for rope
+                        int neox, float eps) {
+  constexpr int kPer = kQkNormRopeMaxHeadDim / 32;  // values of a head per lane
+  __shared__ float cos_t[kQkNormRopeMaxHeadDim / 2], sin_t[kQkNormRopeMaxHeadDim / 2];  // (n_rot/2): per pair
+  __shared__ float buf[kQkWarps][kQkNormRopeMaxHeadDim];                                 // (head_dim) per warp
+  const int r = static_cast<int>(blockIdx.x);
+  const int half = n_rot / 2;
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int hg = static_cast<int>(blockIdx.y) * kQkWarps + warp;
+  const bool has_head = hg < n_head + n_head_kv;
+  const bool is_q = hg < n_head;
+  float* x = is_q ? q + static_cast<int64_t>(r) * q_stride + static_cast<int64_t>(hg) * head_dim
+                  : k + static_cast<int64_t>(r) * k_stride + static_cast<int64_t>(hg - n_head) * head_dim;
+  const void* w = is_q ? q_w : k_w;
+  const int w_f16 = is_q ? q_w_f16 : k_w_f16;
+  // The head and its weights are loaded into registers before the θ table is built, so their memory latency
+  // overlaps the running product and sin/cos (a decode step has one row: this kernel is latency, not bandwidth).
+  // Weights stay raw bits until after the table: an F16 conversion next to its load would wait for it.
+  float v[kPer];
+  uint32_t wbits[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    const bool in = has_head && i < head_dim;
+    v[j] = in ? x[i] : 0.0f;
+    wbits[j] = in && w ? (w_f16 ? static_cast<uint32_t>(static_cast<const uint16_t*>(w)[i]) : static_cast<const uint32_t*>(w)[i]) : 0u;
+  }
+  for (int i = static_cast<int>(threadIdx.x); i < half; i += blockDim.x) {
+    float theta = static_cast<float>(pos[r]);
+    for (int j = 0; j < i; ++j) theta = __fmul_rn(theta, theta_scale);
+    cos_t[i] = cosf(theta);
+    sin_t[i] = sinf(theta);
+  }
+  __syncthreads();  // the only block-wide barrier: warps without a head leave after it
+  if (!has_head) return;
+  float* b = buf[warp];
+  if (w) {
+    // rms_norm_kernel's per-thread sum for 32 threads: lane l adds i = l, l+32, … in increasing order.
+    double s = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+      if (lane + 32 * j < head_dim) s += static_cast<double>(__fmul_rn(v[j], v[j]));
+    s = warp_sum(s);
+    const float mean = static_cast<float>(s / static_cast<double>(head_dim));
+    const float sc = 1.0f / sqrtf(mean + eps);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const float wv = w_f16 ? h2f(wbits[j]) : __uint_as_float(wbits[j]);
+      v[j] = __fmul_rn(__fmul_rn(v[j], sc), wv);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (lane + 32 * j < head_dim) b[lane + 32 * j] = v[j];
+  __syncwarp();  // pairs cross lanes: every lane's (normalised) values are in b
+  for (int i = lane; i < half; i += 32) {
+    const int i0 = neox ? i : 2 * i;
+    const int i1 = neox ? i + half : 2 * i + 1;
+    const float a = b[i0], bb = b[i1], c = cos_t[i], sn = sin_t[i];
+    x[i0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(bb, sn));
+    x[i1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(bb, c));
+  }
+  if (w)  // dims past n_rot pass through the rotation: they only need the norm's result
+    for (int i = n_rot + lane; i < head_dim; i += 32) x[i] = b[i];
+}
+
 // ---- KV store -----------------------------------------------------------------------------------------
 
 template <bool F16>
@@ -460,6 +553,20 @@ void rope(float* x, int64_t x_stride, const int32_t* pos, int n, int n_heads, in
   const dim3 block(static_cast<unsigned>(pairs), static_cast<unsigned>(std::max(1, std::min(n_heads, 256 / pairs))));
   launch(rope_kernel, static_cast<unsigned>(n), block, 0, stream, x, x_stride, pos, n_heads, head_dim, n_rot, theta_scale, neox ? 1 : 0);
   check_launch("rope");
+}
+
+void qk_norm_rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const void* q_w, bool q_w_f16, const void* k_w, bool k_w_f16,
+                  const int32_t* pos, int n, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, bool neox,
+                  float eps, cudaStream_t stream) {
+  if (n <= 0 || n_head + n_head_kv <= 0) return;
+  PG_CHECK(head_dim > 0 && head_dim <= kQkNormRopeMaxHeadDim, "qk_norm_rope: head_dim above the fused kernel's limit");
+  PG_CHECK(n_rot >= 0 && n_rot <= head_dim && n_rot % 2 == 0, "qk_norm_rope: invalid n_rot");
+  const int groups = (n_head + n_head_kv + kQkWarps - 1) / kQkWarps;
+  PG_CHECK(groups <= 65535, "qk_norm_rope: too many heads");
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(groups));
+  qk_norm_rope_kernel<<<grid, kQkWarps * 32, 0, stream>>>(q, q_stride, k, k_stride, q_w, q_w_f16 ? 1 : 0, k_w, k_w_f16 ? 1 : 0, pos,
+                                                          n_head, n_head_kv, head_dim, n_rot, theta_scale, neox ? 1 : 0, eps);
+  check_launch("qk_norm_rope");
 }
 
 void kv_store(void* k_cache, void* v_cache, bool kv_f16, const float* k, const float* v, int64_t k_width, int64_t v_width,

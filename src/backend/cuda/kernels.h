@@ -140,6 +140,14 @@ void gather_cols(const float* src, int64_t src_cols, int group, int col0, float*
 // theta_scale = base^(−2/n_rot), computed by the caller exactly as the CPU backend does.
 void rope(float* x, int64_t x_stride, const int32_t* pos, int n, int n_heads, int head_dim, int n_rot, float theta_scale,
           bool neox, cudaStream_t stream);
+// Backend::qk_norm_rope in one launch (CudaOptions::fuse_qk_norm_rope): per head of q (n, n_head*head_dim)
+// and k (n, n_head_kv*head_dim), in place, rms_norm with weight q_w / k_w (F32, or F16 when *_f16; null =
+// no norm for that tensor), then rope — the same arithmetic as rms_norm then rope above, bit for bit.
+// head_dim ≤ kQkNormRopeMaxHeadDim (the norm of a head is then one warp, as rms_norm's for d < 512).
+inline constexpr int kQkNormRopeMaxHeadDim = 256;
+void qk_norm_rope(float* q, int64_t q_stride, float* k, int64_t k_stride, const void* q_w, bool q_w_f16, const void* k_w, bool k_w_f16,
+                  const int32_t* pos, int n, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, bool neox,
+                  float eps, cudaStream_t stream);
 
 // ---- KV cache and attention -------------------------------------------------------------------------
 // Writes rows of k and v (n, width) into cache cells cells[r]; kv_f16: cache element type.
