@@ -54,7 +54,7 @@ struct CudaOptions {
   // attention and its combine, GLU, activation quantization, Gated DeltaNet, MoE routing, top-k, ...): each
   // is scheduled while its predecessor drains and waits in griddepcontrol.wait, so the ~1-2 µs launch gap
   // per kernel boundary (~780 per qwen3-8b decode step) overlaps. Timing only: results are bit-identical.
-  // Needs pdl. Process-wide (cuda::set_pdl_launches). Device run 31: every CUDA test passed with it (219/219);
+  // Needs pdl. Process-wide (cuda::set_pdl_launches). Device run 33: every CUDA test passed with it (219/219);
   // qwen3-8b Q4_K_M tg128 231.2 -> 235.7, with the fused GEMVs 247.5 -> 257.2 (llama.cpp 257.4). On by default.
   // Environment: PEREGRINE_CUDA_PDL_ALL=0 turns it off (factory).
   bool pdl_all = true;
@@ -111,21 +111,21 @@ struct CudaOptions {
   // does and writes act(g)·u) instead of the act-quant, two GEMVs and the glu kernel. Bit-identical to the
   // composition (tests/cuda/test_cuda_ops.cpp CudaFuse*). Everything else takes the composition. Why: a
   // decode step is ~21 launches per layer, each ~2-3 µs of fill/drain in a graph (issue 11). Written without
-  // Device run 31 (H200, 2026-12-02): its tests passed (CudaFuse*, and every CUDA test with it on); qwen3-8b
+  // Device run 33 (H200, 2026-12-02): its tests passed (CudaFuse*, and every CUDA test with it on); qwen3-8b
   // Q4_K_M tg128 231.2 -> 244.2 tok/s (with fuse_qkv 247.5). On by default. Environment:
   // PEREGRINE_CUDA_FUSE_GLU=0 turns it off (factory).
   bool fuse_glu = true;
   // Grouped decode GEMV: matmul_shared of one activation row launches the products of the same
   // 8-bit-activation type as one kernel over their concatenated rows (q/k/v: one launch; wv of another type
-  // than wq/wk: two), bit-identical to one launch each. Device run 31: tests passed, qwen3-8b Q4_K_M tg128
+  // than wq/wk: two), bit-identical to one launch each. Device run 33: tests passed, qwen3-8b Q4_K_M tg128
   // 231.2 -> 239.2 alone. On by default. Environment: PEREGRINE_CUDA_FUSE_QKV=0 turns it off (factory).
   bool fuse_qkv = true;
   // Backend::qk_norm_rope as one kernel (elementwise.cu qk_norm_rope_kernel): the per-head q/k RMSNorm and the
   // RoPE of q and k of an attention layer in one launch instead of up to four (issue 11: qwen3-8b decode
   // spends ~2-3 µs per launch inside the step graph, 36 layers × 3 saved launches ≈ 0.2-0.3 ms per token).
   // Bit-identical to rms_norm then rope (CudaOps.QkNormRopeFusedBitIdentical); shapes it does not take
-  // (head_dim > 256, weights other than F32/F16) keep the four ops. On by default from device run 32, where
-  // every CUDA test ran with it (docs/benchmarks.md). Environment: PEREGRINE_CUDA_FUSE_QK_ROPE=0 turns it off.
+  // (head_dim > 256, weights other than F32/F16) keep the four ops. On by default from device run 34, where
+  // every CUDA test passed with it (227/227); qwen3-8b Q4_K_M tg128 255.9 -> 264.8 tok/s. Environment: PEREGRINE_CUDA_FUSE_QK_ROPE=0 turns it off.
   bool fuse_qk_norm_rope = true;
 };
 
