@@ -95,6 +95,8 @@ NCU=${NCU:-0}                      # 1: Nsight Compute (hardware counters; --clo
 NCU_KERNELS=${NCU_KERNELS:-rw2_kernel|fa_prefill_kernel|fa_combine}  # ncu --kernel-name regex of the detailed sections
 PDL_ALL=${PDL_ALL:-0}              # 1: PDL for every decode-path kernel (PEREGRINE_CUDA_PDL_ALL=1): the CUDA tests with it (tests-pdl-all.log)
                                    #    and, per model, tg128 at depths 0 and 4096 with it
+FA_FUSED_COMBINE=${FA_FUSED_COMBINE:-0}  # 1: the attention's split combine inside the kernel (PEREGRINE_CUDA_FA_FUSED_COMBINE=1): the CUDA
+                                   #    tests with it (tests-fa-fused-combine.log), tg128 at depths 0, 4096, 32768 with it, first model
 FA_SPLIT=${FA_SPLIT:-}              # PEREGRINE_CUDA_FA_SPLIT_BLOCKS values (tensor-core attention's split-K blocks per SM, default 2) to time
                                    #    tg128 at depths 4096 and 32768 with, first model (e.g. "4 8")
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
@@ -258,6 +260,13 @@ if ((BUILD_OK && TESTS)); then
     sed -E 's/^[0-9]+: //' | tail -60; } >>"$SUMMARY"
 fi
 
+# The fused split combine (CudaOptions::fa_fused_combine): every CUDA test again with it on.
+if ((BUILD_OK && FA_FUSED_COMBINE)); then
+  PEREGRINE_CUDA_FA_FUSED_COMBINE=1 run_step "CUDA tests, fused attention split combine" "$OUT/tests-fa-fused-combine.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -j 6 --timeout 280 --output-on-failure
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Failure$|Expected|Which is" "$OUT/tests-fa-fused-combine.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
+fi
+
 # PDL for every decode-path kernel (CudaOptions::pdl_all): every CUDA test again with it on.
 if ((BUILD_OK && PDL_ALL)); then
   PEREGRINE_CUDA_PDL_ALL=1 run_step "CUDA tests, PDL for every kernel" "$OUT/tests-pdl-all.log" 300 \
@@ -403,6 +412,10 @@ if ((CLI_OK)); then
       if ((PROFILE)); then
         PEREGRINE_CUDA_PROFILE=1 bench_one "$LOG" "$preset $type per-op profile (pp512, tg32 at depths 0 and 4096)" -m "$MODEL" -p 512 -n 32 -d 0,4096 -r 1
         { echo "per-op profile $preset $type"; grep -A22 "^ops of " "$LOG" | tail -100; } >>"$SUMMARY"
+      fi
+      if ((FIRST_MODEL && FA_FUSED_COMBINE)); then
+        PEREGRINE_CUDA_FA_FUSED_COMBINE=1 bench_one "$LOG" "$preset $type tg128 at depths 0, 4096, 32768, fused split combine" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 1
+        bench_one "$LOG" "$preset $type tg128 at depths 0, 4096, 32768, separate combine" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 1
       fi
       if ((FIRST_MODEL)); then
         for v in $FA_SPLIT; do

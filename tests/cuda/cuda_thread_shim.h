@@ -120,6 +120,10 @@ inline void launch(dim3 grid, dim3 block, size_t dyn_bytes, const std::function<
 }  // namespace shim
 
 inline void __syncthreads() { shim::g_block->bar.arrive_and_wait(); }
+// Global-memory atomics and fences (the fused split combine): blocks run one after another, so a fence has
+// nothing to order across blocks; the atomic is real because a block's threads run concurrently.
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 template <class T>
 T __shfl_xor_sync(unsigned, T v, int off) {

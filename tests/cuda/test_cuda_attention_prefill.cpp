@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -208,13 +209,14 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
     SCOPED_TRACE(fb.what);
     const int n = static_cast<int>(fb.pos.size());
     const auto q = randn(static_cast<size_t>(n * qw), static_cast<uint32_t>(77 + n));
-    // 0: CPU, 1: CUDA FP32 kernel, 2: CUDA tensor-core kernel.
-    std::vector<float> out[3];
-    for (int run = 0; run < 3; ++run) {
+    // 0: CPU, 1: CUDA FP32 kernel, 2: CUDA tensor-core kernel, 3: the same with the fused split combine.
+    std::vector<float> out[4];
+    for (int run = 0; run < 4; ++run) {
       test::KvSide& s = sides[run == 0 ? 0 : 1];
       if (run > 0) {
-        CudaOptions o = fa_options(run == 2 ? 1 : 0);
-        o.fa_decode = run == 2;  // tree batches (verification) reach the tensor-core kernel only with fa_decode
+        CudaOptions o = fa_options(run >= 2 ? 1 : 0);
+        o.fa_decode = run >= 2;  // tree batches (verification) reach the tensor-core kernel only with fa_decode
+        o.fa_fused_combine = run == 3;
         gpu->set_options(o);
       }
       std::vector<Tensor> keep;
@@ -245,6 +247,8 @@ TEST_P(CudaAttentionPrefill, MatchesCpuAndFp32Kernel) {
     const ErrStats efa = compare(out[2], out[0]);
     EXPECT_EQ(efa.bad, 0u) << "tensor-core kernel: NaN/Inf or unwritten outputs";
     EXPECT_LE(efa.rel, 2e-3) << "tensor-core kernel vs CPU, max_abs " << efa.max_abs;
+    // The fused combine runs the combine kernel's code in the kernel's last split: the same bits.
+    EXPECT_EQ(0, std::memcmp(out[3].data(), out[2].data(), out[2].size() * sizeof(float))) << "fused split combine differs";
     const ErrStats ex = compare(out[2], out[1]);
     EXPECT_LE(ex.rel, 2e-3) << "tensor-core vs FP32 kernel, max_abs " << ex.max_abs;
     worst_fa_vs_fp32 = std::max(worst_fa_vs_fp32, ex.max_abs);

@@ -243,6 +243,22 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
       for (size_t i = 0; i < out.size(); ++i) diff += std::memcmp(&out[i], &out_g[i], sizeof(float)) != 0;
       EXPECT_EQ(diff, 0u) << "bucket-sized grid (" << scratch_g.size() - 1 << " scratch floats) differs from the eager launch";
     }
+    // The fused split combine (CudaOptions::fa_fused_combine): the last split merges the partials itself with
+    // the combine kernel's functions — the same bits — and leaves its counters at zero for the next launch.
+    {
+      cuda::AttentionArgs f = a;
+      std::vector<float> out_f(out.size(), std::nanf(""));
+      std::vector<int> counters(4096, 0);
+      f.out = out_f.data();
+      f.fa_counters = counters.data();
+      f.fa_counters_len = static_cast<int64_t>(counters.size());
+      std::vector<float> scratch_f(cuda::host_emu::attention_prefill_scratch_bytes(f, c.n_sm) / sizeof(float) + 1, std::nanf(""));
+      cuda::host_emu::attention_prefill(f, scratch_f.data(), c.n_sm, nullptr);
+      size_t diff = 0;
+      for (size_t i = 0; i < out.size(); ++i) diff += std::memcmp(&out[i], &out_f[i], sizeof(float)) != 0;
+      EXPECT_EQ(diff, 0u) << "fused split combine differs from the combine kernel";
+      EXPECT_EQ(std::count(counters.begin(), counters.end(), 0), static_cast<std::ptrdiff_t>(counters.size())) << "counters not reset";
+    }
     std::printf("%s/%s %s: rel %.2e max abs %.2e (splits scratch %zu floats)\n", kv_type_name(c.k).c_str(), kv_type_name(c.v).c_str(), bt.what,
                 rel, worst, scratch.size() - 1);
     cpu.free(qt);

@@ -94,6 +94,10 @@ struct FaParams {
   int n_splits, split_target;  // fa::split_plan: splits in the grid; the target split_range divides a pass by
   float* part_acc;  // (n_splits, n, n_head, DV) unnormalised O of each split (rotated domain for a TQ3_0 V)
   float* part_ml;   // (n_splits, n, n_head, 2): running max (base 2) and sum of each split
+  // Fused combine (AttentionArgs::fa_counters; not with a TQ3_0 V): (n_row_tiles, n_head_kv) arrival counts of
+  // the splits, zero between launches; the last split of a (row tile, KV head) to arrive merges the partials
+  // itself (no fa_combine_kernel launch) and resets its count. Null: the combine kernel runs.
+  int* counters;
   // Typed caches only (TYPED kernels): bytes of one stored head, their pitch in the staging buffer (rounded
   // up to 16 so every staged head is 16-byte aligned, as the decoders' block alignment assumes), and the
   // cp.async unit (16, 8 or 4: divides the row bytes, the head bytes and the cache's base address).
@@ -151,6 +155,39 @@ __device__ __forceinline__ void fa_rotate_block(float* x, int n, bool inverse) {
 // DV: values per V head accumulated (the same for V); BN: keys per tile; TYPED: the cache holds other types
 // than F16/F16 (AttentionArgs::typed), decoded tile by tile into the F16 tiles (the F16 instantiations have
 // none of that code). Grid (row tiles, n_head_kv, n_splits), 128 threads.
+// The split merge of one (row, head) rh, shared by both combine kernels (base-2 maxima), block-parallel
+// like attention.cu's combine_weights: the splits' (m, l) are read by all threads at once into shared
+// memory (a serial loop of dependent L2 reads per split, ~30 splits per decode head, cost more than the
+// attention of a short split), then every thread takes M = the largest maximum of the splits that saw a
+// key and L in split order from shared memory (the same bits in every thread and for every grid size:
+// empty splits weigh 0 and add nothing). Writes w[z] = 2^(m_z − M) (0 for an empty split) and returns
+// 1 / Σ l_z·w_z (0 when no split saw a key). Shared memory: w, wl (n_splits floats each). Every thread calls it.
+__device__ __forceinline__ float fa_merge_weights(const float* part_ml, int n_splits, int64_t per_split, int64_t rh, float* w, float* wl) {
+  for (int z = static_cast<int>(threadIdx.x); z < n_splits; z += static_cast<int>(blockDim.x)) {
+    const float lz = part_ml[2 * (z * per_split + rh) + 1];
+    w[z] = lz > 0.0f ? part_ml[2 * (z * per_split + rh)] : -INFINITY;
+    wl[z] = lz;
+  }
+  __syncthreads();
+  float M = -INFINITY;
+  for (int z = 0; z < n_splits; ++z) M = fmaxf(M, w[z]);
+  __syncthreads();  // every thread has read the maxima before they become weights
+  for (int z = static_cast<int>(threadIdx.x); z < n_splits; z += static_cast<int>(blockDim.x)) w[z] = wl[z] > 0.0f ? exp2f(w[z] - M) : 0.0f;
+  __syncthreads();
+  float L = 0.0f;
+  for (int z = 0; z < n_splits; ++z)
+    if (wl[z] > 0.0f) L += wl[z] * w[z];
+  return L > 0.0f ? 1.0f / L : 0.0f;
+}
+// ... and Σ_z acc_z[d]·w_z over the partials of `width` values per (row, head).
+__device__ __forceinline__ float fa_merge_value(const float* part_acc, const float* w, int n_splits, int64_t per_split, int64_t rh,
+                                                int width, int d) {
+  float s = 0.0f;
+  for (int z = 0; z < n_splits; ++z)
+    if (w[z] != 0.0f) s += part_acc[(z * per_split + rh) * width + d] * w[z];
+  return s;
+}
+
 template <int DK, int DV, int BN, bool TYPED>
 __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams P) {
   grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
@@ -635,39 +672,34 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
       }
     }
   }
-}
-
-// The split merge of one (row, head) rh, shared by both combine kernels (base-2 maxima), block-parallel
-// like attention.cu's combine_weights: the splits' (m, l) are read by all threads at once into shared
-// memory (a serial loop of dependent L2 reads per split, ~30 splits per decode head, cost more than the
-// attention of a short split), then every thread takes M = the largest maximum of the splits that saw a
-// key and L in split order from shared memory (the same bits in every thread and for every grid size:
-// empty splits weigh 0 and add nothing). Writes w[z] = 2^(m_z − M) (0 for an empty split) and returns
-// 1 / Σ l_z·w_z (0 when no split saw a key). Shared memory: w, wl (n_splits floats each). Every thread calls it.
-__device__ __forceinline__ float fa_merge_weights(const float* part_ml, int n_splits, int64_t per_split, int64_t rh, float* w, float* wl) {
-  for (int z = static_cast<int>(threadIdx.x); z < n_splits; z += static_cast<int>(blockDim.x)) {
-    const float lz = part_ml[2 * (z * per_split + rh) + 1];
-    w[z] = lz > 0.0f ? part_ml[2 * (z * per_split + rh)] : -INFINITY;
-    wl[z] = lz;
+  if (P.counters != nullptr && P.n_splits > 1) {
+    // Fused combine: the last split of this (row tile, KV head) to finish merges every split's partials for the
+    // block's rows, with the combine kernel's own functions (same order, same bits), and resets the count for
+    // the next launch (graph replay). The fences order this block's partial stores before its arrival, and the
+    // arrivals before the last block's loads (the threadfence-reduction pattern). Block-uniform from here on.
+    __shared__ int sh_last;
+    __threadfence();
+    __syncthreads();
+    const int64_t tile = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
+    if (tid == 0) sh_last = atomicAdd(&P.counters[tile], 1) == P.n_splits - 1;
+    __syncthreads();
+    if (!sh_last) return;
+    __threadfence();
+    float* const cw = reinterpret_cast<float*>(fa_sm);  // (2, n_splits) merge weights and the splits' l
+    const int64_t per_split = static_cast<int64_t>(p.n) * p.n_head;
+    for (int m = 0; m < br * group; ++m) {
+      int rl = 0, g = 0;
+      fa::pair_of(m, group, rl, g);
+      if (rl >= nr) continue;
+      const int64_t rh = static_cast<int64_t>(r0 + rl) * p.n_head + kvh * group + g;
+      const float inv = fa_merge_weights(P.part_ml, P.n_splits, per_split, rh, cw, cw + P.n_splits);
+      for (int d = tid; d < hd; d += fa::kThreads)
+        p.out[static_cast<int64_t>(r0 + rl) * p.out_stride + static_cast<int64_t>(kvh * group + g) * hd + d] =
+            fa_merge_value(P.part_acc, cw, P.n_splits, per_split, rh, DV, d) * inv;
+      __syncthreads();  // cw is rewritten for the next row
+    }
+    if (tid == 0) P.counters[tile] = 0;
   }
-  __syncthreads();
-  float M = -INFINITY;
-  for (int z = 0; z < n_splits; ++z) M = fmaxf(M, w[z]);
-  __syncthreads();  // every thread has read the maxima before they become weights
-  for (int z = static_cast<int>(threadIdx.x); z < n_splits; z += static_cast<int>(blockDim.x)) w[z] = wl[z] > 0.0f ? exp2f(w[z] - M) : 0.0f;
-  __syncthreads();
-  float L = 0.0f;
-  for (int z = 0; z < n_splits; ++z)
-    if (wl[z] > 0.0f) L += wl[z] * w[z];
-  return L > 0.0f ? 1.0f / L : 0.0f;
-}
-// ... and Σ_z acc_z[d]·w_z over the partials of `width` values per (row, head).
-__device__ __forceinline__ float fa_merge_value(const float* part_acc, const float* w, int n_splits, int64_t per_split, int64_t rh,
-                                                int width, int d) {
-  float s = 0.0f;
-  for (int z = 0; z < n_splits; ++z)
-    if (w[z] != 0.0f) s += part_acc[(z * per_split + rh) * width + d] * w[z];
-  return s;
 }
 
 // Merges the split partials of one (row, head) per block (base-2 maxima). Dynamic shared memory:
@@ -845,6 +877,11 @@ void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStre
     PG_CHECK(scratch != nullptr, "attention_prefill: missing split scratch");
     P.part_acc = static_cast<float*>(scratch);
     P.part_ml = P.part_acc + static_cast<size_t>(P.n_splits) * a.n * a.n_head * pl.dv;
+    // The kernel merges the splits itself when the caller gave enough zeroed counters (not for a TQ3_0 V,
+    // whose merge ends in the un-rotation of fa_combine_typed_kernel).
+    if (a.fa_counters != nullptr && a.v_type != DType::TQ3_0 &&
+        static_cast<int64_t>(pl.n_row_tiles) * a.n_head_kv <= a.fa_counters_len)
+      P.counters = a.fa_counters;
   }
   if (!a.typed) {
     switch (a.head_dim) {
@@ -863,7 +900,7 @@ void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStre
       default: PG_CHECK(false, "attention_prefill: head widths " + std::to_string(pl.dk) + "/" + std::to_string(pl.dv) + " have no kernel");
     }
   }
-  if (P.n_splits > 1) {
+  if (P.n_splits > 1 && P.counters == nullptr) {
     const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(a.n) * a.n_head));
     if (!a.typed) {
       const int threads = std::min(256, (a.head_dim + 31) / 32 * 32);

@@ -80,6 +80,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_PROFILE"); e && *e) opt.profile = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE"); e && *e) opt.fa_decode = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_SPLIT_BLOCKS"); e && *e) opt.fa_blocks_per_sm = std::max(1, std::atoi(e));
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_FUSED_COMBINE"); e && *e) opt.fa_fused_combine = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) opt.kv_store_parallel = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_GLU"); e && *e) opt.fuse_glu = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) opt.fuse_qkv = std::strcmp(e, "0") != 0;
@@ -116,6 +117,12 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   check(cudaMallocHost(&stage, kStageBytes), "cudaMallocHost (upload staging)");
   stage_ = static_cast<uint8_t*>(stage);
   stage_bytes_ = kStageBytes;
+  // The tensor-core attention's split arrival counts (CudaOptions::fa_fused_combine): zero here, and every
+  // launch that uses them leaves them at zero.
+  void* counters = nullptr;
+  check(cudaMalloc(&counters, kFaCounters * sizeof(int)), "cudaMalloc (attention split counters)");
+  check(cudaMemset(counters, 0, kFaCounters * sizeof(int)), "cudaMemset (attention split counters)");
+  fa_counters_ = static_cast<int*>(counters);
   for (int i = 0; i < kStageSegments; ++i) {
     cudaEvent_t ev = nullptr;
     check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
@@ -143,6 +150,7 @@ CudaBackend::~CudaBackend() {
   }
   for (auto* ev : prof_pool_) cudaEventDestroy(ev);
   if (stage_) cudaFreeHost(stage_);
+  if (fa_counters_) cudaFree(fa_counters_);
   if (stream_) cudaStreamDestroy(as_stream(stream_));
   // Nothing here may leave a sticky error for the next backend's first launch check (cudaGetLastError).
   cudaGetLastError();
@@ -876,6 +884,7 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   a.out_stride = out.cols();
   a.kv_capacity = attn_kv_capacity_;
   a.fa_blocks_per_sm = opt_.fa_blocks_per_sm;
+  if (opt_.fa_fused_combine) a.fa_counters = fa_counters_, a.fa_counters_len = kFaCounters;
   if (batch.tree_mask.valid()) {
     check_own(batch.tree_mask, "attention");
     check_own(batch.kv_len, "attention");

@@ -92,6 +92,11 @@ struct CudaOptions {
   // value is deterministic and graph/eager-identical; values give different (equally valid) summation orders.
   // Environment: PEREGRINE_CUDA_FA_SPLIT_BLOCKS=<n> (factory). Being measured (issue 11: tg at depth).
   int fa_blocks_per_sm = 2;
+  // Split-K of the tensor-core attention without the combine launch: the last split of each (row tile, KV
+  // head) to finish merges the partials with the combine kernel's own code (bit-identical; not for a TQ3_0
+  // V). Why: the combine was a separate 6.4 µs launch per layer at decode (ncu, device run 32). Checked in the
+  // host emulation (CudaFaEmulated), not yet on a GPU: off. Environment: PEREGRINE_CUDA_FA_FUSED_COMBINE=1.
+  bool fa_fused_combine = false;
   // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:
   // a matmul inside matmul_shared counts as part of it) and drained by profile_take(); CUDA graphs are off
   // so that each op is its own launch. The times include launch gaps when the host falls behind, so small
@@ -253,6 +258,8 @@ class CudaBackend final : public Backend {
   int stage_segment_ = 0;
   bool capturing_ = false;
   int attn_kv_capacity_ = 0;
+  static constexpr int64_t kFaCounters = 65536;  // attention split counters: row tiles × KV heads per call, at most
+  int* fa_counters_ = nullptr;                    // (kFaCounters) zero between launches (fa_fused_combine)
   std::vector<void*> graphs_;  // cudaGraphExec_t
   // Scratch buffers replaced by a larger one while recorded graphs may still point at them: freed only
   // when no graph is left (a replay of an older graph must find its buffers alive).

@@ -201,7 +201,11 @@ struct AttentionArgs {
   float* out = nullptr;  // (n, n_head·head_dim)
   int64_t out_stride = 0;
   int kv_capacity = 0;  // > 0: size the grid for this many positions (graph capture), not max_kv_len
-  int fa_blocks_per_sm = 2;  // tensor-core kernel's split-K target: blocks per SM for small grids (CudaOptions::fa_blocks_per_sm)
+  int fa_blocks_per_sm = 2;
+  // Tensor-core attention's fused split combine (CudaOptions::fa_fused_combine): fa_counters_len zeroed ints the
+  // kernel counts split arrivals in and leaves zeroed; null: the separate combine kernel.
+  int* fa_counters = nullptr;
+  int64_t fa_counters_len = 0;  // tensor-core kernel's split-K target: blocks per SM for small grids (CudaOptions::fa_blocks_per_sm)
   // Token trees: when tree_mask is set, row r sees [begin, kv_len[r]) plus kv_len[r] + j for each set bit j
   // of tree_mask[r·kAttnMaskWords + j/32] (backend.h: AttentionBatch); else [begin, positions[r] + 1).
   const int32_t* kv_len = nullptr;     // (n)
