@@ -122,7 +122,11 @@ inline void launch(dim3 grid, dim3 block, size_t dyn_bytes, const std::function<
 inline void __syncthreads() { shim::g_block->bar.arrive_and_wait(); }
 // Global-memory atomics and fences (the fused split combine): blocks run one after another, so a fence has
 // nothing to order across blocks; the atomic is real because a block's threads run concurrently.
-inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline std::atomic<long> g_atomic_adds{0};  // atomicAdd calls, so a test can see the fused path ran
+inline int atomicAdd(int* p, int v) {
+  g_atomic_adds.fetch_add(1);
+  return std::atomic_ref<int>(*p).fetch_add(v);
+}
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 template <class T>

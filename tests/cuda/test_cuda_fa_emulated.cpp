@@ -253,7 +253,12 @@ TEST_P(CudaFaEmulated, KernelCodeMatchesCpu) {
       f.fa_counters = counters.data();
       f.fa_counters_len = static_cast<int64_t>(counters.size());
       std::vector<float> scratch_f(cuda::host_emu::attention_prefill_scratch_bytes(f, c.n_sm) / sizeof(float) + 1, std::nanf(""));
+      const long adds0 = cuda::host_emu::g_atomic_adds.load();
       cuda::host_emu::attention_prefill(f, scratch_f.data(), c.n_sm, nullptr);
+      // With splits (scratch) and no TQ3_0 V, every block counted its arrival: the fused path ran.
+      if (scratch_f.size() > 1 && c.v != DType::TQ3_0) {
+        EXPECT_GT(cuda::host_emu::g_atomic_adds.load(), adds0) << "the fused combine did not run";
+      }
       size_t diff = 0;
       for (size_t i = 0; i < out.size(); ++i) diff += std::memcmp(&out[i], &out_f[i], sizeof(float)) != 0;
       EXPECT_EQ(diff, 0u) << "fused split combine differs from the combine kernel";
