@@ -1095,22 +1095,7 @@ void launch_rows(K kernel, const FastParams& p, int groups, cudaStream_t stream,
     FastParams q = p;
     q.g_base = g0;
     const dim3 grid(static_cast<unsigned>(ceil_div(p.M, kRowsPerBlock * rows_per_warp)), static_cast<unsigned>(std::min(65535, groups - g0)));
-    if (pdl) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = grid;
-      cfg.blockDim = dim3(kRowsPerBlock * 32);
-      cfg.dynamicSmemBytes = 0;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, q);
-      PG_CHECK(e == cudaSuccess, std::string("CUDA kernel launch failed (gemv_fast, PDL): ") + cudaGetErrorString(e));
-    } else {
-      kernel<<<grid, kRowsPerBlock * 32, 0, stream>>>(q);
-    }
+    launch_pdl(pdl, kernel, grid, dim3(kRowsPerBlock * 32), 0, stream, q);
     check_launch("gemv_fast");
   }
 }
@@ -1156,22 +1141,7 @@ struct LaunchHalf {
 // serialization when pdl (the kernel must call grid_wait as gemv_q8_rw2_kernel does).
 template <class... P, class... A>
 void launch_fast(void (*kernel)(P...), dim3 grid, bool pdl, cudaStream_t stream, const char* what, A&&... args) {
-  if (pdl) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kRowsPerBlock * 32);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
-    PG_CHECK(e == cudaSuccess, std::string("CUDA kernel launch failed (") + what + ", PDL): " + cudaGetErrorString(e));
-  } else {
-    kernel<<<grid, kRowsPerBlock * 32, 0, stream>>>(std::forward<A>(args)...);
-  }
+  launch_pdl(pdl, kernel, grid, dim3(kRowsPerBlock * 32), 0, stream, std::forward<A>(args)...);
   check_launch(what);
 }
 

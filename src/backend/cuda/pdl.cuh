@@ -36,11 +36,11 @@ __device__ __forceinline__ void grid_launch_dependents() {
 
 // pdl_launches() / set_pdl_launches(): kernels.h.
 
-// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl_launches(). The kernel
-// must follow the contract above.
+// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute when pdl
+// (the kernel must follow the contract above). The one place that builds the attribute.
 template <class... P, class... A>
-inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
-  if (pdl_launches()) {
+inline void launch_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
+  if (pdl) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -56,6 +56,12 @@ inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cud
   } else {
     kernel<<<grid, block, smem, stream>>>(std::forward<A>(args)...);
   }
+}
+
+// The decode-path kernels: PDL when pdl_launches() (CudaOptions::pdl_all).
+template <class... P, class... A>
+inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
+  launch_pdl(pdl_launches(), kernel, grid, block, smem, stream, std::forward<A>(args)...);
 }
 
 }  // namespace pg::cuda
