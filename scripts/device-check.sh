@@ -93,6 +93,9 @@ NCU=${NCU:-0}                      # 1: Nsight Compute (hardware counters; --clo
                                    #    and 4096, summed per kernel → $OUT/ncu-decode-*.csv + summary; then the speed-of-light, occupancy,
                                    #    warp-stall and memory sections of the one-row GEMV and the decode attention → $OUT/ncu-kernels.txt
 NCU_KERNELS=${NCU_KERNELS:-rw2_kernel|fa_prefill_kernel|fa_combine}  # ncu --kernel-name regex of the detailed sections
+NCU_SOURCE=${NCU_SOURCE:-0}        # 1: source-level ncu (stall samples per SASS/CUDA line) of NCU_SOURCE_KERNELS' decode launches
+NCU_SOURCE_KERNELS=${NCU_SOURCE_KERNELS:-fa_prefill_kernel fa_combine_kernel}  # one ncu run per name (regex) and depth
+NCU_SOURCE_DEPTHS=${NCU_SOURCE_DEPTHS:-0 4096}
 PDL_ALL=${PDL_ALL:-0}              # 1: PDL for every decode-path kernel (PEREGRINE_CUDA_PDL_ALL=1): the CUDA tests with it (tests-pdl-all.log)
                                    #    and, per model, tg128 at depths 0 and 4096 with it
 FA_FUSED_COMBINE=${FA_FUSED_COMBINE:-0}  # 1: the attention's split combine inside the kernel (PEREGRINE_CUDA_FA_FUSED_COMBINE=1): the CUDA
@@ -369,15 +372,16 @@ if ((CLI_OK)); then
     LOG=$OUT/model-$preset-$type.log
     if run_step "gguf synth $preset $type" "$LOG" 240 "$PG" gguf synth --preset "$preset" --type "$type" -o "$MODEL"; then
       # Nsight Compute: per-kernel GPU time of decode steps (eager: ncu serializes kernels anyway), the first
-      # model only. bench -p 0 -n 8: the first 2 400 launches (warm-up; at depth 4096 9 000: also the ~7 000 of the
-      # depth's prefill) are skipped, the next 1 600 measured (~2 decode steps of ~780 launches); tools/ncu_sum.py
-      # sums them per kernel name. The sections step skips 1 000 matching launches (past the prefill's attention).
+      # model only. bench -p 0 -n 8: the first 2 400 launches (warm-up) are skipped and the next 1 600 measured (~4 decode
+      # steps of ~400 launches). At depth 4096 (-n 16) the depth's prefill runs past launch 9 000 (run 35 caught its GEMMs
+      # in a 9 000..10 600 window), so 4 000 launches from 9 000 are profiled and tools/ncu_sum.py keeps the last 1 600;
+      # it sums them per kernel name. The sections step skips 1 000 matching launches (past the prefill's attention).
       if ((NCU && FIRST_MODEL)) && command -v ncu >/dev/null 2>&1; then
         for d in 0 4096; do
           run_step "ncu $preset $type decode kernels at depth $d" "$OUT/ncu-run.log" 240 env PEREGRINE_CUDA_GRAPHS=0 ncu --clock-control none \
-            --cache-control none --launch-skip $((d > 0 ? 9000 : 2400)) --launch-count 1600 --csv --print-units base \
+            --cache-control none --launch-skip $((d > 0 ? 9000 : 2400)) --launch-count $((d > 0 ? 4000 : 1600)) --csv --print-units base \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
-            --log-file "$OUT/ncu-decode-d$d.csv" "$PG" bench -m "$MODEL" -p 0 -n 8 -d "$d" -r 1 --device cuda
+            --log-file "$OUT/ncu-decode-d$d.csv" "$PG" bench -m "$MODEL" -p 0 -n $((d > 0 ? 16 : 8)) -d "$d" -r 1 --device cuda
           python3 "$ROOT/tools/ncu_sum.py" "$OUT/ncu-decode-d$d.csv" 1600 >"$OUT/ncu-decode-d$d.txt" 2>&1
           { echo "ncu: decode kernels of $preset $type at depth $d (GPU time, graphs off)"; head -40 "$OUT/ncu-decode-d$d.txt"; } >>"$SUMMARY"
         done
@@ -387,6 +391,26 @@ if ((CLI_OK)); then
           --section SchedulerStats --log-file "$OUT/ncu-kernels.txt" "$PG" bench -m "$MODEL" -p 0 -n 8 -d 4096 -r 1 --device cuda
       elif ((NCU && FIRST_MODEL)); then
         note "SKIP  ncu (not on the PATH)"
+      fi
+      if ((NCU_SOURCE && FIRST_MODEL)) && command -v ncu >/dev/null 2>&1; then
+        # Source-level counters (warp-stall samples and instructions per SASS line, -lineinfo gives the CUDA
+        # line) of one decode launch of each kernel of NCU_SOURCE_KERNELS at each depth of NCU_SOURCE_DEPTHS;
+        # tools/ncu_source.py ranks the lines. The report itself stays on the device.
+        for d in $NCU_SOURCE_DEPTHS; do
+          for k in $NCU_SOURCE_KERNELS; do
+            rep="$OUT/src-$k-d$d"
+            run_step "ncu source $k at depth $d" "$OUT/ncu-run.log" 180 env PEREGRINE_CUDA_GRAPHS=0 ncu --clock-control none \
+              --cache-control none --kernel-name "regex:$k" --launch-skip $((d > 0 ? 1000 : 150)) --launch-count 1 \
+              --section SourceCounters --section WarpStateStats --section SpeedOfLight --import-source yes -f -o "$rep" \
+              "$PG" bench -m "$MODEL" -p 0 -n 8 -d "$d" -r 1 --device cuda
+            ncu -i "$rep.ncu-rep" --page source --csv --print-source cuda,sass >"$rep.csv" 2>"$rep.err" ||
+              ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.csv" 2>>"$rep.err"
+            python3 "$ROOT/tools/ncu_source.py" "$rep.csv" 60 >"$rep.txt" 2>&1
+            { echo "ncu source: $k at depth $d"; head -100 "$rep.txt"; } >>"$SUMMARY"
+            rm -f "$rep.ncu-rep"
+            gzip -f "$rep.csv"
+          done
+        done
       fi
       if ((FA_PREFILL)); then  # prefill speed with the tensor-core attention off, then on
         PEREGRINE_CUDA_FA_PREFILL=0 bench_one "$LOG" "$preset $type prefill, FA prefill off" -m "$MODEL" -p 512,4096 -d 0,4096 -n 0 -r 2
