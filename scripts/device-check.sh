@@ -395,22 +395,25 @@ if ((CLI_OK)); then
       if ((NCU_SOURCE && FIRST_MODEL)) && command -v ncu >/dev/null 2>&1; then
         # Source-level counters (warp-stall samples and instructions per SASS line, -lineinfo gives the CUDA
         # line) of one decode launch of each kernel of NCU_SOURCE_KERNELS at each depth of NCU_SOURCE_DEPTHS;
-        # tools/ncu_source.py ranks the lines. The report itself stays on the device.
+        # tools/ncu_source.py ranks the lines into one file, $OUT/ncu-source.txt (few files come back from $OUT).
+        # The reports and source pages stay on the device.
+        SRC_TMP=$(mktemp -d)
+        : >"$OUT/ncu-source.txt"
         for d in $NCU_SOURCE_DEPTHS; do
           for k in $NCU_SOURCE_KERNELS; do
-            rep="$OUT/src-$k-d$d"
+            rep="$SRC_TMP/$k-d$d"
             run_step "ncu source $k at depth $d" "$OUT/ncu-run.log" 180 env PEREGRINE_CUDA_GRAPHS=0 ncu --clock-control none \
               --cache-control none --kernel-name "regex:$k" --launch-skip $((d > 0 ? 1000 : 150)) --launch-count 1 \
               --section SourceCounters --section WarpStateStats --section SpeedOfLight --import-source yes -f -o "$rep" \
-              "$PG" bench -m "$MODEL" -p 0 -n 8 -d "$d" -r 1 --device cuda
+              "$PG" bench -m "$MODEL" -p 0 -n 8 -d "$d" -r 1 --device cuda || continue
             ncu -i "$rep.ncu-rep" --page source --csv --print-source cuda,sass >"$rep.csv" 2>"$rep.err" ||
               ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.csv" 2>>"$rep.err"
-            python3 "$ROOT/tools/ncu_source.py" "$rep.csv" 60 >"$rep.txt" 2>&1
-            { echo "ncu source: $k at depth $d"; head -100 "$rep.txt"; } >>"$SUMMARY"
-            rm -f "$rep.ncu-rep"
-            gzip -f "$rep.csv"
+            { echo "=== ncu source: $k at depth $d"; cat "$rep.err"; python3 "$ROOT/tools/ncu_source.py" "$rep.csv" 40 2>&1; } \
+              >>"$OUT/ncu-source.txt"
           done
         done
+        rm -rf "$SRC_TMP"
+        grep -A3 "^=== ncu source" "$OUT/ncu-source.txt" >>"$SUMMARY"
       fi
       if ((FA_PREFILL)); then  # prefill speed with the tensor-core attention off, then on
         PEREGRINE_CUDA_FA_PREFILL=0 bench_one "$LOG" "$preset $type prefill, FA prefill off" -m "$MODEL" -p 512,4096 -d 0,4096 -n 0 -r 2
