@@ -182,7 +182,11 @@ void Scheduler::admit(Clock::time_point now) {
     waiting_.pop_front();
     s->admit(slot, now, metrics_);
     if (prefix_) {
-      const PrefixHit hit = prefix_->attach(slot, s->spec().prompt);
+      // A speculating request reuses only what its drafter can draft without (DFlash needs the
+      // target's features of every prefix position, which only a prefill of the prefix makes).
+      const int n_prompt = static_cast<int>(s->spec().prompt.size());
+      const int cap = drafter_ && s->spec().speculative ? drafter_->reusable_prefix(slot, n_prompt - 1) : -1;
+      const PrefixHit hit = prefix_->attach(slot, s->spec().prompt, cap);
       if (hit.n_tokens > 0) s->cached(hit.n_tokens, hit.n_disk);
     }
     ++n_active_;

@@ -204,7 +204,20 @@ bool PrefixCache::attach_tail(int seq, const PartialMatch& m) {
   return true;
 }
 
-PrefixHit PrefixCache::attach(int seq, const std::vector<int32_t>& prompt) {
+PrefixHit PrefixCache::attach(int seq, const std::vector<int32_t>& prompt, int max_tokens) {
+  if (max_tokens >= 0 && static_cast<size_t>(max_tokens) + 1 < prompt.size()) {
+    // Capped: a lookup of the prompt's first max_tokens + 1 tokens (a hit always leaves the last one
+    // to prefill, so it covers at most max_tokens), with the stats and the hybrid snapshot boundary
+    // of the whole prompt, as an uncapped lookup would have them.
+    const std::vector<int32_t> head(prompt.begin(), prompt.begin() + max_tokens + 1);
+    const PrefixHit hit = attach(seq, head);
+    prompt_tokens_ += prompt.size() - head.size();
+    if (rs_) {
+      const int point = ((static_cast<int>(prompt.size()) - 1) / bs_) * bs_;
+      pending_[static_cast<size_t>(seq)].point = point > hit.n_tokens ? point : -1;
+    }
+    return hit;
+  }
   PrefixHit hit;
   ++tick_;
   ++lookups_;

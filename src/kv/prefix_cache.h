@@ -107,7 +107,9 @@ class PrefixCache {
 
   // The empty sequence seq is about to prefill `prompt`: attaches the longest cached prefix (RAM, then
   // disk when that reaches deeper) and returns how many tokens it covers (seq_len(seq) afterwards).
-  PrefixHit attach(int seq, const std::vector<int32_t>& prompt);
+  // max_tokens ≥ 0: the hit covers at most that many tokens (a drafter that needs the target to run
+  // the rest, spec::Drafter::reusable_prefix); -1 = no cap. Stats count the whole prompt either way.
+  PrefixHit attach(int seq, const std::vector<int32_t>& prompt, int max_tokens = -1);
   // Where a prefill chunk of seq starting at `from` must end at the latest (hybrid models: the snapshot
   // boundary; otherwise n_prompt).
   int chunk_end(int seq, int from, int n_prompt) const;

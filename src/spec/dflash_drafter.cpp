@@ -27,6 +27,13 @@ class DFlashDrafter final : public Drafter {
   }
   const char* name() const override { return "dflash"; }
   std::vector<int> feature_layers() const override { return m_.config().target_layers; }
+  // The draft attends to the features of every context position, and only a forward of the target
+  // makes them: a cached prefix is reusable only as far as this slot already has features (release()
+  // drops them, so 0 for a new sequence). Without this cap a prefix hit left the positions it served
+  // without features and propose() never drafted for that sequence.
+  int reusable_prefix(int slot, int cached_tokens) const override {
+    return std::min(cached_tokens, slots_[static_cast<size_t>(slot)].n_have);
+  }
 
   void release(int slot) override {
     Slot& s = slots_[static_cast<size_t>(slot)];

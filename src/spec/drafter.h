@@ -71,6 +71,12 @@ class Drafter {
   virtual void propose(std::span<const DraftInput> in, std::span<Draft> out) = 0;
   // The slot's sequence ended (or a new one takes the slot): drop its state.
   virtual void release(int /*slot*/) {}
+  // A new sequence in `slot` could skip prefilling its first `cached_tokens` prompt tokens (a prefix
+  // cache hit): how many of them this drafter can do without the target having run them. The
+  // scheduler caps the hit by the answer, so the rest is prefilled. Default: all of them (a draft
+  // model catches up from the history, the n-gram drafter reads the tokens). A drafter that needs the
+  // target's features of every context position (DFlash) answers only what it still holds for the slot.
+  virtual int reusable_prefix(int /*slot*/, int cached_tokens) const { return cached_tokens; }
   // Tokens fed to a draft model to catch up with histories (tests: a rollback must not replay history),
   // and how many times a slot had to start over.
   virtual uint64_t rows_fed() const { return 0; }

@@ -120,5 +120,79 @@ TEST(DFlashLossless, GreedyIdenticalChainAndDDTree) {
   EXPECT_GT(tree.m.spec_mean_accept_len(), chain.m.spec_mean_accept_len() - 0.25);
 }
 
+// Requests one after another (one slot, as `peregrine bench --draft` runs them), all starting with the
+// same long system prompt, so every request after the first gets a prefix-cache hit (full blocks and a
+// partly reused one). DFlash drafts from the target's features of every context position, which only a
+// prefill makes: before the fix the hit skipped those positions and only the first request drafted.
+struct PrefixRun {
+  std::vector<std::vector<int32_t>> outs;
+  std::vector<RequestStats> stats;
+};
+
+PrefixRun run_shared_prefix(const SpecOptions& spec_in, bool dflash, int n_requests) {
+  const std::string dir = std::string(PEREGRINE_SOURCE_DIR) + "/models/";
+  CpuOptions co;
+  co.n_threads = 2;
+  CpuBackend be(co);
+  auto target = Model::load(dir + "peregrine-demo-target-Q8_0.gguf", be);
+  auto tok = tok::Tokenizer::from_gguf(target->file());
+  std::unique_ptr<DFlashModel> d;
+  SpecOptions spec = spec_in;
+  if (dflash) {
+    d = DFlashModel::load(dir + "peregrine-demo-dflash-Q8_0.gguf", *target);
+    spec.dflash = d.get();
+  }
+  SchedulerOptions so;
+  so.n_slots = 1;
+  so.n_ctx = 512;
+  so.n_batch = 64;
+  so.spec = spec;
+  so.prefix.ram_mib = 64;  // the prefix cache on (explicitly: the test is about its hits)
+  Scheduler sched(*target, *tok, so);
+  const std::string system =
+      "<|im_start|>system\nYou are a careful assistant. Answer arithmetic exactly, spell words letter by letter when asked, "
+      "convert units with the metric prefixes, and write short Python functions with a docstring. Keep every answer short, "
+      "plain and correct, and never add anything the question did not ask for.<|im_end|>\n";
+  PrefixRun res;
+  const std::vector<std::string> qs = prompts(n_requests);
+  for (const auto& q : qs) {
+    RequestSpec r;
+    r.prompt = tok->encode(system + "<|im_start|>user\n" + q + "<|im_end|>\n<|im_start|>assistant\n", false, true);
+    r.sampling.temperature = 0;
+    r.max_tokens = 48;
+    auto h = sched.submit(r);
+    std::vector<int32_t> ids;
+    Event e;
+    const auto end = Clock::now() + 300s;
+    while (Clock::now() < end) {
+      if (!h->next(e, 100ms)) continue;
+      for (auto& t : e.tokens) ids.push_back(t.id);
+      if (e.done) break;
+    }
+    EXPECT_TRUE(e.done) << "request did not finish";
+    res.outs.push_back(std::move(ids));
+    res.stats.push_back(e.stats);
+  }
+  return res;
+}
+
+TEST(DFlashPrefix, DraftsForEveryRequestAfterPrefixHits) {
+  const int n = 4;
+  const PrefixRun plain = run_shared_prefix({}, false, n);
+  // The plain run's later requests do hit the prefix cache (the shared system prompt is > 1 block):
+  // the scenario the bug needs.
+  for (int i = 1; i < n; ++i) EXPECT_GE(plain.stats[static_cast<size_t>(i)].n_cached, 64) << "request " << i;
+  for (const SpecOptions& sp : {dflash_spec(8, 0), dflash_spec(8, 22)}) {
+    const PrefixRun r = run_shared_prefix(sp, true, n);
+    for (int i = 0; i < n; ++i) {
+      const RequestStats& st = r.stats[static_cast<size_t>(i)];
+      EXPECT_GT(st.draft_n, 0) << (sp.tree ? "DDTree" : "chain") << ", request " << i << " (n_cached " << st.n_cached << ")";
+      EXPECT_EQ(r.outs[static_cast<size_t>(i)], plain.outs[static_cast<size_t>(i)]) << (sp.tree ? "DDTree" : "chain") << ", request " << i;
+      std::printf("%s request %d: n_cached %d drafted %d accepted %d rounds %d\n", sp.tree ? "DDTree" : "chain", i, st.n_cached,
+                  st.draft_n, st.draft_n_accepted, st.draft_rounds);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pg::engine
