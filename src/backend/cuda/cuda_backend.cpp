@@ -211,7 +211,9 @@ void* CudaBackend::norm_q8_for(const cuda::MatmulArgs& a) const {
   if (!opt_.fuse_norm_quant || opt_.exact_f32 || norm_q8_.epoch != op_epoch_ || a.expert_ids) return nullptr;
   if (a.x != norm_q8_.data || a.n != norm_q8_.rows || a.K != norm_q8_.cols || a.x_stride != norm_q8_.cols) return nullptr;
   const int mode = cuda::act_quant_mode(a.type);
-  return mode == cuda::kActQ8_0 ? norm_q8_.q8_0 : mode == cuda::kActQ8_K ? norm_q8_.q8_k : nullptr;
+  void* s = mode == cuda::kActQ8_0 ? norm_q8_.q8_0 : mode == cuda::kActQ8_K ? norm_q8_.q8_k : nullptr;
+  norm_q8_hits_ += s != nullptr;
+  return s;
 }
 
 void CudaBackend::norm_q8_written(const Tensor& out) {

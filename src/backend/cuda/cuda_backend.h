@@ -240,6 +240,9 @@ class CudaBackend final : public Backend {
   // Device properties, for benchmarks and roofline accounting.
   std::string device_name() const;
   int multiprocessor_count() const { return n_sm_; }
+  // fuse_norm_quant: how many matmul products so far read the activations a norm quantized (tests: the
+  // fused path ran).
+  int64_t norm_quant_hits() const { return norm_q8_hits_; }
   size_t total_memory() const;
 
  private:
@@ -282,6 +285,7 @@ class CudaBackend final : public Backend {
   void norm_q8_written(const Tensor& out);
   mutable uint64_t op_epoch_ = 1;
   NormQ8 norm_q8_;
+  mutable int64_t norm_q8_hits_ = 0;
   void check_own(const Tensor& t, const char* op) const;
   void check_not_capturing(const char* what) const;
 
