@@ -100,6 +100,8 @@ PDL_ALL=${PDL_ALL:-0}              # 1: PDL for every decode-path kernel (PEREGR
                                    #    and, per model, tg128 at depths 0 and 4096 with it
 FA_FUSED_COMBINE=${FA_FUSED_COMBINE:-0}  # 1: the attention's split combine inside the kernel (PEREGRINE_CUDA_FA_FUSED_COMBINE=1): the CUDA
                                    #    tests with it (tests-fa-fused-combine.log), tg128 at depths 0, 4096, 32768 with it, first model
+FUSE_NORM_QUANT=${FUSE_NORM_QUANT:-0}  # 1: RMSNorm writes the next matmul's 8-bit activations (PEREGRINE_CUDA_FUSE_NORM_QUANT=1): the CUDA
+                                   #    tests with it (tests-fuse-norm-quant.log), tg128 at depths 0 and 4096 on vs off, first model
 FA_SPLIT=${FA_SPLIT:-}              # PEREGRINE_CUDA_FA_SPLIT_BLOCKS values (tensor-core attention's split-K blocks per SM, default 2) to time
                                    #    tg128 at depths 4096 and 32768 with, first model (e.g. "4 8")
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
@@ -261,6 +263,13 @@ if ((BUILD_OK && TESTS)); then
   # Failures last and in full (the list above is cut): which tests, and gtest's messages.
   { echo "CUDA test failures and messages:"; grep -E "tests failed|\(Failed\)|\(Subprocess|\(Timeout\)|Failure$|Expected|Which is|: error|what\(\)|C\+\+ exception" "$OUT/tests.log" |
     sed -E 's/^[0-9]+: //' | tail -60; } >>"$SUMMARY"
+fi
+
+# The norms writing the next matmul's 8-bit activations (CudaOptions::fuse_norm_quant): every CUDA test again with it on.
+if ((BUILD_OK && FUSE_NORM_QUANT)); then
+  PEREGRINE_CUDA_FUSE_NORM_QUANT=1 run_step "CUDA tests, fused norm quantization" "$OUT/tests-fuse-norm-quant.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -j 6 --timeout 280 --output-on-failure
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Failure$|Expected|Which is|norm-quant on vs off" "$OUT/tests-fuse-norm-quant.log" | sed -E 's/^[0-9]+: //' | head -60 >>"$SUMMARY"
 fi
 
 # The fused split combine (CudaOptions::fa_fused_combine): every CUDA test again with it on.
@@ -439,6 +448,10 @@ if ((CLI_OK)); then
       if ((PROFILE)); then
         PEREGRINE_CUDA_PROFILE=1 bench_one "$LOG" "$preset $type per-op profile (pp512, tg32 at depths 0 and 4096)" -m "$MODEL" -p 512 -n 32 -d 0,4096 -r 1
         { echo "per-op profile $preset $type"; grep -A22 "^ops of " "$LOG" | tail -100; } >>"$SUMMARY"
+      fi
+      if ((FIRST_MODEL && FUSE_NORM_QUANT)); then
+        PEREGRINE_CUDA_FUSE_NORM_QUANT=1 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, fused norm quantization" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+        PEREGRINE_CUDA_FUSE_NORM_QUANT=0 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, separate act-quant" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
       fi
       if ((FIRST_MODEL && FA_FUSED_COMBINE)); then
         PEREGRINE_CUDA_FA_FUSED_COMBINE=1 bench_one "$LOG" "$preset $type tg128 at depths 0, 4096, 32768, fused split combine" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 1

@@ -81,3 +81,10 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 // Warp shuffles have no host meaning; declared so the header parses (never called on the host).
 template <typename T>
 T __shfl_xor_sync(unsigned, T v, int);
+template <typename T>
+T __shfl_sync(unsigned, T v, int);
+
+// For backend/cuda/act_quant.cuh (tests/cuda/test_cuda_act_quant.cpp): round half to even under the
+// default rounding mode, as the device's cvt.rni / cvt.rn.f16 (callers keep |a| within int range).
+inline int __float2int_rn(float a) { return static_cast<int>(std::nearbyint(a)); }
+inline pg_host_half __float2half_rn(float f) { return {pg::f32_to_fp16(f)}; }

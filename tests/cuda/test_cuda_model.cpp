@@ -325,5 +325,46 @@ INSTANTIATE_TEST_SUITE_P(Golden, CudaFuseQkRope,
 
 INSTANTIATE_TEST_SUITE_P(Decode, CudaGraphs, testing::Values("tiny-qwen3-Q4_K_M", "tiny-qwen35-f16", "tiny-qwen35moe-f16"), name_of);
 
+// CudaOptions::fuse_norm_quant (the norms write the next matmul's 8-bit activations) changes no bit of a whole
+// model: the 24-row prompt (MMQ / GEMV groups reading a multi-row norm's bytes) and 20 decode steps (graphs
+// recorded and replayed) with it on give the logits of it off, with the fused GEMVs on (default) and off;
+// on models of both roundings (q8_K: K-quants, IQ4_XS; q8_0: Q8_0, Q4_0) and an F16 one (nothing to fuse).
+// The hit counter proves the fused path ran on the quantized ones.
+class CudaFuseNormQuantModel : public testing::TestWithParam<std::string> {};
+
+TEST_P(CudaFuseNormQuantModel, LogitsBitIdentical) {
+  PG_REQUIRE_GPU();
+  const std::string path = test::shared_path("golden/models/" + GetParam() + ".gguf").string();
+  for (const bool fuse_mm : {true, false}) {
+    SCOPED_TRACE(std::string("fuse_glu/qkv ") + (fuse_mm ? "on" : "off"));
+    auto gpu = test::make_cuda(false);
+    CudaOptions o = gpu->options();
+    o.fuse_glu = o.fuse_qkv = fuse_mm;
+    o.fuse_norm_quant = false;
+    gpu->set_options(o);
+    const Logits off = run(*gpu, path, DType::F16, 20, {});
+    o.fuse_norm_quant = true;
+    gpu->set_options(o);
+    const int64_t h0 = gpu->norm_quant_hits();
+    const Logits on = run(*gpu, path, DType::F16, 20, off.tokens);
+    const int64_t hits = gpu->norm_quant_hits() - h0;
+    ASSERT_EQ(on.prompt.size(), off.prompt.size());
+    ASSERT_EQ(on.steps.size(), off.steps.size());
+    EXPECT_EQ(0, std::memcmp(on.prompt.data(), off.prompt.data(), on.prompt.size() * sizeof(float))) << "prompt logits differ";
+    for (size_t s = 0; s < on.steps.size(); ++s)
+      EXPECT_EQ(0, std::memcmp(on.steps[s].data(), off.steps[s].data(), on.steps[s].size() * sizeof(float))) << "decode step " << s;
+    std::printf("%s (fused GEMVs %s): norm-quant on vs off max |Δ| %.2e, %lld products read a norm's bytes\n", GetParam().c_str(),
+                fuse_mm ? "on" : "off", diff(on, off).max, static_cast<long long>(hits));
+    if (GetParam().find("f16") == std::string::npos) {
+      EXPECT_GT(hits, 0) << "the fused path never ran";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CudaFuseNormQuantModel,
+                         testing::Values("tiny-qwen3-Q4_K_M", "tiny-llama-Q4_K_M", "tiny-qwen3-Q8_0", "tiny-llama-Q4_0", "tiny-qwen3-Q5_K_M",
+                                         "tiny-qwen3-Q6_K", "tiny-qwen3-IQ4_XS", "tiny-qwen35-f16", "tiny-qwen3moe-f16"),
+                         name_of);
+
 }  // namespace
 }  // namespace pg

@@ -1396,5 +1396,150 @@ TEST(CudaFuse, QkvGroupedBitIdentical) {
   gpu->set_options(base);
 }
 
+// CudaOptions::fuse_norm_quant: RMSNorm (and add_rms_norm) also writes its output's 8-bit activations, and the
+// next matmul skips its act_quant launch. Against the unfused path (same ops, option off): bit-identical
+// outputs (memcmp) for both roundings (q8_K: Q4_K/Q6_K/IQ4_XS; q8_0: Q8_0/Q4_0), one row (GEMV, fused GLU,
+// grouped q/k/v, a type without an 8-bit kernel) and several rows (GEMV groups, MMQ), widths without a q8_K
+// layout (K % 256 != 0), and the guard: after the norm, an op that rewrites the normed tensor (upload, add)
+// or only something else (scale of another tensor) must make the matmul quantize again — the hit counter
+// shows which path ran, and the outputs must still equal the unfused path's.
+TEST(CudaFuseNormQuant, NormThenMatmulBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  const CudaOptions base = gpu->options();
+  struct Case {
+    DType t;
+    int64_t K, M;
+    int rows;
+  };
+  const Case cases[] = {{DType::Q4_K, 4096, 1024, 1}, {DType::Q6_K, 4096, 512, 1},  {DType::Q8_0, 4096, 1024, 1}, {DType::Q4_0, 4128, 96, 1},
+                        {DType::IQ4_XS, 512, 300, 1}, {DType::Q4_K, 4096, 1024, 5}, {DType::Q4_K, 512, 256, 24}, {DType::Q8_0, 512, 300, 12},
+                        {DType::Q6_K, 1024, 200, 64}, {DType::Q3_K, 512, 100, 1},   {DType::Q4_0, 96, 40, 3}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(dtype_name(c.t)) + " K=" + std::to_string(c.K) + " M=" + std::to_string(c.M) + " rows=" + std::to_string(c.rows));
+    const auto wb = make_weights(c.t, c.K, c.M, 31u + static_cast<uint32_t>(c.K + c.M));
+    const auto ub = make_weights(c.t, c.K, c.M, 32u + static_cast<uint32_t>(c.K + c.M));
+    Tensor w = make_weight(*gpu, c.t, c.K, c.M, 1, wb), wu = make_weight(*gpu, c.t, c.K, c.M, 1, ub);
+    auto xv = randn(static_cast<size_t>(c.K * c.rows), 33), rv = randn(static_cast<size_t>(c.K * c.rows), 34);
+    auto nv = randn(static_cast<size_t>(c.K), 35), other = randn(static_cast<size_t>(c.K * c.rows), 36);
+    xv[0] = 4.0f, xv[1] = -4.0f;  // q8_K ties of magnitude
+    Tensor nw = make_tensor(*gpu, DType::F32, c.K, 1, nv.data());
+    Tensor x = gpu->alloc(DType::F32, c.K, c.rows), r = make_tensor(*gpu, DType::F32, c.K, c.rows, rv.data());
+    Tensor xn = gpu->alloc(DType::F32, c.K, c.rows), z = make_tensor(*gpu, DType::F32, c.K, c.rows, other.data());
+    Tensor y = gpu->alloc(DType::F32, c.M, c.rows), y2 = gpu->alloc(DType::F32, c.M, c.rows), y3 = gpu->alloc(DType::F32, c.M, c.rows);
+    // Sequence g: norm, then the products; `between` runs between the norm and the products.
+    auto sequence = [&](int between) {
+      gpu->upload(x, xv.data(), xv.size() * sizeof(float));
+      if (between == 3)
+        gpu->rms_norm(x, nw, xn, 1e-6f);
+      else
+        gpu->add_rms_norm(x, r, nw, xn, 1e-6f);
+      if (between == 1) gpu->upload(xn, other.data(), other.size() * sizeof(float));  // the normed tensor rewritten
+      if (between == 2) gpu->add(xn, z, xn);                                          // ... by a kernel
+      if (between == 4) gpu->scale(z, 1.0f);                                          // another tensor only
+      std::vector<float> out;
+      gpu->matmul(w, xn, y);
+      out = fetch(*gpu, y);
+      // fetch synchronises through download (an op): the record is gone; redo the norm for the next products.
+      auto again = [&] {
+        gpu->upload(x, xv.data(), xv.size() * sizeof(float));
+        gpu->add_rms_norm(x, r, nw, xn, 1e-6f);
+      };
+      again();
+      gpu->matmul_shared(xn, {{&w, &y}, {&wu, &y2}, {&w, &y3}});
+      for (const Tensor* t : {&y, &y2, &y3}) {
+        const auto v = fetch(*gpu, *t);
+        out.insert(out.end(), v.begin(), v.end());
+      }
+      again();
+      gpu->matmul_glu(xn, w, wu, Activation::Silu, y, y2);
+      const auto g = fetch(*gpu, y);
+      out.insert(out.end(), g.begin(), g.end());
+      return out;
+    };
+    for (const bool fuse_mm : {true, false}) {  // fuse_glu / fuse_qkv on (default) and off: every consumer path
+      CudaOptions o = base;
+      o.fuse_glu = o.fuse_qkv = fuse_mm;
+      for (int between = 0; between <= 4; ++between) {
+        SCOPED_TRACE("fuse_glu/qkv " + std::to_string(fuse_mm) + " between " + std::to_string(between));
+        o.fuse_norm_quant = false;
+        gpu->set_options(o);
+        const auto ref = sequence(between);
+        o.fuse_norm_quant = true;
+        gpu->set_options(o);
+        const int64_t h0 = gpu->norm_quant_hits();
+        const auto got = sequence(between);
+        const int64_t hits = gpu->norm_quant_hits() - h0;
+        ASSERT_EQ(got.size(), ref.size());
+        EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)));
+        const bool q8 = c.t != DType::Q3_K;  // Q3_K: no 8-bit kernel (FP32 GEMV on q·d), never reads the scratch
+        // The first matmul reuses the norm's bytes unless something ran in between; the rest always do.
+        const int64_t first = q8 && (between == 0 || between == 3) ? 1 : 0;
+        if (q8) {
+          EXPECT_GE(hits, first + 2) << "the fused path did not run";
+        } else {
+          EXPECT_EQ(hits, 0);
+        }
+        if (between == 1 || between == 2 || between == 4) {
+          // The guard: the products after the intervening op re-quantized (a bump of at most the later ones).
+          o.fuse_norm_quant = true;
+          gpu->set_options(o);
+          const int64_t g0 = gpu->norm_quant_hits();
+          gpu->upload(x, xv.data(), xv.size() * sizeof(float));
+          gpu->add_rms_norm(x, r, nw, xn, 1e-6f);
+          if (between == 1) gpu->upload(xn, other.data(), other.size() * sizeof(float));
+          if (between == 2) gpu->add(xn, z, xn);
+          if (between == 4) gpu->scale(z, 1.0f);
+          gpu->matmul(w, xn, y);
+          EXPECT_EQ(gpu->norm_quant_hits(), g0) << "a matmul used the norm's bytes after another op";
+          gpu->synchronize();
+        }
+      }
+    }
+    for (Tensor* p : {&w, &wu, &nw, &x, &r, &xn, &z, &y, &y2, &y3}) gpu->free(*p);
+  }
+  gpu->set_options(base);
+}
+
+// The fused norm's scratch inside CUDA graphs: a captured norm + products replays the same bits as eager
+// launches with the option off, also after the normed tensor's scratch was reused by another norm.
+TEST(CudaFuseNormQuant, GraphReplayBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  CudaOptions o = gpu->options();
+  const int64_t K = 4096, M = 1024;
+  const auto wb = make_weights(DType::Q4_K, K, M, 41), vb = make_weights(DType::Q8_0, K, M, 42);
+  Tensor w = make_weight(*gpu, DType::Q4_K, K, M, 1, wb), v = make_weight(*gpu, DType::Q8_0, K, M, 1, vb);
+  auto xv = randn(static_cast<size_t>(K), 43), nv = randn(static_cast<size_t>(K), 44);
+  Tensor nw = make_tensor(*gpu, DType::F32, K, 1, nv.data()), x = make_tensor(*gpu, DType::F32, K, 1, xv.data());
+  Tensor xn = gpu->alloc(DType::F32, K, 1), y = gpu->alloc(DType::F32, M, 1), y2 = gpu->alloc(DType::F32, M, 1);
+  auto step = [&] {
+    gpu->rms_norm(x, nw, xn, 1e-6f);
+    gpu->matmul_shared(xn, {{&w, &y}, {&v, &y2}});  // q8_K and q8_0 from one norm
+    gpu->rms_norm(xn, nw, xn, 1e-6f);               // in place: the record now points at the same data again
+    gpu->matmul(w, xn, y2);
+  };
+  o.fuse_norm_quant = false;
+  gpu->set_options(o);
+  step();
+  const auto ref1 = fetch(*gpu, y), ref2 = fetch(*gpu, y2);
+  o.fuse_norm_quant = true;
+  gpu->set_options(o);
+  step();  // eager once (scratch sized), then captured
+  gpu->begin_capture();
+  step();
+  const int g = gpu->end_capture();
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<float> junk(static_cast<size_t>(M), 777.0f);
+    gpu->upload(y, junk.data(), junk.size() * sizeof(float));
+    gpu->upload(y2, junk.data(), junk.size() * sizeof(float));
+    gpu->replay(g);
+    EXPECT_EQ(0, std::memcmp(fetch(*gpu, y).data(), ref1.data(), ref1.size() * sizeof(float))) << "replay " << rep;
+    EXPECT_EQ(0, std::memcmp(fetch(*gpu, y2).data(), ref2.data(), ref2.size() * sizeof(float))) << "replay " << rep;
+  }
+  gpu->drop_graphs();
+  for (Tensor* p : {&w, &v, &nw, &x, &xn, &y, &y2}) gpu->free(*p);
+}
+
 }  // namespace
 }  // namespace pg

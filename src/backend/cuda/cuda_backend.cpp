@@ -42,7 +42,18 @@ namespace {
 using cuda::check;
 
 // Scratch slots: each op that needs temporary device memory has its own, so their sizes never fight.
-enum ScratchSlot { kSlotGemm, kSlotAttention, kSlotMoe, kSlotMoeGemm, kSlotQ8, kSlotActF32, kSlotMmqPart, kSlotCount };
+enum ScratchSlot {
+  kSlotGemm,
+  kSlotAttention,
+  kSlotMoe,
+  kSlotMoeGemm,
+  kSlotQ8,
+  kSlotActF32,
+  kSlotMmqPart,
+  kSlotNormQ8_0,  // fuse_norm_quant: the last norm's output as q8_0 activations (written only by the norms)
+  kSlotNormQ8_K,  // ... and as q8_K
+  kSlotCount
+};
 
 constexpr size_t kStageBytes = size_t{8} << 20;  // pinned upload ring
 constexpr int kStageSegments = 4;
@@ -85,6 +96,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_GLU"); e && *e) opt.fuse_glu = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) opt.fuse_qkv = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QK_ROPE"); e && *e) opt.fuse_qk_norm_rope = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_NORM_QUANT"); e && *e) opt.fuse_norm_quant = std::strcmp(e, "0") != 0;
   return create_cuda_backend(index, opt);
 }
 
@@ -175,6 +187,43 @@ bool CudaBackend::supports_weight_type(DType t) { return cuda::gemv_supported(t)
 void CudaBackend::check_own(const Tensor& t, const char* op) const {
   PG_CHECK(t.valid(), std::string(op) + ": tensor has no data");
   PG_CHECK(t.backend == this, std::string(op) + ": tensor belongs to another backend");
+}
+
+// ---- fuse_norm_quant (cuda_backend.h: NormQ8) ---------------------------------------------------------
+
+const cuda::NormQuant* CudaBackend::norm_q8_begin(const Tensor& y, cuda::NormQuant& nq) {
+  norm_q8_ = NormQ8{};  // (this op's activate() has already ended any earlier record)
+  // Only where a quantized matmul would read the result through the 8-bit scratch: default mode, up to MMQ's
+  // row count (beyond it the GEMM rounds the activations itself), a width of whole 32-value blocks.
+  const int64_t rows = y.rows(), cols = y.cols();
+  if (!opt_.fuse_norm_quant || opt_.exact_f32 || rows < 1 || rows > cuda::kMmqMaxRows || cols % 32 != 0) return nullptr;
+  const size_t bytes = cuda::q8_scratch_bytes(rows, cols);
+  void* s0 = scratch(kSlotNormQ8_0, bytes);
+  void* sk = cols % 256 == 0 ? scratch(kSlotNormQ8_K, bytes) : nullptr;
+  nq = cuda::NormQuant{};
+  nq.q8_0 = cuda::q8_scratch(s0, rows, cols);
+  if (sk) nq.q8_k = cuda::q8_scratch(sk, rows, cols);
+  norm_q8_ = NormQ8{op_epoch_, y.data, rows, cols, s0, sk};
+  return &nq;
+}
+
+void* CudaBackend::norm_q8_for(const cuda::MatmulArgs& a) const {
+  if (!opt_.fuse_norm_quant || opt_.exact_f32 || norm_q8_.epoch != op_epoch_ || a.expert_ids) return nullptr;
+  if (a.x != norm_q8_.data || a.n != norm_q8_.rows || a.K != norm_q8_.cols || a.x_stride != norm_q8_.cols) return nullptr;
+  const int mode = cuda::act_quant_mode(a.type);
+  void* s = mode == cuda::kActQ8_0 ? norm_q8_.q8_0 : mode == cuda::kActQ8_K ? norm_q8_.q8_k : nullptr;
+  norm_q8_hits_ += s != nullptr;
+  return s;
+}
+
+void CudaBackend::norm_q8_written(const Tensor& out) {
+  if (norm_q8_.epoch != op_epoch_ || !out.valid()) return;
+  // Conservative: a matmul writing into the normed tensor (which the unfused path might re-quantize from
+  // between its products) never uses the record, and the record ends.
+  const auto* o0 = static_cast<const uint8_t*>(out.data);
+  const auto* n0 = static_cast<const uint8_t*>(norm_q8_.data);
+  const size_t nb = static_cast<size_t>(norm_q8_.rows * norm_q8_.cols) * sizeof(float);
+  if (o0 < n0 + nb && n0 < o0 + out.nbytes()) norm_q8_.epoch = 0;
 }
 
 void* CudaBackend::scratch(int slot, size_t bytes) {
@@ -457,6 +506,9 @@ void CudaBackend::gemv(const cuda::MatmulArgs& a) {
     b.pdl = opt_.pdl && pdl_capable_;
     b.rows_per_warp = opt_.gemv_rows_per_warp;
     const size_t sb = cuda::gemv_fast_scratch_bytes(b);
+    if (void* pq = cuda::gemv_fast_q8(b) ? norm_q8_for(b) : nullptr) {  // fuse_norm_quant: the norm quantized x
+      if (cuda::gemv_fast(b, pq, as_stream(stream_), /*x_quantized=*/true)) return;
+    }
     if (cuda::gemv_fast(b, sb ? scratch(kSlotQ8, sb) : nullptr, as_stream(stream_))) return;
   }
   const int mode = opt_.exact_f32 ? cuda::kActNone : cuda::act_quant_mode(a.type);
@@ -510,20 +562,24 @@ bool CudaBackend::use_mmq(const cuda::MatmulArgs& a) const {
   return a.n >= (legacy ? std::max(opt_.mmq_min_rows, 9) : opt_.mmq_min_rows);
 }
 
-void CudaBackend::mmq(const cuda::MatmulArgs& a, bool x_quantized) {
-  void* xs = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
+void CudaBackend::mmq(const cuda::MatmulArgs& a, bool x_quantized, void* xs) {
+  if (!xs) xs = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
   const size_t pb = cuda::mmq_part_bytes(a, n_sm_);
   cuda::mmq(a, xs, pb ? scratch(kSlotMmqPart, pb) : nullptr, n_sm_, as_stream(stream_), x_quantized);
 }
 
 void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
-  activate(device_);
+  cuda::activate(device_);  // not the member: a matmul keeps the fuse_norm_quant record (cuda_backend.h)
+  norm_q8_written(y);
   const ProfScope prof(prof_active() ? this : nullptr, "matmul",
                        prof_active() ? std::string(dtype_name(w.type)) + " " + std::to_string(w.rows()) + "x" + std::to_string(w.cols()) +
                                            " n" + std::to_string(x.rows())
                                      : std::string());
   const cuda::MatmulArgs a = matmul_args(w, x, y);
-  if (use_mmq(a)) return mmq(a, false);
+  if (use_mmq(a)) {
+    void* pq = norm_q8_for(a);
+    return mmq(a, pq != nullptr, pq);
+  }
   // Default mode, quantized weights without MMQ, up to 64 rows: the GEMV kernels (rows in groups of 8),
   // which keep the CPU's 8-bit activation rounding exactly; the FP16 GEMM would not (its rounding of the
   // activations flips 8-bit roundings downstream: logits 0.2 off the CPU on the tiny models).
@@ -540,7 +596,8 @@ void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
 }
 
 void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) {
-  activate(device_);
+  cuda::activate(device_);  // not the member: a matmul keeps the fuse_norm_quant record (cuda_backend.h)
+  for (const MatmulOut& o : outs) norm_q8_written(*o.y);
   std::string prof_key;
   if (prof_active()) {
     for (const MatmulOut& o : outs)
@@ -562,6 +619,10 @@ void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut
       if (!use_mmq(a)) {
         matmul(*o.w, x, *o.y);
         quantized = cuda::kActNone;  // matmul may have used the scratch for its own quantization
+        continue;
+      }
+      if (void* pq = norm_q8_for(a)) {  // fuse_norm_quant: the norm quantized x (kSlotQ8 untouched)
+        mmq(a, true, pq);
         continue;
       }
       const int mode = cuda::act_quant_mode(a.type);
@@ -598,10 +659,13 @@ void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut
       group[count++] = &args[i];
       for (size_t j = i + 1; j < n_out; ++j)
         if (!done[j] && cuda::gemv_multi_compatible(args[i], args[j])) group[count++] = &args[j], done[j] = true;
-      void* s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(args[i]));
-      const int mode = cuda::act_quant_mode(args[i].type);
-      if (quantized != mode) cuda::quantize_q8(args[i], s, as_stream(stream_));
-      quantized = mode;
+      void* s = norm_q8_for(args[i]);  // fuse_norm_quant: the norm quantized x (kSlotQ8 untouched)
+      if (!s) {
+        s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(args[i]));
+        const int mode = cuda::act_quant_mode(args[i].type);
+        if (quantized != mode) cuda::quantize_q8(args[i], s, as_stream(stream_));
+        quantized = mode;
+      }
       if (count == 1)
         cuda::gemv_fast(args[i], s, as_stream(stream_), /*x_quantized=*/true);
       else
@@ -612,10 +676,13 @@ void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut
   for (const MatmulOut& o : outs) {
     const cuda::MatmulArgs a = matmul_args(*o.w, x, *o.y);
     if (cuda::gemv_fast_q8(a)) {
-      void* s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
-      const int mode = cuda::act_quant_mode(a.type);
-      if (quantized != mode) cuda::quantize_q8(a, s, as_stream(stream_));
-      quantized = mode;
+      void* s = norm_q8_for(a);  // fuse_norm_quant: the norm quantized x (kSlotQ8 untouched)
+      if (!s) {
+        s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
+        const int mode = cuda::act_quant_mode(a.type);
+        if (quantized != mode) cuda::quantize_q8(a, s, as_stream(stream_));
+        quantized = mode;
+      }
       cuda::gemv_fast(a, s, as_stream(stream_), /*x_quantized=*/true);
     } else {
       gemv(a);
@@ -628,7 +695,9 @@ void CudaBackend::matmul_glu(const Tensor& x, const Tensor& gate_w, const Tensor
   // row, default mode, no MMQ for one row, 32 lanes): there it is bit-identical; everything else is the
   // composition itself.
   if (!opt_.fuse_glu || opt_.exact_f32 || x.rows() != 1 || opt_.mmq_min_rows == 1) return Backend::matmul_glu(x, gate_w, up_w, act, y, u);
-  activate(device_);
+  cuda::activate(device_);  // not the member: a matmul keeps the fuse_norm_quant record (cuda_backend.h)
+  norm_q8_written(y);
+  norm_q8_written(u);
   const cuda::MatmulArgs g = matmul_args(gate_w, x, y), uo = matmul_args(up_w, x, u);
   if (!cuda::gemv_glu_supported(g, uo)) return Backend::matmul_glu(x, gate_w, up_w, act, y, u);
   PG_CHECK(y.data != x.data && y.data != u.data, "matmul_glu: y must not alias x or u");
@@ -636,6 +705,10 @@ void CudaBackend::matmul_glu(const Tensor& x, const Tensor& gate_w, const Tensor
                        prof_active() ? std::string(dtype_name(gate_w.type)) + " " + std::to_string(gate_w.rows()) + "x" +
                                            std::to_string(gate_w.cols()) + " n1"
                                      : std::string());
+  if (void* pq = norm_q8_for(g)) {  // fuse_norm_quant: the norm quantized x
+    cuda::gemv_glu(g, uo, act == Activation::Silu ? 0 : 1, pq, as_stream(stream_), /*x_quantized=*/true);
+    return;
+  }
   void* s = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(g));
   cuda::gemv_glu(g, uo, act == Activation::Silu ? 0 : 1, s, as_stream(stream_));
 }
@@ -662,8 +735,10 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, Tensor& y, float ep
     check_own(w, "rms_norm");
     PG_CHECK(w.type == DType::F32 || w.type == DType::F16, "rms_norm: weight must be F32 or F16");
   }
+  cuda::NormQuant nq;
+  const cuda::NormQuant* q = norm_q8_begin(y, nq);  // fuse_norm_quant: y's 8-bit activations too
   cuda::rms_norm(x.as<float>(), w.valid() ? w.data : nullptr, w.type == DType::F16, y.as<float>(), x.rows(), x.cols(), eps,
-                 as_stream(stream_));
+                 as_stream(stream_), q);
 }
 
 void CudaBackend::add_rms_norm(Tensor& x, const Tensor& r, const Tensor& w, Tensor& y, float eps) {
@@ -681,8 +756,10 @@ void CudaBackend::add_rms_norm(Tensor& x, const Tensor& r, const Tensor& w, Tens
     check_own(w, "add_rms_norm");
     PG_CHECK(w.type == DType::F32 || w.type == DType::F16, "add_rms_norm: weight must be F32 or F16");
   }
+  cuda::NormQuant nq;
+  const cuda::NormQuant* q = norm_q8_begin(y, nq);  // fuse_norm_quant: y's 8-bit activations too
   cuda::add_rms_norm(x.as<float>(), r.as<float>(), w.valid() ? w.data : nullptr, w.type == DType::F16, y.as<float>(), x.rows(), x.cols(),
-                     eps, as_stream(stream_));
+                     eps, as_stream(stream_), q);
 }
 
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& y) {

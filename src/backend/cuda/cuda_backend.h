@@ -17,6 +17,8 @@ struct CUevent_st;
 namespace pg {
 namespace cuda {
 struct MatmulArgs;
+struct NormQuant;
+void activate(int device);  // kernels.h
 }
 
 struct CudaOptions {
@@ -132,6 +134,17 @@ struct CudaOptions {
   // (head_dim > 256, weights other than F32/F16) keep the four ops. On by default from device run 34, where
   // every CUDA test passed with it (227/227); qwen3-8b Q4_K_M tg128 255.9 -> 264.8 tok/s. Environment: PEREGRINE_CUDA_FUSE_QK_ROPE=0 turns it off.
   bool fuse_qk_norm_rope = true;
+  // RMSNorm writes the next matmul's 8-bit activations (issue 11): rms_norm / add_rms_norm of ≤ kMmqMaxRows
+  // rows in default mode also quantize their output y, q8_0 (width % 32 == 0) and q8_K (width % 256 == 0)
+  // both (the norm cannot know the consumer's weight type; the second layout costs ~1 % of the row's bytes),
+  // into two scratch buffers of their own, with act_quant.cuh's rounding (the bytes act_quant_kernel
+  // writes). A matmul (the GEMV, the fused GLU / grouped q/k/v GEMVs, MMQ) whose input is exactly that y
+  // (same data pointer, rows, width) then skips its act_quant launch, provided no other op ran since the
+  // norm (a host-side guard: every op but the matmuls bumps an epoch, see CudaBackend::norm_q8_). Decisions
+  // are made on the host, so graph capture records exactly what an eager run launches. Bit-identical to
+  // the unfused path (CudaFuseNormQuant*). Off until measured on the device. Environment:
+  // PEREGRINE_CUDA_FUSE_NORM_QUANT=1 (factory and tests' make_cuda).
+  bool fuse_norm_quant = false;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
@@ -227,6 +240,9 @@ class CudaBackend final : public Backend {
   // Device properties, for benchmarks and roofline accounting.
   std::string device_name() const;
   int multiprocessor_count() const { return n_sm_; }
+  // fuse_norm_quant: how many matmul products so far read the activations a norm quantized (tests: the
+  // fused path ran).
+  int64_t norm_quant_hits() const { return norm_q8_hits_; }
   size_t total_memory() const;
 
  private:
@@ -240,7 +256,36 @@ class CudaBackend final : public Backend {
   cuda::MatmulArgs matmul_args(const Tensor& w, const Tensor& x, Tensor& y) const;
   void gemv(const cuda::MatmulArgs& a);  // default mode: gemv_fast where it applies, else the FP32 GEMV
   bool use_mmq(const cuda::MatmulArgs& a) const;
-  void mmq(const cuda::MatmulArgs& a, bool x_quantized);  // integer tensor cores, 8-bit activations
+  // integer tensor cores, 8-bit activations; xs: the activation scratch to use (null: kSlotQ8's)
+  void mmq(const cuda::MatmulArgs& a, bool x_quantized, void* xs = nullptr);
+  // ---- fuse_norm_quant: the host-side guard ----
+  // Every op method starts with activate(device_); inside the class that name finds this member, which
+  // bumps op_epoch_ (then makes the device current), so any op that may write device memory — kernels,
+  // uploads, allocations — moves the epoch. The norm that quantized its output records the epoch after its
+  // own bump; the matmul entry points (matmul, matmul_shared, matmul_glu) make the device current without
+  // bumping (cuda::activate) and use the record only while the epoch still matches, i.e. nothing but
+  // matmuls ran since the norm. A matmul whose output overlaps the recorded tensor ends the record.
+  void activate(int device) const {
+    ++op_epoch_;
+    cuda::activate(device);
+  }
+  struct NormQ8 {
+    uint64_t epoch = 0;  // op_epoch_ when recorded; 0 = none
+    const void* data = nullptr;
+    int64_t rows = 0, cols = 0;
+    void* q8_0 = nullptr;  // the scratch (kSlotNormQ8_0) holding y's q8_0 activations, or null
+    void* q8_k = nullptr;  // the scratch (kSlotNormQ8_K) holding y's q8_K activations, or null
+  };
+  // The scratch already holding a's quantized activations (the record matches a's input, width, rows and
+  // rounding, and is current), else null.
+  void* norm_q8_for(const cuda::MatmulArgs& a) const;
+  // The norm ops: the quantized outputs to request for y (null when the fusion does not apply), and the record.
+  const cuda::NormQuant* norm_q8_begin(const Tensor& y, cuda::NormQuant& nq);
+  // Matmul entry: ends the record when out (written by the matmul) overlaps the recorded tensor.
+  void norm_q8_written(const Tensor& out);
+  mutable uint64_t op_epoch_ = 1;
+  NormQ8 norm_q8_;
+  mutable int64_t norm_q8_hits_ = 0;
   void check_own(const Tensor& t, const char* op) const;
   void check_not_capturing(const char* what) const;
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/glu_act.cuh"
 #include "backend/cuda/kernels.h"
@@ -85,11 +86,35 @@ __device__ T block_sum(T v, T* sh) {
   return s;
 }
 
+// CudaOptions::fuse_norm_quant: after the block has stored its row yr (d) of y, it quantizes that row into
+// the 8-bit activation scratch(es) of q (NormQuant: q8_0 and/or q8_K, rows × d layout of act_quant.cuh), so
+// the next matmul skips its act_quant launch. The values are re-read from y after a barrier (the row is
+// spread over the block's threads in a strided order, the quantization wants 8 consecutive values per lane)
+// and go through the same act_quant.cuh calls as act_quant_kernel, one warp per 256 values: the bytes equal
+// those quantize_q8 would write from y. Whole warps only (blockDim.x is 32, 128 or 512).
+__device__ __forceinline__ void norm_quant_tail(const float* yr, int64_t row, int64_t d, const NormQuant& q) {
+  __syncthreads();  // every y store of this block is visible to the block's threads
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int nw = static_cast<int>(blockDim.x >> 5);
+  const int64_t units = (d + 255) / 256;
+  for (int64_t u = warp; u < units; u += nw) {  // warp-uniform bound: every lane of a warp takes part
+    const int64_t e0 = u * 256 + 8 * lane;
+    const bool live = e0 < d;  // d % 32 == 0: a live lane has all 8 values
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = live ? yr[e0 + j] : 0.0f;
+    if (q.q8_0.q) aq::quantize_store_q8<aq::kQ8_0>(v, lane, row, d, e0, live, q.q8_0.q, q.q8_0.d, q.q8_0.s, nullptr);
+    if (q.q8_k.q) aq::quantize_store_q8<aq::kQ8_K>(v, lane, row, d, e0, live, q.q8_k.q, q.q8_k.d, q.q8_k.s, q.q8_k.split);
+  }
+}
+
 // One block per row. With r (the fused residual add of add_rms_norm), x is read-write: each thread writes
 // x[i] = x[i] + r[i] (one FP32 add, as add_kernel) in the sum pass and reads its own writes back in the
 // scale pass, so the result equals add then rms_norm bit for bit (same thread count, same order).
-__global__ void rms_norm_kernel(const float* x, const void* w, int w_f16, float* y, int64_t d, float eps, const float* r = nullptr,
-                                float* x_out = nullptr) {
+// Q: also quantize the row (norm_quant_tail, CudaOptions::fuse_norm_quant); y is computed identically either way.
+template <bool Q>
+__global__ void rms_norm_kernel(const float* x, const void* w, int w_f16, float* y, int64_t d, float eps, const float* r, float* x_out,
+                                NormQuant quant) {
   grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
   grid_launch_dependents();
   __shared__ double sh[32];
@@ -114,6 +139,7 @@ __global__ void rms_norm_kernel(const float* x, const void* w, int w_f16, float*
     if (w) wv = w_f16 ? h2f(static_cast<const uint16_t*>(w)[i]) : static_cast<const float*>(w)[i];
     yr[i] = w ? __fmul_rn(v, wv) : v;
   }
+  if constexpr (Q) norm_quant_tail(yr, row, d, quant);
 }
 
 // The same norm with the row held in registers (d ≤ PER·blockDim.x: every row of a decode step). Why: the
@@ -122,9 +148,9 @@ __global__ void rms_norm_kernel(const float* x, const void* w, int w_f16, float*
 // pass): one 4096-wide row took 8.5 µs on the H200 (ncu, qwen3-8b decode), ~4 µs the 128-wide q/k heads.
 // Here every load of a thread (x, r and w) is issued before the first use. Same per-thread order of the
 // double sums, the same block_sum and the same products: bit-identical to rms_norm_kernel.
-template <int PER>
+template <int PER, bool Q>
 __global__ void rms_norm_reg_kernel(const float* x, const void* w, int w_f16, float* y, int64_t d, float eps, const float* r,
-                                    float* x_out) {
+                                    float* x_out, NormQuant quant) {
   grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
   grid_launch_dependents();
   __shared__ double sh[32];
@@ -167,20 +193,34 @@ __global__ void rms_norm_reg_kernel(const float* x, const void* w, int w_f16, fl
       yr[i] = w ? __fmul_rn(u, wv[j]) : u;
     }
   }
+  if constexpr (Q) norm_quant_tail(yr, row, d, quant);
 }
 
-// Launches the register form when the row fits (values per thread ≤ 16), else rms_norm_kernel.
-void launch_rms_norm(unsigned rows, int threads, const float* x, const void* w, int w_f16, float* y, int64_t d, float eps,
-                     const float* r, float* x_out, cudaStream_t stream) {
+// Launches the register form when the row fits (values per thread ≤ 16), else rms_norm_kernel; the
+// quantizing instantiations (Q) only when quant is given.
+template <bool Q>
+void launch_rms_norm_t(unsigned rows, int threads, const float* x, const void* w, int w_f16, float* y, int64_t d, float eps,
+                       const float* r, float* x_out, const NormQuant& q, cudaStream_t stream) {
   const int64_t per = (d + threads - 1) / threads;
   if (per <= 4)
-    launch(rms_norm_reg_kernel<4>, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out);
+    launch(rms_norm_reg_kernel<4, Q>, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out, q);
   else if (per <= 8)
-    launch(rms_norm_reg_kernel<8>, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out);
+    launch(rms_norm_reg_kernel<8, Q>, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out, q);
   else if (per <= 16)
-    launch(rms_norm_reg_kernel<16>, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out);
+    launch(rms_norm_reg_kernel<16, Q>, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out, q);
   else
-    launch(rms_norm_kernel, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out);
+    launch(rms_norm_kernel<Q>, rows, threads, 0, stream, x, w, w_f16, y, d, eps, r, x_out, q);
+}
+
+void launch_rms_norm(unsigned rows, int threads, const float* x, const void* w, int w_f16, float* y, int64_t d, float eps,
+                     const float* r, float* x_out, const NormQuant* quant, cudaStream_t stream) {
+  if (quant && (quant->q8_0.q || quant->q8_k.q)) {
+    PG_CHECK(!quant->q8_0.q || d % 32 == 0, "rms_norm: q8_0 output needs a width that is a multiple of 32");
+    PG_CHECK(!quant->q8_k.q || d % 256 == 0, "rms_norm: q8_K output needs a width that is a multiple of 256");
+    launch_rms_norm_t<true>(rows, threads, x, w, w_f16, y, d, eps, r, x_out, *quant, stream);
+  } else {
+    launch_rms_norm_t<false>(rows, threads, x, w, w_f16, y, d, eps, r, x_out, NormQuant{}, stream);
+  }
 }
 
 // ---- element-wise -----------------------------------------------------------------------------------
@@ -405,23 +445,28 @@ void get_rows(DType type, const void* table, size_t row_bytes, int64_t n_rows, i
   }
 }
 
-void rms_norm(const float* x, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps, cudaStream_t stream) {
+void rms_norm(const float* x, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps, cudaStream_t stream,
+              const NormQuant* quant) {
   if (rows <= 0) return;
   const int threads = d >= 2048 ? 512 : d >= 512 ? 128 : 32;
+  // The quantized rows are indexed by blockIdx.x: one launch only.
+  PG_CHECK(!quant || rows <= 0x7fffffff, "rms_norm: too many rows to quantize in one launch");
   for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) {
     const int64_t cnt = std::min<int64_t>(0x7fffffff, rows - r0);
-    launch_rms_norm(static_cast<unsigned>(cnt), threads, x + r0 * d, w, w_f16 ? 1 : 0, y + r0 * d, d, eps, nullptr, nullptr, stream);
+    launch_rms_norm(static_cast<unsigned>(cnt), threads, x + r0 * d, w, w_f16 ? 1 : 0, y + r0 * d, d, eps, nullptr, nullptr, quant, stream);
     check_launch("rms_norm");
   }
 }
 
 void add_rms_norm(float* x, const float* r, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const NormQuant* quant) {
   if (rows <= 0) return;
   const int threads = d >= 2048 ? 512 : d >= 512 ? 128 : 32;  // as rms_norm: the same per-thread sums
+  PG_CHECK(!quant || rows <= 0x7fffffff, "add_rms_norm: too many rows to quantize in one launch");
   for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) {
     const int64_t cnt = std::min<int64_t>(0x7fffffff, rows - r0);
-    launch_rms_norm(static_cast<unsigned>(cnt), threads, x + r0 * d, w, w_f16 ? 1 : 0, y + r0 * d, d, eps, r + r0 * d, x + r0 * d, stream);
+    launch_rms_norm(static_cast<unsigned>(cnt), threads, x + r0 * d, w, w_f16 ? 1 : 0, y + r0 * d, d, eps, r + r0 * d, x + r0 * d, quant,
+                    stream);
     check_launch("add_rms_norm");
   }
 }

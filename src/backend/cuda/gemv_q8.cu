@@ -23,6 +23,7 @@
 #include <string>
 #include <utility>
 
+#include "backend/cuda/act_quant.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/glu_act.cuh"
 #include "backend/cuda/kernels.h"
@@ -605,6 +606,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_half_kernel(const Fas
 // above stay per-32), or the dequantized values q·d as FP32 (the FP32 GEMV) or FP16 (the GEMM's tile
 // input), so every matmul of default mode sees the same rounded activations.
 enum ActOut { kOutQ8, kOutF32, kOutF16 };
+static_assert(aq::kQ8_0 == kActQ8_0 && aq::kQ8_K == kActQ8_K, "act_quant.cuh's mode numbers follow kernels.h");
 
 template <int MODE, int OUT>
 __global__ void __launch_bounds__(128) act_quant_kernel(const float* __restrict__ x, int64_t x_stride, const int32_t* __restrict__ x_rows,
@@ -622,81 +624,16 @@ __global__ void __launch_bounds__(128) act_quant_kernel(const float* __restrict_
   float v[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = live ? src[j] : 0.0f;
+  // The rounding itself is act_quant.cuh's (shared with the RMSNorm kernels that quantize their output).
+  if constexpr (OUT == kOutQ8) {
+    aq::quantize_store_q8<MODE>(v, lane, r, K, e0, live, static_cast<int8_t*>(out), d_out, s_out, MODE == kActQ8_K ? split_out : nullptr);
+    return;
+  }
   int q[8];
   float d;
-  if constexpr (MODE == kActQ8_K) {
-    float amax = 0.0f, mx = 0.0f;
-    int idx = 0x7fffffff;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float a = fabsf(v[j]);
-      if (a > amax) amax = a, mx = v[j], idx = static_cast<int>(e0) + j;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float oa = __shfl_xor_sync(0xffffffffu, amax, o), om = __shfl_xor_sync(0xffffffffu, mx, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-      if (oa > amax || (oa == amax && oi < idx)) amax = oa, mx = om, idx = oi;
-    }
-    if (amax == 0.0f) {
-      d = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) q[j] = 0;
-    } else {
-      const float iscale = __fdiv_rn(-127.0f, mx);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) q[j] = min(127, __float2int_rn(__fmul_rn(iscale, v[j])));
-      d = __fdiv_rn(1.0f, iscale);
-    }
-  } else {
-    float amax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));  // the 4 lanes of one 32-value block
-    d = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f)));
-    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float t = rintf(__fmul_rn(v[j], id));
-      q[j] = t != t ? -128 : static_cast<int>(fminf(fmaxf(t, -128.0f), 127.0f));
-    }
-  }
-  // Σq per 32 values (the MMQ kernel's min terms), over the 4 lanes of a block; every lane takes part.
-  int qs = 0;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) qs += q[j];
-  qs += __shfl_xor_sync(0xffffffffu, qs, 1);
-  qs += __shfl_xor_sync(0xffffffffu, qs, 2);
-  (void)qs;
-  if constexpr (MODE == kActQ8_K && OUT == kOutQ8) {
-    // MMQ's min terms as int8 tensor-core operands: per 256 values, the 8 block sums split as
-    // Σq = 64·h + l (h in −64..63, l in 0..63), packed as bytes [h0..h3][h4..h7][l0..l3][l4..l7].
-    if (split_out) {
-      uint32_t hw[2] = {0, 0}, lw[2] = {0, 0};
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int su = __shfl_sync(0xffffffffu, qs, 4 * u);
-        hw[u >> 2] |= (static_cast<uint32_t>(su >> 6) & 0xffu) << (8 * (u & 3));
-        lw[u >> 2] |= (static_cast<uint32_t>(su & 63)) << (8 * (u & 3));
-      }
-      if (lane == 0) split_out[wid] = make_uint4(hw[0], hw[1], lw[0], lw[1]);
-    }
-  }
+  aq::quantize_warp<MODE>(v, e0, q, d);
   if (!live) return;
-  if constexpr (OUT == kOutQ8) {
-    uint32_t w0 = 0, w1 = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w0 |= (static_cast<uint32_t>(q[j]) & 0xffu) << (8 * j);
-      w1 |= (static_cast<uint32_t>(q[4 + j]) & 0xffu) << (8 * j);
-    }
-    *reinterpret_cast<uint2*>(static_cast<int8_t*>(out) + r * K + e0) = make_uint2(w0, w1);
-    if ((lane & 3) == 0) {
-      d_out[r * (K / 32) + e0 / 32] = d;
-      if (s_out) s_out[r * (K / 32) + e0 / 32] = qs;
-    }
-  } else if constexpr (OUT == kOutF32) {
+  if constexpr (OUT == kOutF32) {
     float* o = static_cast<float*>(out) + r * K + e0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[j] = __fmul_rn(static_cast<float>(q[j]), d);
@@ -1188,7 +1125,21 @@ uint4* scratch_split(const MatmulArgs& a, void* s) {
   const auto p = reinterpret_cast<uintptr_t>(scratch_s(a, s) + activation_rows(a) * (a.K / 32));
   return reinterpret_cast<uint4*>((p + 15) & ~uintptr_t{15});
 }
+MatmulArgs layout_args(int64_t rows, int64_t K) {
+  MatmulArgs a;
+  a.type = DType::Q8_0;  // any 8-bit-activation type: the layout depends on rows and K only
+  a.n = static_cast<int>(rows);
+  a.K = K;
+  return a;
+}
 }  // namespace
+
+size_t q8_scratch_bytes(int64_t rows, int64_t K) { return gemv_fast_scratch_bytes(layout_args(rows, K)); }
+
+Q8Scratch q8_scratch(void* scratch, int64_t rows, int64_t K) {
+  const MatmulArgs a = layout_args(rows, K);
+  return {scratch_q(scratch), scratch_d(a, scratch), scratch_s(a, scratch), K % 256 == 0 ? scratch_split(a, scratch) : nullptr};
+}
 
 bool gemv_fast_q8(const MatmulArgs& a) {
   if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.x_stride % 4 != 0) return false;

@@ -67,6 +67,18 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
 // activations and gemv_fast(..., x_quantized = true) reuses it (products sharing one input).
 bool gemv_fast_q8(const MatmulArgs& a);
 void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream);
+// The 8-bit activation scratch of `rows` activation rows of width K (not grouped), as quantize_q8 writes it and
+// the GEMVs / MMQ read it (act_quant.cuh describes the layout): its size (= gemv_fast_scratch_bytes of such a
+// matmul) and its parts inside `scratch` (split: q8_K's MMQ operand, null unless K % 256 == 0). For producers
+// that quantize their own output (RMSNorm with CudaOptions::fuse_norm_quant).
+struct Q8Scratch {
+  int8_t* q = nullptr;       // (rows, K)
+  float* d = nullptr;        // (rows, K/32)
+  int32_t* s = nullptr;      // (rows, K/32) Σq per 32
+  uint4* split = nullptr;    // (rows, K/256)
+};
+size_t q8_scratch_bytes(int64_t rows, int64_t K);
+Q8Scratch q8_scratch(void* scratch, int64_t rows, int64_t K);
 
 // Fused decode FFN (CudaOptions::fuse_glu): gate.y (1, M) = act(x·Gᵀ) ⊙ (x·Uᵀ), G = gate.w and U = up.w
 // (M, K), in one launch (after the act-quant unless x_quantized: the scratch already holds x's). act: as
@@ -122,10 +134,17 @@ void gemm(const MatmulArgs& a, const GemmGroups* groups, const int32_t* x_rows, 
 void get_rows(DType type, const void* table, size_t row_bytes, int64_t n_rows, int64_t d, const int32_t* ids, int n,
               float* out, int64_t out_stride, cudaStream_t stream);
 // y = x / sqrt(mean(x²)+eps) · w; w may be null; w_f16 says its type. y may alias x.
-void rms_norm(const float* x, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps, cudaStream_t stream);
+// quant (optional, CudaOptions::fuse_norm_quant): the kernel also writes y's 8-bit activations, q8_0 into
+// quant->q8_0 and q8_K into quant->q8_k where their q is set (Q8Scratch of rows × d; q8_0 needs d % 32 == 0,
+// q8_K d % 256 == 0), bytes identical to quantize_q8 of y (act_quant.cuh). y itself is unchanged.
+struct NormQuant {
+  Q8Scratch q8_0, q8_k;
+};
+void rms_norm(const float* x, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps, cudaStream_t stream,
+              const NormQuant* quant = nullptr);
 // x (rows, d) += r (rows, d), then y (rows, d) = rms_norm(x)·w: the same arithmetic as add then rms_norm.
 void add_rms_norm(float* x, const float* r, const void* w, bool w_f16, float* y, int64_t rows, int64_t d, float eps,
-                  cudaStream_t stream);
+                  cudaStream_t stream, const NormQuant* quant = nullptr);
 void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
 void scale(float* x, float s, int64_t n, cudaStream_t stream);
 void add_bias(float* y, const void* bias, bool bias_f16, int64_t rows, int64_t d, cudaStream_t stream);
