@@ -117,12 +117,14 @@ __global__ void __launch_bounds__(fd::kThreads) fd_decode_kernel(const FdParams 
   int lo = 0, end = 0;
   fa::row_bounds(p.positions[r], p.sliding_window, lo, end);
   const bool tree = p.tree_mask != nullptr;  // block-uniform
-  uint32_t mask[kAttnMaskWords] = {};
+  // The mask words in shared memory: tree_visible indexes them by a runtime word number, which in registers
+  // would put them on the stack (local memory).
+  __shared__ uint32_t mask[kAttnMaskWords];
   if (tree) {
     end = p.kv_len[r];
-#pragma unroll
-    for (int w = 0; w < kAttnMaskWords; ++w) mask[w] = p.tree_mask[static_cast<int64_t>(r) * kAttnMaskWords + w];
+    if (tid < kAttnMaskWords) mask[tid] = p.tree_mask[static_cast<int64_t>(r) * kAttnMaskWords + tid];
   }
+  __syncthreads();  // (block-uniform) the mask words visible to every thread
   int hi = tree ? fa::tree_hi(end, mask, kAttnMaskWords) : end;
   fd::split_range(lo, hi, z, P.n_splits, P.target);
 
