@@ -4,7 +4,7 @@
 // sequences, head_dim 64/128/256, GQA 1/3/4/8, sliding window, soft-cap, token trees, depths that split and
 // depths that do not. Also: a grid sized for a graph bucket (more splits, most past the real length) gives
 // the same bits as the eager launch, and unsupported shapes are refused. No GPU needed; the device tests
-// (CudaAttention*, with PEREGRINE_CUDA_FA_VEC=1, and test_cuda_attention_prefill.cpp's FaVec cases) cover
+// (test_cuda_favec.cpp, and every CUDA test with PEREGRINE_CUDA_FA_VEC=1) cover
 // what the emulation cannot (timing, registers, the real intrinsics).
 #include <gtest/gtest.h>
 
@@ -243,7 +243,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaVecEmulated,
                                          VecCase{6, 2, 64, 0, 0.0f, 1},      // GQA 3 (slots 4, one dead), no split
                                          VecCase{2, 2, 128, 0, 30.0f, 16},   // GQA 1, softcap
                                          VecCase{4, 1, 256, 37, 0.0f, 16},   // head 256, GQA 4, window
-                                         VecCase{8, 1, 256, 0, 0.0f, 1}),    // head 256, GQA 8 (U = 2), no split
+                                         VecCase{8, 1, 256, 200, 0.0f, 1}),  // head 256, GQA 8 (U = 2), window 200: no split (≤ 200 keys)
                          vec_name);
 
 TEST(CudaFaVecPlan, SplitsCoverTheRangeOnce) {

@@ -363,6 +363,9 @@ fd::Plan fd_plan(const AttentionArgs& a, int n_sm) {
     while (cap < a.kv_capacity) cap *= 2;
     max_kv = std::max(max_kv, cap);
   }
+  // A causal row of a sliding-window layer sees at most `window` keys whatever the depth: the splits are sized
+  // for that (tree rows may see more: their drafts past kv_len; they keep the full bound).
+  if (a.sliding_window > 0 && a.tree_mask == nullptr) max_kv = std::min(max_kv, a.sliding_window);
   const int fill = std::max(1, a.fa_vec_blocks_per_sm) * std::max(1, n_sm);
   return fd::split_plan(a.n * a.n_head_kv, fill, max_kv);
 }
