@@ -2,7 +2,12 @@
 // kernel (attention_prefill.cu, CudaOptions::fa_prefill_min_rows), per head shape × rows × depth.
 //
 //   pg_cuda_attn_bench [--shapes 32:8:128,24:4:256,16:8:64] [--rows 512,4096] [--depth 0,4096] [--reps 5]
-//                      [--window 0] [--softcap 0] [--kv f16|q8_0|q4_0|tq3_0|…]
+//                      [--window 0] [--softcap 0] [--kv f16|q8_0|q4_0|tq3_0|…] [--graph N]
+//
+// The last columns time the SIMT flash-decoding kernel (attention_decode.cu, CudaOptions::fa_vec) where it
+// takes the shape (≤ 8 rows, F16): "fa_vec ms" and its speed-up over the fa_decode route. --graph N records
+// N calls in a CUDA graph and times its replays (per call: device time with a graph's launch gaps, as a
+// decode step sees it; without it, µs-sized decode calls measure the host's launch rate).
 //
 // One sequence, a cache of --kv's type (default F16; K and V alike) in blocks of 64 cells (block table in order), random K/V written by kv_store;
 // the batch is `rows` consecutive causal rows after `depth` cached tokens (a prefill chunk). Times one
@@ -46,7 +51,7 @@ Tensor upload(Backend& be, DType t, int64_t cols, int64_t rows, const void* data
 
 int main(int argc, char** argv) {
   std::string shapes_s = "32:8:128,24:4:256,16:8:64", rows_s = "512,4096", depth_s = "0,4096";
-  int reps = 5, window = 0;
+  int reps = 5, window = 0, graph_calls = 0;
   DType kv_t = DType::F16;
   float softcap = 0.0f;
   for (int i = 1; i < argc; ++i) {
@@ -65,8 +70,9 @@ int main(int argc, char** argv) {
     else if (a == "--window") window = std::stoi(val());
     else if (a == "--kv") kv_t = parse_kv_type(val());
     else if (a == "--softcap") softcap = std::stof(val());
+    else if (a == "--graph") graph_calls = std::max(0, std::stoi(val()));
     else {
-      std::fprintf(stderr, "usage: %s [--shapes H:KV:D,...] [--rows N,...] [--depth D,...] [--reps R] [--window W] [--softcap C] [--kv TYPE]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--shapes H:KV:D,...] [--rows N,...] [--depth D,...] [--reps R] [--window W] [--softcap C] [--kv TYPE] [--graph N]\n", argv[0]);
       return 1;
     }
   }
@@ -80,10 +86,12 @@ int main(int argc, char** argv) {
     // below it on tensor cores where fa_decode_type_wins says so (typed: q8_0 yes, tq3_0 no → attention.cu).
     dec.fa_decode = true;
     dec.fa_prefill_typed = true;
+    CudaOptions vec = dec;  // the same routing with the SIMT flash-decoding kernel first (CudaOptions::fa_vec)
+    vec.fa_vec = true;
     CudaBackend be(0, off);
     std::printf("device: %s, %d SMs, KV %s\n", be.device_name().c_str(), be.multiprocessor_count(), kv_type_name(kv_t).c_str());
-    std::printf("| heads/kv × dim | rows | depth | FP32 kernel ms | TFLOP/s | KV GB/s | tensor-core ms | TFLOP/s | KV GB/s | speed-up | rel L2 diff | fa_decode route ms | KV GB/s | speed-up |\n");
-    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("| heads/kv × dim | rows | depth | FP32 kernel ms | TFLOP/s | KV GB/s | tensor-core ms | TFLOP/s | KV GB/s | speed-up | rel L2 diff | fa_decode route ms | KV GB/s | speed-up | fa_vec ms | KV GB/s | vs fa_decode | fa_vec rel diff |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::stringstream shapes(shapes_s);
@@ -147,18 +155,32 @@ int main(int argc, char** argv) {
           ap.logit_softcap = softcap;
           Tensor qt = upload(be, DType::F32, qw, rows, q.data());
           Tensor ot = be.alloc(DType::F32, qw, rows);
-          double ms[3] = {0, 0, 0};
-          std::vector<float> out[3];
-          for (int side = 0; side < 3; ++side) {
-            be.set_options(side == 0 ? off : side == 1 ? on : dec);
+          double ms[4] = {0, 0, 0, 0};
+          std::vector<float> out[4];
+          for (int side = 0; side < 4; ++side) {
+            be.set_options(side == 0 ? off : side == 1 ? on : side == 2 ? dec : vec);
             be.attention(qt, kv, b, ap, ot);  // warm-up (scratch sizing, opt-in)
             be.synchronize();
-            // Back-to-back launches, one synchronisation: a decode-sized call (tens of µs) is not hidden
-            // behind the host's launch and sync latency.
-            const auto t0 = std::chrono::steady_clock::now();
-            for (int r = 0; r < reps; ++r) be.attention(qt, kv, b, ap, ot);
-            be.synchronize();
-            ms[side] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+            if (graph_calls > 0) {
+              // graph_calls calls recorded once, the graph replayed reps times: device time per call.
+              be.begin_capture();
+              for (int c = 0; c < graph_calls; ++c) be.attention(qt, kv, b, ap, ot);
+              const int gid = be.end_capture();
+              be.replay(gid);
+              be.synchronize();
+              const auto t0 = std::chrono::steady_clock::now();
+              for (int r = 0; r < reps; ++r) be.replay(gid);
+              be.synchronize();
+              ms[side] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / (reps * graph_calls);
+              be.drop_graphs();
+            } else {
+              // Back-to-back launches, one synchronisation: a decode-sized call (tens of µs) is not hidden
+              // behind the host's launch and sync latency.
+              const auto t0 = std::chrono::steady_clock::now();
+              for (int r = 0; r < reps; ++r) be.attention(qt, kv, b, ap, ot);
+              be.synchronize();
+              ms[side] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+            }
             out[side].resize(static_cast<size_t>(rows * qw));
             be.download(ot, out[side].data(), out[side].size() * sizeof(float));
           }
@@ -169,12 +191,18 @@ int main(int argc, char** argv) {
             num += d * d;
             den += static_cast<double>(out[0][i]) * out[0][i];
           }
+          double vnum = 0, vden = 0;  // fa_vec vs the FP32 kernel
+          for (size_t i = 0; i < out[0].size(); ++i) {
+            const double d = static_cast<double>(out[3][i]) - out[0][i];
+            vnum += d * d, vden += static_cast<double>(out[0][i]) * out[0][i];
+          }
           const double flop = 4.0 * work * hd * n_head;
           // KV bytes if every cached K and V row is read once (in --kv's storage): the decode roofline's bytes.
           const double kv_bytes = 2.0 * static_cast<double>(kv_row_bytes(kv_t, n_kv, hd)) * static_cast<double>(std::min(len, window > 0 ? window + rows : len));
-          std::printf("| %d/%d × %d | %d | %d | %.3f | %.1f | %.0f | %.3f | %.1f | %.0f | %.2f× | %.2e (max abs %.2e) | %.3f | %.0f | %.2f× |\n", n_head, n_kv, hd, rows,
+          std::printf("| %d/%d × %d | %d | %d | %.3f | %.1f | %.0f | %.3f | %.1f | %.0f | %.2f× | %.2e (max abs %.2e) | %.3f | %.0f | %.2f× | %.4f | %.0f | %.2f× | %.2e |\n", n_head, n_kv, hd, rows,
                       depth, ms[0], flop / ms[0] * 1e-9, kv_bytes / ms[0] * 1e-6, ms[1], flop / ms[1] * 1e-9, kv_bytes / ms[1] * 1e-6, ms[0] / ms[1],
-                      den > 0 ? std::sqrt(num / den) : 0.0, worst, ms[2], kv_bytes / ms[2] * 1e-6, ms[0] / ms[2]);
+                      den > 0 ? std::sqrt(num / den) : 0.0, worst, ms[2], kv_bytes / ms[2] * 1e-6, ms[0] / ms[2], ms[3],
+                      kv_bytes / ms[3] * 1e-6, ms[2] / ms[3], vden > 0 ? std::sqrt(vnum / vden) : 0.0);
           std::fflush(stdout);
           for (Tensor* t : {&kv.k, &kv.v, &tt, &b.positions, &b.seq, &qt, &ot}) be.free(*t);
         }

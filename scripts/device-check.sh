@@ -102,6 +102,9 @@ FA_FUSED_COMBINE=${FA_FUSED_COMBINE:-0}  # 1: the attention's split combine insi
                                    #    tests with it (tests-fa-fused-combine.log), tg128 at depths 0, 4096, 32768 with it, first model
 FUSE_NORM_QUANT=${FUSE_NORM_QUANT:-0}  # 1: RMSNorm writes the next matmul's 8-bit activations (PEREGRINE_CUDA_FUSE_NORM_QUANT=1): the CUDA
                                    #    tests with it (tests-fuse-norm-quant.log), tg128 at depths 0 and 4096 on vs off, first model
+FA_VEC=${FA_VEC:-0}                # 1: SIMT flash-decoding attention for ≤ 8-row calls (PEREGRINE_CUDA_FA_VEC=1): every CUDA test with it
+                                   #    (tests-fa-vec.log), pg_cuda_attn_bench at rows 1/4/8, depths 0/512/4096/32768, qwen3-8b and
+                                   #    head-256 shapes in graphs (kernels-attn-vec.log), tg128 at depths 0, 4096, 32768 off vs on, first model
 FA_SPLIT=${FA_SPLIT:-}              # PEREGRINE_CUDA_FA_SPLIT_BLOCKS values (tensor-core attention's split-K blocks per SM, default 2) to time
                                    #    tg128 at depths 4096 and 32768 with, first model (e.g. "4 8")
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
@@ -184,7 +187,7 @@ if run_step "configure" "$OUT/build.log" 120 cmake -S "$ROOT" -B "$BUILD" -G Nin
   # that a broken file elsewhere in the tree does not hide the backend's results.
   # One build of everything the later steps need (-k 0: a broken file does not stop the other targets).
   run_step "build CUDA tests, pg_cuda_bench, peregrine" "$OUT/build.log" 420 \
-    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model test_cuda_spec test_cuda_kv_types test_cuda_attention_prefill test_cuda_fa_layout pg_cuda_attn_bench pg_cuda_bench pg_cuda_verify_bench peregrine -- -k 0
+    cmake --build "$BUILD" -j "$JOBS" --target test_cuda_ops test_cuda_model test_cuda_spec test_cuda_kv_types test_cuda_attention_prefill test_cuda_favec test_cuda_fa_layout pg_cuda_attn_bench pg_cuda_bench pg_cuda_verify_bench peregrine -- -k 0
   [ -x "$BUILD/tests/cuda/test_cuda_ops" ] && [ -x "$BUILD/tests/cuda/test_cuda_model" ] && [ -x "$BUILD/src/backend/cuda/pg_cuda_bench" ] && BUILD_OK=1
   [ -x "$BUILD/src/cli/peregrine" ] && CLI_OK=1
 fi
@@ -277,6 +280,19 @@ if ((BUILD_OK && FA_FUSED_COMBINE)); then
   PEREGRINE_CUDA_FA_FUSED_COMBINE=1 run_step "CUDA tests, fused attention split combine" "$OUT/tests-fa-fused-combine.log" 300 \
     ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -j 6 --timeout 280 --output-on-failure
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Failure$|Expected|Which is" "$OUT/tests-fa-fused-combine.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
+fi
+
+# The SIMT flash-decoding attention (CudaOptions::fa_vec): every CUDA test again with it on, then the attention
+# alone (fa_vec vs the tensor-core decode route, device time per call in a graph of 20 calls).
+if ((BUILD_OK && FA_VEC)); then
+  PEREGRINE_CUDA_FA_VEC=1 run_step "CUDA tests, SIMT flash-decoding attention" "$OUT/tests-fa-vec.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -j 6 --timeout 280 --output-on-failure
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Failure$|Expected|Which is" "$OUT/tests-fa-vec.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
+  if [ -x "$BUILD/tests/cuda/pg_cuda_attn_bench" ]; then
+    run_step "decode attention alone, fa_vec vs tensor cores" "$OUT/kernels-attn-vec.log" 150 "$BUILD/tests/cuda/pg_cuda_attn_bench" \
+      --shapes 32:8:128,24:4:256 --rows 1,4,8 --depth 0,512,4096,32768 --reps 20 --graph 20
+    grep -E "^\||device:" "$OUT/kernels-attn-vec.log" | tail -26 >>"$SUMMARY"
+  fi
 fi
 
 # PDL for every decode-path kernel (CudaOptions::pdl_all): every CUDA test again with it on.
@@ -456,6 +472,10 @@ if ((CLI_OK)); then
       if ((FIRST_MODEL && FA_FUSED_COMBINE)); then
         PEREGRINE_CUDA_FA_FUSED_COMBINE=1 bench_one "$LOG" "$preset $type tg128 at depths 0, 4096, 32768, fused split combine" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 1
         bench_one "$LOG" "$preset $type tg128 at depths 0, 4096, 32768, separate combine" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 1
+      fi
+      if ((FIRST_MODEL && FA_VEC)); then  # decode speed with the SIMT flash-decoding attention off, then on
+        PEREGRINE_CUDA_FA_VEC=0 bench_one "$LOG" "$preset $type tg128 at depths 0, 4096, 32768, fa_vec off" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 2
+        PEREGRINE_CUDA_FA_VEC=1 bench_one "$LOG" "$preset $type tg128 at depths 0, 4096, 32768, fa_vec on" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 2
       fi
       if ((FIRST_MODEL)); then
         for v in $FA_SPLIT; do

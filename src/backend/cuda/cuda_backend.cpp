@@ -92,6 +92,8 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE"); e && *e) opt.fa_decode = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_SPLIT_BLOCKS"); e && *e) opt.fa_blocks_per_sm = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_FUSED_COMBINE"); e && *e) opt.fa_fused_combine = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC"); e && *e) opt.fa_vec = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) opt.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) opt.kv_store_parallel = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_GLU"); e && *e) opt.fuse_glu = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) opt.fuse_qkv = std::strcmp(e, "0") != 0;
@@ -977,6 +979,15 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   // Typed caches with fa_prefill_typed (on by default). Decode / verification
   // calls (fewer rows than fa_prefill_min_rows) and every tree batch only with fa_decode, and typed caches
   // there only for the types where the tensor-core kernel wins at decode shapes (fa_decode_type_wins).
+  // Decode / short verification calls (≤ 8 rows, F16 cache) on the SIMT flash-decoding kernel when fa_vec is on
+  // (attention_decode.cu; trees included), before the tensor-core route. Not in exact mode (validation: the
+  // FP32 kernel's own summation order).
+  a.fa_vec_blocks_per_sm = opt_.fa_vec_blocks_per_sm;
+  if (!opt_.exact_f32 && opt_.fa_vec && cuda::attention_decode_supported(a)) {
+    const size_t vb = cuda::attention_decode_scratch_bytes(a, n_sm_);
+    cuda::attention_decode(a, vb ? scratch(kSlotAttention, vb) : nullptr, n_sm_, as_stream(stream_));
+    return;
+  }
   const bool prefill_rows = opt_.fa_prefill_min_rows > 0 && a.n >= opt_.fa_prefill_min_rows && a.tree_mask == nullptr;
   const bool fa_route = prefill_rows ? (!a.typed || opt_.fa_prefill_typed)
                                      : opt_.fa_decode && (!a.typed || (opt_.fa_prefill_typed && fa_decode_type_wins(a.k_type) &&

@@ -99,6 +99,17 @@ struct CudaOptions {
   // V). Why: the combine was a separate 6.4 µs launch per layer at decode (ncu, device run 32). Checked in the
   // host emulation (CudaFaEmulated), not yet on a GPU: off. Environment: PEREGRINE_CUDA_FA_FUSED_COMBINE=1.
   bool fa_fused_combine = false;
+  // Decode / short verification attention (1..8 rows, F16/F16 cache, head_dim 64/128/256, GQA ≤ 8, token trees
+  // included; not in exact_f32 mode) on the SIMT flash-decoding kernel (attention_decode.cu): one block per
+  // (row, KV head, key split), all query heads of a KV head in the block, 16-byte K/V loads straight from the
+  // cache, FP32 online softmax, a one-warp-per-head split combine. Taken before the tensor-core route. Why:
+  // the tensor-core kernel costs 25.5 µs per decode launch at depth 0 and ~37 µs with its combine at 4096
+  // (issue 11). Host emulation passes (CudaFaVecEmulated); NOT YET RUN ON A GPU: off. Environment:
+  // PEREGRINE_CUDA_FA_VEC=1 (factory).
+  bool fa_vec = false;
+  // Its split plan's target: about this many blocks per SM (the key splits of a short grid). Environment:
+  // PEREGRINE_CUDA_FA_VEC_BLOCKS=<n> (factory).
+  int fa_vec_blocks_per_sm = 4;
   // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:
   // a matmul inside matmul_shared counts as part of it) and drained by profile_take(); CUDA graphs are off
   // so that each op is its own launch. The times include launch gaps when the host falls behind, so small

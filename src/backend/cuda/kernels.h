@@ -229,6 +229,9 @@ struct AttentionArgs {
   // of tree_mask[r·kAttnMaskWords + j/32] (backend.h: AttentionBatch); else [begin, positions[r] + 1).
   const int32_t* kv_len = nullptr;     // (n)
   const uint32_t* tree_mask = nullptr;  // (n, kAttnMaskWords)
+  // SIMT flash-decoding attention (attention_decode.cu, CudaOptions::fa_vec): blocks per SM its split plan
+  // aims the grid at (CudaOptions::fa_vec_blocks_per_sm).
+  int fa_vec_blocks_per_sm = 4;
 };
 // Scratch for split-K partial results at this shape (0 when no split is needed).
 size_t attention_scratch_bytes(const AttentionArgs& a, int n_sm);
@@ -243,6 +246,14 @@ void attention(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t str
 bool attention_prefill_supported(const AttentionArgs& a);
 size_t attention_prefill_scratch_bytes(const AttentionArgs& a, int n_sm);
 void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream);
+
+// Decode / short verification attention, SIMT flash-decoding (attention_decode.cu, CudaOptions::fa_vec): the
+// result of attention() for 1..8 rows (causal, window, soft-cap, token trees) of an F16/F16 cache with head_dim
+// 64/128/256 and n_head/n_head_kv ≤ 8 (attention_decode_supported), FP32 arithmetic, one block per (row, KV
+// head, key split). Scratch: attention_decode_scratch_bytes (split partials, 0 when the plan does not split).
+bool attention_decode_supported(const AttentionArgs& a);
+size_t attention_decode_scratch_bytes(const AttentionArgs& a, int n_sm);
+void attention_decode(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream);
 
 // ---- speculative verification (spec.cu) ------------------------------------------------------------------
 // Per row of x (rows, cols): the k ≤ 64 largest values' columns (descending, ties to the lower column, NaN

@@ -1,0 +1,445 @@
+// SIMT flash-decoding attention for decode / short verification calls (1..8 rows) over the paged F16 KV
+// cache (CudaOptions::fa_vec, issue 11). Why a separate kernel: the tensor-core kernel (attention_prefill.cu)
+// fills only g of its 64 MMA rows at decode and pays a large fixed part per block (ncu: 25.5 µs per launch at
+// depth 0, ~28 µs + an 8.8 µs combine at depth 4096 for qwen3-8b), while the KV read itself is ~5 µs there.
+//
+// Contract (attention_decode): out (n, n_head·head_dim) FP32 = softmax(softcap(scale·q·kᵀ))·v per (row, head),
+// row r seeing the keys of its sequence at logical positions [begin, positions[r] + 1) with begin = 0 or, with
+// a sliding window w, positions[r] + 1 − w; tree rows (tree_mask set) see [begin, kv_len[r]) plus kv_len[r] + j
+// for each set bit j of their mask words — the semantics of CpuBackend::attention and attention.cu. Cells
+// through the block table: cell = table[seq][p / block_size]·block_size + p % block_size. K and V F16/F16,
+// head_dim 64 / 128 / 256, n_head / n_head_kv ≤ 8, n ≤ 8 (attention_decode_supported). FP32 arithmetic on the
+// F16 cache values (only the summation order differs from the CPU: not bit-exact, ~1e-6 relative).
+//
+// Layout: one block of 4 warps per (batch row, KV head, key split): all g query heads of the KV head are in
+// the block (GQA: each K/V byte is read once for the group). A lane holds 8 dims of the head (one 16-byte
+// load of K, one of V); head_dim / 8 lanes share a key (a "lane group"); a warp thus works on 32·8 / head_dim
+// keys at once, U of them per lane group per iteration (U loads of K and U of V in flight per lane). Warps
+// take interleaved stretches of the split's keys; each lane group keeps its own online softmax (m, l, acc of
+// its 8 dims) per query head in FP32 registers, base 2. After the key loop the lane groups of a warp merge by
+// shuffles, then the 4 warps merge through shared memory with every thread taking (head, dim) entries.
+// Q is loaded once per block with float4 loads, pre-scaled (×log2 e too when there is no soft-cap).
+//
+// Splits: the host picks n_splits from the launch-shape bound (max_kv_len or the graph bucket, fd::split_plan)
+// so the grid fills the SMs; each split takes fd::split_range's share of its row's ACTUAL range (computed on
+// the device), so a graph replayed at another length and an eager launch cut the keys the same way and give
+// the same bits; surplus splits write an empty partial (l = 0) and exit. n_splits == 1 (short contexts: no
+// split below 2·kMinChunk keys) writes the output directly, else fd_combine_kernel merges the partials (one
+// warp per (row, head)); with one non-empty split its result has the same bits as the direct write.
+// Deterministic: every reduction has a fixed order.
+//
+// Host emulation: with PG_CUDA_HOST_SHIM this file compiles against tests/cuda/cuda_thread_shim.h (one host
+// thread per CUDA thread), so tests/cuda/test_cuda_favec_emulated.cpp runs this kernel code on the CPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/attention_decode.cuh"
+#include "backend/cuda/attention_prefill.cuh"  // fa::row_bounds, tree_hi, tree_visible (CUDA-free helpers)
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+#ifdef PG_CUDA_HOST_SHIM
+#include "cuda_thread_shim.h"  // namespace pg::cuda::host_emu: the emulated intrinsics
+#define PG_FD_NAMESPACE pg::cuda::host_emu
+#define PG_FD_LAUNCH(kernel, grid, block, smem, stream, ...) ::pg::cuda::host_emu::shim::launch(grid, block, smem, [&] { kernel(__VA_ARGS__); })
+namespace pg::cuda::host_emu {
+inline void grid_wait() {}  // PDL has nothing to emulate: one kernel at a time
+inline void grid_launch_dependents() {}
+}  // namespace pg::cuda::host_emu
+#else
+#include <cuda_fp16.h>
+
+#include "backend/cuda/launch.h"
+#include "backend/cuda/pdl.cuh"
+#define PG_FD_NAMESPACE pg::cuda
+#define PG_FD_LAUNCH(kernel, grid, block, smem, stream, ...) ::pg::cuda::launch(kernel, grid, block, smem, stream, __VA_ARGS__)
+#endif
+
+namespace PG_FD_NAMESPACE {
+namespace {
+
+constexpr float kFdLog2e = 1.4426950408889634f;
+
+#ifdef PG_CUDA_HOST_SHIM
+inline uint4 fd_ld16(const void* p) {
+  uint4 r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+inline float4 fd_ldf4(const float* p) {
+  float4 r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+#else
+// 16 bytes of the cache through the read-only path (the cache is not written during the kernel).
+__device__ __forceinline__ uint4 fd_ld16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+__device__ __forceinline__ float4 fd_ldf4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float2 unpack_h2(uint32_t u) { return __half22float2(*reinterpret_cast<const __half2*>(&u)); }
+#endif
+
+// 8 F16 values (one 16-byte load) → FP32.
+__device__ __forceinline__ void fd_unpack8(const uint4& u, float (&f)[8]) {
+  const float2 a = unpack_h2(u.x), b = unpack_h2(u.y), c = unpack_h2(u.z), d = unpack_h2(u.w);
+  f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
+}
+
+struct FdParams {
+  AttentionArgs a;
+  int n_splits, target;  // fd::split_plan
+  float qscale;          // scale, ×log2 e without a soft-cap (scores come out in base 2 directly)
+  float* part_acc;       // (n_splits, n, n_head, D) unnormalised output of each split (n_splits > 1)
+  float* part_ml;        // (n_splits, n, n_head, 2) base-2 maximum and sum of each split
+};
+
+// D: head_dim; G: register slots for the group (fd::group_slots(g) ≥ g). Grid (n, n_head_kv, n_splits),
+// fd::kThreads threads. Static shared memory: 4·G·D + 8·G floats (32 KB at D 256, G 8).
+template <int D, int G>
+__global__ void __launch_bounds__(fd::kThreads) fd_decode_kernel(const FdParams P) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
+  constexpr int L = fd::lanes_per_key(D);  // lanes per key
+  constexpr int NG = 32 / L;               // lane groups (keys at once) per warp
+  // Keys per lane group per iteration: 4 loads of K and 4 of V in flight per lane; 2 at G = 8, where the
+  // group's q and acc already take 128 registers (8 heads × 8 dims × 2).
+  constexpr int U = G >= 8 ? 2 : 4;
+  constexpr int KPW = NG * U;  // keys per warp-iteration
+  static_assert(L * NG == 32 && D % 64 == 0, "head_dim 64, 128 or 256");
+  const AttentionArgs& p = P.a;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int grp = lane / L, sub = lane % L;  // this lane's key slot within the warp, and its 8 dims (8·sub..)
+  const int r = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y), z = static_cast<int>(blockIdx.z);
+  const int g = p.n_head / p.n_head_kv;
+
+  // The row's visible range [lo, hi) and, for a tree row, its dense part [.., end) and mask words.
+  int lo = 0, end = 0;
+  fa::row_bounds(p.positions[r], p.sliding_window, lo, end);
+  const bool tree = p.tree_mask != nullptr;  // block-uniform
+  // The mask words in shared memory: tree_visible indexes them by a runtime word number, which in registers
+  // would put them on the stack (local memory).
+  __shared__ uint32_t mask[kAttnMaskWords];
+  if (tree) {
+    end = p.kv_len[r];
+    if (tid < kAttnMaskWords) mask[tid] = p.tree_mask[static_cast<int64_t>(r) * kAttnMaskWords + tid];
+  }
+  __syncthreads();  // (block-uniform) the mask words visible to every thread
+  int hi = tree ? fa::tree_hi(end, mask, kAttnMaskWords) : end;
+  fd::split_range(lo, hi, z, P.n_splits, P.target);
+
+  // The group's queries, this lane's 8 dims of each (dead slots h ≥ g: zeros), pre-scaled.
+  float q[G][8];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    if (h < g) {
+      const float* qp = p.q + static_cast<int64_t>(r) * p.q_stride + static_cast<int64_t>(kvh * g + h) * D + sub * 8;
+      const float4 a = fd_ldf4(qp), b = fd_ldf4(qp + 4);
+      q[h][0] = a.x * P.qscale, q[h][1] = a.y * P.qscale, q[h][2] = a.z * P.qscale, q[h][3] = a.w * P.qscale;
+      q[h][4] = b.x * P.qscale, q[h][5] = b.y * P.qscale, q[h][6] = b.z * P.qscale, q[h][7] = b.w * P.qscale;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[h][i] = 0.0f;
+    }
+  }
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = -INFINITY, l[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
+  }
+
+  const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * D;  // halves per cache row
+  const auto* kc = static_cast<const uint16_t*>(p.k) + static_cast<int64_t>(kvh) * D + sub * 8;
+  const auto* vc = static_cast<const uint16_t*>(p.v) + static_cast<int64_t>(kvh) * D + sub * 8;
+  const int32_t* table = p.block_table + static_cast<int64_t>(p.seq[r]) * p.max_blocks;
+  const int bs = p.block_size;
+  const float softcap = p.softcap;
+
+  // Warp w takes keys [base, base + KPW) for base = lo + KPW·(w + 4t): key base + u·NG + grp for lane group
+  // grp (consecutive lane groups read consecutive keys). The trip count differs between warps (no barrier
+  // inside); every lane of a warp runs the same iterations, so the shuffles see full warps.
+  for (int base = lo + warp * KPW; base < hi; base += fd::kWarps * KPW) {
+    uint4 kr[U], vr[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int kp = base + u * NG + grp;
+      ok[u] = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
+      if (ok[u]) {
+        const int64_t off = (static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * kv_w;
+        kr[u] = fd_ld16(kc + off);
+        vr[u] = fd_ld16(vc + off);
+      } else {
+        kr[u] = vr[u] = uint4{0u, 0u, 0u, 0u};
+      }
+    }
+    // Scores of the U keys for every head: this lane's 8-dim partial dot, summed over the L lanes of the key.
+    float s[G][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float kf[8];
+      fd_unpack8(kr[u], kf);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        float d = q[h][0] * kf[0];
+#pragma unroll
+        for (int i = 1; i < 8; ++i) d = fmaf(q[h][i], kf[i], d);
+        s[h][u] = d;
+      }
+    }
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1)
+#pragma unroll
+      for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int u = 0; u < U; ++u) s[h][u] += __shfl_xor_sync(0xffffffffu, s[h][u], off);
+    // Soft-cap (in the natural base, then to base 2), mask; one max update per head for the U keys.
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      float mx = m[h];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float v = s[h][u];
+        if (softcap > 0.0f) v = softcap * tanhf(v / softcap) * kFdLog2e;
+        v = ok[u] ? v : -INFINITY;
+        s[h][u] = v;
+        mx = fmaxf(mx, v);
+      }
+      const float ref = mx == -INFINITY ? 0.0f : mx;  // nothing visible yet: weights stay 0
+      const float corr = exp2f(m[h] - ref);
+      m[h] = mx;
+      float ls = l[h] * corr;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        s[h][u] = exp2f(s[h][u] - ref);
+        ls += s[h][u];
+      }
+      l[h] = ls;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] *= corr;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float vf[8];
+      fd_unpack8(vr[u], vf);
+#pragma unroll
+      for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(s[h][u], vf[i], acc[h][i]);
+    }
+  }
+
+  // Merge the warp's lane groups (same dims, different keys) by shuffles: after the steps every lane group
+  // holds the warp's state; lane group 0's is used.
+#pragma unroll
+  for (int off = L; off < 32; off <<= 1)
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m[h], off), lo_ = __shfl_xor_sync(0xffffffffu, l[h], off);
+      const float mx = fmaxf(m[h], mo);
+      const float ref = mx == -INFINITY ? 0.0f : mx;
+      const float c = exp2f(m[h] - ref), co = exp2f(mo - ref);
+      l[h] = l[h] * c + lo_ * co;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float ao = __shfl_xor_sync(0xffffffffu, acc[h][i], off);
+        acc[h][i] = acc[h][i] * c + ao * co;
+      }
+      m[h] = mx;
+    }
+
+  // Merge the 4 warps through shared memory, every thread taking (head, dim) entries in a fixed warp order.
+  __shared__ __align__(16) float sm_acc[fd::kWarps][G][D];
+  __shared__ float sm_m[fd::kWarps][G], sm_l[fd::kWarps][G];
+  if (grp == 0) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      *reinterpret_cast<float4*>(&sm_acc[warp][h][sub * 8]) = float4{acc[h][0], acc[h][1], acc[h][2], acc[h][3]};
+      *reinterpret_cast<float4*>(&sm_acc[warp][h][sub * 8 + 4]) = float4{acc[h][4], acc[h][5], acc[h][6], acc[h][7]};
+      if (sub == 0) sm_m[warp][h] = m[h], sm_l[warp][h] = l[h];
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < g * D; idx += fd::kThreads) {
+    const int h = idx / D, d = idx - h * D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < fd::kWarps; ++w) mx = fmaxf(mx, sm_m[w][h]);
+    const float ref = mx == -INFINITY ? 0.0f : mx;
+    float ls = 0.0f, a = 0.0f;
+#pragma unroll
+    for (int w = 0; w < fd::kWarps; ++w) {
+      const float c = exp2f(sm_m[w][h] - ref);
+      ls += sm_l[w][h] * c;
+      a += sm_acc[w][h][d] * c;
+    }
+    const int head = kvh * g + h;
+    if (P.n_splits == 1) {
+      const float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+      p.out[static_cast<int64_t>(r) * p.out_stride + static_cast<int64_t>(head) * D + d] = a * inv;
+    } else {
+      // Partial of this split (an empty split: a = 0, l = 0, which the combine weighs 0).
+      const int64_t slot = (static_cast<int64_t>(z) * p.n + r) * p.n_head + head;
+      P.part_acc[slot * D + d] = a;
+      if (d == 0) P.part_ml[2 * slot] = mx, P.part_ml[2 * slot + 1] = ls;
+    }
+  }
+}
+
+// Merges the split partials: one warp per (row, head), fd::kThreads threads per block. Lane z holds splits
+// z and z + 32's (m, l) (n_splits ≤ 64); the weights 2^(m_z − M) go through shared memory to every lane;
+// each lane sums D/32 consecutive dims over the splits in split order, 8 splits' loads issued at a time.
+template <int D>
+__global__ void __launch_bounds__(fd::kThreads) fd_combine_kernel(const float* part_acc,  // (n_splits, n, n_head, D)
+                                                                  const float* part_ml,   // (n_splits, n, n_head, 2)
+                                                                  int n_splits, int n_rh,  // n_rh = n·n_head
+                                                                  int n_head,
+                                                                  float* out,  // (n, out_stride), heads at h·D
+                                                                  int64_t out_stride) {
+  grid_wait();  // PDL (pdl.cuh): the partials come from the kernel just before
+  grid_launch_dependents();
+  constexpr int PER = D / 32;  // dims per lane: 2, 4, 8
+  __shared__ float sw[fd::kWarps][fd::kMaxSplits];
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int rh = static_cast<int>(blockIdx.x) * fd::kWarps + warp;
+  const bool valid = rh < n_rh;  // (warp-uniform; no early return: the barrier below is block-wide)
+  const int64_t per_split = n_rh;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  if (valid && lane < n_splits) m0 = part_ml[2 * (lane * per_split + rh)], l0 = part_ml[2 * (lane * per_split + rh) + 1];
+  if (valid && lane + 32 < n_splits) m1 = part_ml[2 * ((lane + 32) * per_split + rh)], l1 = part_ml[2 * ((lane + 32) * per_split + rh) + 1];
+  float mx = fmaxf(l0 > 0.0f ? m0 : -INFINITY, l1 > 0.0f ? m1 : -INFINITY);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  const float ref = mx == -INFINITY ? 0.0f : mx;
+  const float w0 = l0 > 0.0f ? exp2f(m0 - ref) : 0.0f, w1 = l1 > 0.0f ? exp2f(m1 - ref) : 0.0f;
+  float ls = l0 * w0 + l1 * w1;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, off);
+  sw[warp][lane] = w0;
+  sw[warp][lane + 32] = w1;
+  __syncthreads();
+  if (!valid) return;
+  const float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+  float s[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) s[i] = 0.0f;
+  const float* base = part_acc + static_cast<int64_t>(rh) * D + lane * PER;
+  for (int z0 = 0; z0 < n_splits; z0 += 8) {
+    float v[8][PER];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int zz = z0 + j;
+      if (zz < n_splits && sw[warp][zz] != 0.0f) {
+#pragma unroll
+        for (int i = 0; i < PER; i += 2) {
+          const float2 t = *reinterpret_cast<const float2*>(base + zz * per_split * D + i);
+          v[j][i] = t.x, v[j][i + 1] = t.y;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < PER; ++i) v[j][i] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int zz = z0 + j;
+      const float w = zz < n_splits ? sw[warp][zz] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) s[i] = w != 0.0f ? fmaf(v[j][i], w, s[i]) : s[i];
+    }
+  }
+  const int r = rh / n_head, h = rh - r * n_head;
+  float* o = out + static_cast<int64_t>(r) * out_stride + static_cast<int64_t>(h) * D + lane * PER;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) o[i] = s[i] * inv;
+}
+
+fd::Plan fd_plan(const AttentionArgs& a, int n_sm) {
+  int max_kv = std::max(1, a.max_kv_len);
+  if (a.kv_capacity > 0) {  // graph-captured shapes: the grid serves every length up to the capacity (its bucket)
+    int cap = 64;
+    while (cap < a.kv_capacity) cap *= 2;
+    max_kv = std::max(max_kv, cap);
+  }
+  // A causal row of a sliding-window layer sees at most `window` keys whatever the depth: the splits are sized
+  // for that (tree rows may see more: their drafts past kv_len; they keep the full bound).
+  if (a.sliding_window > 0 && a.tree_mask == nullptr) max_kv = std::min(max_kv, a.sliding_window);
+  const int fill = std::max(1, a.fa_vec_blocks_per_sm) * std::max(1, n_sm);
+  return fd::split_plan(a.n * a.n_head_kv, fill, max_kv);
+}
+
+// (Named apart from attention_decode_supported so the host emulation's copy never meets the CUDA library's
+// through argument-dependent lookup.)
+bool fd_supported(const AttentionArgs& a) {
+  if (a.typed || !a.kv_f16) return false;
+  if (a.n <= 0 || a.n > fd::kMaxRows) return false;
+  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > fd::kMaxGroup) return false;
+  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
+  // 16-byte loads: the cache bases (rows of n_head_kv·head_dim halves are multiples of 16 bytes) and q.
+  const auto al16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return al16(a.k) && al16(a.v) && al16(a.q) && a.q_stride % 4 == 0 && a.block_size > 0;
+}
+
+template <int D, int G>
+void fd_launch(const FdParams& P, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(P.a.n), static_cast<unsigned>(P.a.n_head_kv), static_cast<unsigned>(P.n_splits));
+  auto kernel = fd_decode_kernel<D, G>;
+  PG_FD_LAUNCH(kernel, grid, fd::kThreads, 0, stream, P);
+}
+
+template <int D>
+void fd_launch_d(const FdParams& P, cudaStream_t stream) {
+  switch (fd::group_slots(P.a.n_head / P.a.n_head_kv)) {
+    case 1: fd_launch<D, 1>(P, stream); break;
+    case 2: fd_launch<D, 2>(P, stream); break;
+    case 4: fd_launch<D, 4>(P, stream); break;
+    default: fd_launch<D, 8>(P, stream); break;
+  }
+  check_launch("attention_decode");
+  if (P.n_splits > 1) {
+    const int n_rh = P.a.n * P.a.n_head;
+    const dim3 grid(static_cast<unsigned>((n_rh + fd::kWarps - 1) / fd::kWarps));
+    auto combine = fd_combine_kernel<D>;
+    PG_FD_LAUNCH(combine, grid, fd::kThreads, 0, stream, P.part_acc, P.part_ml, P.n_splits, n_rh, P.a.n_head, P.a.out,
+                 P.a.out_stride);
+    check_launch("attention_decode combine");
+  }
+}
+
+}  // namespace
+
+bool attention_decode_supported(const AttentionArgs& a) { return fd_supported(a); }
+
+size_t attention_decode_scratch_bytes(const AttentionArgs& a, int n_sm) {
+  if (!fd_supported(a)) return 0;
+  const fd::Plan pl = fd_plan(a, n_sm);
+  if (pl.n_splits <= 1) return 0;
+  // part_acc (n_splits, n, n_head, D) + part_ml (n_splits, n, n_head, 2), FP32.
+  return static_cast<size_t>(pl.n_splits) * static_cast<size_t>(a.n) * static_cast<size_t>(a.n_head) * static_cast<size_t>(a.head_dim + 2) *
+         sizeof(float);
+}
+
+void attention_decode(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream) {
+  PG_CHECK(fd_supported(a), "attention_decode: unsupported shape (F16 KV, head_dim 64/128/256, GQA ≤ 8, 1..8 rows, aligned q/K/V)");
+  const fd::Plan pl = fd_plan(a, n_sm);
+  PG_CHECK(a.n_head_kv <= 65535, "attention_decode: too many KV heads");
+  FdParams P{};
+  P.a = a;
+  P.n_splits = pl.n_splits;
+  P.target = pl.target;
+  P.qscale = a.softcap > 0.0f ? a.scale : a.scale * kFdLog2e;
+  if (P.n_splits > 1) {
+    PG_CHECK(scratch != nullptr, "attention_decode: missing split scratch");
+    P.part_acc = static_cast<float*>(scratch);
+    P.part_ml = P.part_acc + static_cast<size_t>(P.n_splits) * a.n * a.n_head * a.head_dim;
+  }
+  switch (a.head_dim) {
+    case 64: fd_launch_d<64>(P, stream); break;
+    case 128: fd_launch_d<128>(P, stream); break;
+    default: fd_launch_d<256>(P, stream); break;
+  }
+}
+
+}  // namespace PG_FD_NAMESPACE

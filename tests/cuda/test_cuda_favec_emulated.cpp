@@ -1,0 +1,300 @@
+// The SIMT flash-decoding attention's own code (backend/cuda/attention_decode.cu: host split plan, kernel,
+// split combine), compiled for the host against the thread-level emulation of tests/cuda/cuda_thread_shim.h,
+// against the CPU backend's attention (exact mode) on a paged F16 cache: rows 1..8 of one or several
+// sequences, head_dim 64/128/256, GQA 1/3/4/8, sliding window, soft-cap, token trees, depths that split and
+// depths that do not. Also: a grid sized for a graph bucket (more splits, most past the real length) gives
+// the same bits as the eager launch, and unsupported shapes are refused. No GPU needed; the device tests
+// (test_cuda_favec.cpp, and every CUDA test with PEREGRINE_CUDA_FA_VEC=1) cover
+// what the emulation cannot (timing, registers, the real intrinsics).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/attention_decode.cu"  // with PG_CUDA_HOST_SHIM: into pg::cuda::host_emu
+
+namespace pg {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+Tensor make(Backend& be, DType t, int64_t cols, int64_t rows, const void* data) {
+  Tensor x = be.alloc(t, cols, rows);
+  if (data) be.upload(x, data, x.nbytes());
+  return x;
+}
+
+struct VecCase {
+  int n_head, n_head_kv, head_dim, window;
+  float softcap;
+  int n_sm;  // the plan's SM count: with 1 the grid is "full" at once (no split), with 64 long rows split
+};
+
+class CudaFaVecEmulated : public testing::TestWithParam<VecCase> {};
+
+std::string vec_name(const testing::TestParamInfo<VecCase>& i) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d_sm%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim, i.param.window,
+                static_cast<int>(i.param.softcap), i.param.n_sm);
+  return buf;
+}
+
+TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
+  const VecCase c = GetParam();
+  CpuOptions co;
+  co.n_threads = 1;
+  co.exact_f32 = true;
+  CpuBackend cpu(co);
+  // Two sequences: 0 with 1100 cached positions (splits of 256-key chunks), 1 with 90; shuffled blocks of 16.
+  const int n_seq = 2, block_size = 16, lens[n_seq] = {1100, 90};
+  const int max_blocks = (1100 + block_size - 1) / block_size, n_blocks = n_seq * max_blocks;
+  std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(5));
+  auto cell = [&](int s, int p) { return table[static_cast<size_t>(s * max_blocks + p / block_size)] * block_size + p % block_size; };
+  const int64_t kvw = static_cast<int64_t>(c.n_head_kv) * c.head_dim, qw = static_cast<int64_t>(c.n_head) * c.head_dim;
+  KvLayer kv;
+  kv.k = cpu.alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
+  kv.v = cpu.alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
+  {
+    const std::vector<uint8_t> zk(kv.k.nbytes(), 0);
+    cpu.upload(kv.k, zk.data(), zk.size());
+    cpu.upload(kv.v, zk.data(), zk.size());
+  }
+  Tensor tt = make(cpu, DType::I32, max_blocks, n_seq, table.data());
+  std::vector<Tensor> keep;
+  auto batch_of = [&](const std::vector<int32_t>& pos, const std::vector<int32_t>& seq) {
+    AttentionBatch b;
+    std::vector<int32_t> cells(pos.size());
+    int mx = 0;
+    for (size_t i = 0; i < pos.size(); ++i) cells[i] = cell(seq[i], pos[i]), mx = std::max(mx, pos[i] + 1);
+    b.n_tokens = static_cast<int>(pos.size());
+    b.positions = make(cpu, DType::I32, b.n_tokens, 1, pos.data());
+    b.seq = make(cpu, DType::I32, b.n_tokens, 1, seq.data());
+    b.cells = make(cpu, DType::I32, b.n_tokens, 1, cells.data());
+    keep.insert(keep.end(), {b.positions, b.seq, b.cells});
+    b.block_table = tt;
+    b.block_size = block_size;
+    b.max_blocks = max_blocks;
+    b.max_kv_len = mx;
+    return b;
+  };
+  for (int s = 0; s < n_seq; ++s) {
+    std::vector<int32_t> pos, seq;
+    for (int p = 0; p < lens[s]; ++p) pos.push_back(p), seq.push_back(s);
+    // Keys with a spread of scales so that the softmax is far from uniform (the max updates matter).
+    auto k = randn(pos.size() * static_cast<size_t>(kvw), 30 + s);
+    for (size_t i = 0; i < k.size(); ++i) k[i] *= 1.0f + 2.0f * static_cast<float>((i / static_cast<size_t>(kvw)) % 7 == 3);
+    const auto v = randn(pos.size() * static_cast<size_t>(kvw), 40 + s);
+    Tensor kt = make(cpu, DType::F32, kvw, static_cast<int64_t>(pos.size()), k.data());
+    Tensor vt = make(cpu, DType::F32, kvw, static_cast<int64_t>(pos.size()), v.data());
+    cpu.kv_store(kv, kt, vt, batch_of(pos, seq));
+    cpu.free(kt);
+    cpu.free(vt);
+  }
+  AttentionParams ap;
+  ap.n_head = c.n_head;
+  ap.n_head_kv = c.n_head_kv;
+  ap.head_dim = c.head_dim;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ap.sliding_window = c.window;
+  ap.logit_softcap = c.softcap;
+
+  struct B {
+    const char* what;
+    std::vector<int32_t> pos, seq;
+    std::vector<int32_t> kv_len = {};
+    std::vector<uint32_t> mask = {};
+  };
+  std::vector<B> batches;
+  batches.push_back(B{"depth 0: one key", {0}, {1}});
+  batches.push_back(B{"one row at depth 5", {5}, {0}});
+  batches.push_back(B{"one row at depth 1099 (splits with 16 SMs)", {1099}, {0}});
+  batches.push_back(B{"two sequences: seq 0 at 1099, seq 1 at 89", {1099, 89}, {0, 1}});
+  {
+    B chain{"chain of 8 rows of seq 0 at 700..707", {}, {}};
+    for (int p = 700; p < 708; ++p) chain.pos.push_back(p), chain.seq.push_back(0);
+    batches.push_back(chain);
+    B mixed{"3 rows: seq 1 at 40, seq 0 at 300, seq 1 at 41", {40, 300, 41}, {1, 0, 1}};
+    batches.push_back(mixed);
+    // Tree verification: seq 0 committed [0, 1090); drafts at 1090..1094; rows see their ancestors; a seq 1
+    // row with a bit in the second mask word (committed [0, 47), sees 47 + {0, 33}).
+    B tree{"tree: 5 rows of seq 0 after 1090, 2 rows of seq 1", {}, {}};
+    const int depth0[5] = {0, 1, 1, 2, 2};
+    const uint32_t m0[5] = {0x1u, 0x3u, 0x5u, 0xdu, 0x13u};
+    for (int r = 0; r < 5; ++r) {
+      tree.pos.push_back(1090 + depth0[r]), tree.seq.push_back(0), tree.kv_len.push_back(1090);
+      for (int w = 0; w < kTreeMaskWords; ++w) tree.mask.push_back(w == 0 ? m0[r] : 0u);
+    }
+    for (int r = 0; r < 2; ++r) {
+      tree.pos.push_back(80 + r), tree.seq.push_back(1), tree.kv_len.push_back(80 - (r == 1 ? 33 : 0));
+      for (int w = 0; w < kTreeMaskWords; ++w) tree.mask.push_back(r == 0 ? (w == 0 ? 0x1u : 0u) : (w == 0 ? 0x1u : w == 1 ? 0x2u : 0u));
+    }
+    batches.push_back(tree);
+  }
+  bool saw_split = false, saw_unsplit = false;
+  for (const B& bt : batches) {
+    SCOPED_TRACE(bt.what);
+    const int n = static_cast<int>(bt.pos.size());
+    const auto q = randn(static_cast<size_t>(n * qw), static_cast<uint32_t>(n + 7));
+    AttentionBatch b = batch_of(bt.pos, bt.seq);
+    if (!bt.kv_len.empty()) {
+      b.kv_len = make(cpu, DType::I32, n, 1, bt.kv_len.data());
+      b.tree_mask = make(cpu, DType::I32, kTreeMaskWords, n, bt.mask.data());
+      keep.insert(keep.end(), {b.kv_len, b.tree_mask});
+      int mx = 0;
+      for (int r = 0; r < n; ++r)
+        mx = std::max(mx, cuda::fa::tree_hi(bt.kv_len[static_cast<size_t>(r)], bt.mask.data() + static_cast<size_t>(r) * kTreeMaskWords, kTreeMaskWords));
+      b.max_kv_len = mx;
+    }
+    Tensor qt = make(cpu, DType::F32, qw, n, q.data());
+    Tensor ref = cpu.alloc(DType::F32, qw, n);
+    cpu.attention(qt, kv, b, ap, ref);
+    std::vector<float> out(static_cast<size_t>(n * qw), std::nanf(""));
+    cuda::AttentionArgs a;
+    a.q = qt.as<float>();
+    a.q_stride = qw;
+    a.k = kv.k.data;
+    a.v = kv.v.data;
+    a.kv_f16 = true;
+    a.positions = b.positions.as<int32_t>();
+    a.seq = b.seq.as<int32_t>();
+    a.block_table = tt.as<int32_t>();
+    a.block_size = block_size;
+    a.max_blocks = max_blocks;
+    a.n = n;
+    a.max_kv_len = b.max_kv_len;
+    a.n_head = c.n_head;
+    a.n_head_kv = c.n_head_kv;
+    a.head_dim = c.head_dim;
+    a.scale = ap.scale;
+    a.sliding_window = c.window;
+    a.softcap = c.softcap;
+    a.out = out.data();
+    a.out_stride = qw;
+    if (!bt.kv_len.empty()) {
+      a.kv_len = b.kv_len.as<int32_t>();
+      a.tree_mask = static_cast<const uint32_t*>(b.tree_mask.data);
+    }
+    ASSERT_TRUE(cuda::host_emu::attention_decode_supported(a));
+    const size_t sb = cuda::host_emu::attention_decode_scratch_bytes(a, c.n_sm);
+    (sb ? saw_split : saw_unsplit) = true;
+    std::vector<float> scratch(sb / sizeof(float) + 1, std::nanf(""));  // NaN: a partial read before written shows
+    cuda::host_emu::attention_decode(a, scratch.data(), c.n_sm, nullptr);
+    const float* r = ref.as<float>();
+    double num = 0, den = 0, worst = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!std::isfinite(out[i])) {
+        ++bad;
+        continue;
+      }
+      const double d = static_cast<double>(out[i]) - r[i];
+      num += d * d, den += static_cast<double>(r[i]) * r[i], worst = std::max(worst, std::fabs(d));
+    }
+    EXPECT_EQ(bad, 0u) << "NaN/Inf or unwritten outputs";
+    const double rel = std::sqrt(num / den);
+    // FP32 arithmetic on the same F16 values as the CPU: only the summation order differs.
+    EXPECT_LE(rel, 2e-5) << "max abs " << worst;
+    EXPECT_LE(worst, 1e-4);
+    // A grid sized for a graph's bucket (kv_capacity 2048: more splits, most of them empty) must give the
+    // same bits as the eager launch: the splits cut the actual range, not the bucket.
+    {
+      cuda::AttentionArgs g = a;
+      std::vector<float> out_g(out.size(), std::nanf(""));
+      g.out = out_g.data();
+      g.kv_capacity = 2048;
+      const size_t sg = cuda::host_emu::attention_decode_scratch_bytes(g, c.n_sm);
+      std::vector<float> scratch_g(sg / sizeof(float) + 1, std::nanf(""));
+      cuda::host_emu::attention_decode(g, scratch_g.data(), c.n_sm, nullptr);
+      size_t diff = 0;
+      for (size_t i = 0; i < out.size(); ++i) diff += std::memcmp(&out[i], &out_g[i], sizeof(float)) != 0;
+      EXPECT_EQ(diff, 0u) << "bucket-sized grid (" << sg << " scratch bytes vs " << sb << ") differs from the eager launch";
+    }
+    std::printf("%s: rel %.2e max abs %.2e (split scratch %zu bytes)\n", bt.what, rel, worst, sb);
+    cpu.free(qt);
+    cpu.free(ref);
+  }
+  if (c.n_sm > 1) {
+    EXPECT_TRUE(saw_split) << "no batch exercised the split combine";
+  }
+  EXPECT_TRUE(saw_unsplit) << "no batch exercised the direct (unsplit) output";
+  for (auto& t : keep) cpu.free(t);
+  cpu.free(kv.k);
+  cpu.free(kv.v);
+  cpu.free(tt);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaVecEmulated,
+                         testing::Values(VecCase{8, 2, 128, 0, 0.0f, 16},    // qwen3-8b's GQA 4 at head 128, splits
+                                         VecCase{8, 1, 64, 50, 20.0f, 16},   // GQA 8, window, softcap, splits
+                                         VecCase{6, 2, 64, 0, 0.0f, 1},      // GQA 3 (slots 4, one dead), no split
+                                         VecCase{2, 2, 128, 0, 30.0f, 16},   // GQA 1, softcap
+                                         VecCase{4, 1, 256, 37, 0.0f, 16},   // head 256, GQA 4, window
+                                         VecCase{8, 1, 256, 200, 0.0f, 1}),  // head 256, GQA 8 (U = 2), window 200: no split (≤ 200 keys)
+                         vec_name);
+
+TEST(CudaFaVecPlan, SplitsCoverTheRangeOnce) {
+  // For every length up to the bound, the non-empty splits cover [0, len) exactly once and in order, and
+  // never exceed the grid's n_splits — for the eager bound (len) and a graph bucket (4096).
+  for (int base : {1, 8, 64}) {
+    for (int len : {1, 255, 256, 257, 1000, 4096}) {
+      for (int bound : {len, 4096}) {
+        const cuda::fd::Plan pl = cuda::fd::split_plan(base, 4 * 132, bound);
+        ASSERT_GE(pl.n_splits, 1);
+        ASSERT_LE(pl.n_splits, cuda::fd::kMaxSplits);
+        int next = 0;
+        for (int z = 0; z < pl.n_splits; ++z) {
+          int lo = 0, hi = len;
+          cuda::fd::split_range(lo, hi, z, pl.n_splits, pl.target);
+          if (lo >= hi) continue;
+          EXPECT_EQ(lo, next) << "base " << base << " len " << len << " z " << z;
+          next = hi;
+        }
+        EXPECT_EQ(next, len) << "base " << base << " len " << len << " bound " << bound;
+      }
+    }
+  }
+  EXPECT_EQ(cuda::fd::split_plan(8, 528, 200).n_splits, 1) << "short contexts do not split";
+}
+
+TEST(CudaFaVecPlan, Routing) {
+  alignas(16) static uint16_t buf[64];
+  alignas(16) static float qbuf[64];
+  cuda::AttentionArgs a;
+  a.k = a.v = buf;
+  a.q = qbuf;
+  a.q_stride = 32 * 128;
+  a.n = 1, a.n_head = 32, a.n_head_kv = 8, a.head_dim = 128, a.block_size = 16;
+  EXPECT_TRUE(cuda::host_emu::attention_decode_supported(a));
+  a.n = 9;
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "more than 8 rows";
+  a.n = 8;
+  a.head_dim = 80;
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "head 80";
+  a.head_dim = 128, a.n_head = 128;
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "GQA 16";
+  a.n_head = 32, a.kv_f16 = false;
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "F32 cache";
+  a.kv_f16 = true, a.typed = true;
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "typed cache";
+  a.typed = false, a.k = buf + 1;
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "misaligned cache";
+  a.k = buf;
+  EXPECT_THROW(cuda::host_emu::attention_decode(cuda::AttentionArgs{}, nullptr, 1, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace pg
