@@ -88,7 +88,7 @@ __device__ __forceinline__ void fd_unpack8(const uint4& u, float (&f)[8]) {
 
 struct FdParams {
   AttentionArgs a;
-  int n_splits, target;  // fd::split_plan
+  int n_splits, target, min_chunk;  // fd::split_plan
   float qscale;          // scale, ×log2 e without a soft-cap (scores come out in base 2 directly)
   float* part_acc;       // (n_splits, n, n_head, D) unnormalised output of each split (n_splits > 1)
   float* part_ml;        // (n_splits, n, n_head, 2) base-2 maximum and sum of each split
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(fd::kThreads) fd_decode_kernel(const FdParams 
   }
   __syncthreads();  // (block-uniform) the mask words visible to every thread
   int hi = tree ? fa::tree_hi(end, mask, kAttnMaskWords) : end;
-  fd::split_range(lo, hi, z, P.n_splits, P.target);
+  fd::split_range(lo, hi, z, P.n_splits, P.target, P.min_chunk);
 
   // The group's queries, this lane's 8 dims of each (dead slots h ≥ g: zeros), pre-scaled.
   float q[G][8];
@@ -367,7 +367,7 @@ fd::Plan fd_plan(const AttentionArgs& a, int n_sm) {
   // for that (tree rows may see more: their drafts past kv_len; they keep the full bound).
   if (a.sliding_window > 0 && a.tree_mask == nullptr) max_kv = std::min(max_kv, a.sliding_window);
   const int fill = std::max(1, a.fa_vec_blocks_per_sm) * std::max(1, n_sm);
-  return fd::split_plan(a.n * a.n_head_kv, fill, max_kv);
+  return fd::split_plan(a.n * a.n_head_kv, fill, max_kv, a.fa_vec_min_chunk);
 }
 
 // (Named apart from attention_decode_supported so the host emulation's copy never meets the CUDA library's
@@ -429,6 +429,7 @@ void attention_decode(const AttentionArgs& a, void* scratch, int n_sm, cudaStrea
   P.a = a;
   P.n_splits = pl.n_splits;
   P.target = pl.target;
+  P.min_chunk = pl.min_chunk;
   P.qscale = a.softcap > 0.0f ? a.scale : a.scale * kFdLog2e;
   if (P.n_splits > 1) {
     PG_CHECK(scratch != nullptr, "attention_decode: missing split scratch");

@@ -17,8 +17,9 @@ constexpr int kThreads = 32 * kWarps;  // 128
 constexpr int kMaxGroup = 8;           // query heads per KV head the kernel holds in registers (GQA ≤ 8)
 constexpr int kMaxRows = 8;            // batch rows per call routed here (decode of ≤ 8 sequences, short chains)
 constexpr int kMaxSplits = 64;         // key splits per row (the combine holds two splits' (m, l) per lane)
-// Smallest split chunk: a split below this many keys costs more in its fixed part and in the combine than
-// its share of the KV read saves, so contexts up to 256 keys never split (depth 0: one launch, no combine).
+// Default smallest split chunk (CudaOptions::fa_vec_min_chunk): a split below this many keys costs more in
+// its fixed part and in the combine than its share of the KV read saves; contexts up to one chunk never split
+// (depth 0: one launch, no combine).
 constexpr int kMinChunk = 256;
 
 // Lanes that share one key: each lane holds 8 dims (one 16-byte load of F16 K or V), so head_dim / 8
@@ -34,26 +35,29 @@ PG_FD_HD constexpr int group_slots(int g) { return g <= 1 ? 1 : g <= 2 ? 2 : g <
 // chunks split_range cuts a row's ACTUAL range into (depends on base and fill only, never on the length,
 // so a grid sized for a graph bucket and an eager launch cut the real keys identically); n_splits: the
 // grid's split count (≥ the non-empty chunks of any length ≤ max_kv; surplus splits find an empty range).
+// min_chunk: the smallest chunk in keys (≥ 1; CudaOptions::fa_vec_min_chunk).
 struct Plan {
-  int n_splits = 1, target = 1;
+  int n_splits = 1, target = 1, min_chunk = kMinChunk;
 };
-PG_FD_HD Plan split_plan(int base, int fill, int max_kv) {
+PG_FD_HD Plan split_plan(int base, int fill, int max_kv, int min_chunk = kMinChunk) {
   Plan p;
+  if (min_chunk < 1) min_chunk = 1;
+  p.min_chunk = min_chunk;
   int want = base >= fill ? 1 : (fill + base - 1) / base;
   if (want > kMaxSplits) want = kMaxSplits;
-  const int most = (max_kv + kMinChunk - 1) / kMinChunk;
+  const int most = (max_kv + min_chunk - 1) / min_chunk;
   p.target = want;
   p.n_splits = want < most ? want : most;
   if (p.n_splits < 1) p.n_splits = 1;
   return p;
 }
-// Split z's share of the keys [lo, hi): chunks of ⌈(hi − lo) / target⌉ keys rounded up to kMinChunk, so at
-// most min(target, ⌈(hi − lo) / kMinChunk⌉) ≤ n_splits chunks are non-empty and cover the range once; the
+// Split z's share of the keys [lo, hi): chunks of ⌈(hi − lo) / target⌉ keys rounded up to min_chunk, so at
+// most min(target, ⌈(hi − lo) / min_chunk⌉) ≤ n_splits chunks are non-empty and cover the range once; the
 // others get lo ≥ hi.
-PG_FD_HD void split_range(int& lo, int& hi, int z, int n_splits, int target) {
+PG_FD_HD void split_range(int& lo, int& hi, int z, int n_splits, int target, int min_chunk = kMinChunk) {
   if (n_splits <= 1 || hi <= lo) return;
   int chunk = ((hi - lo) + target - 1) / target;
-  chunk = (chunk + kMinChunk - 1) / kMinChunk * kMinChunk;
+  chunk = (chunk + min_chunk - 1) / min_chunk * min_chunk;
   const int slo = lo + z * chunk;
   if (slo + chunk < hi) hi = slo + chunk;
   lo = slo;

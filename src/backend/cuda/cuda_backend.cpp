@@ -94,6 +94,8 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_FUSED_COMBINE"); e && *e) opt.fa_fused_combine = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC"); e && *e) opt.fa_vec = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) opt.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_CHUNK"); e && *e) opt.fa_vec_min_chunk = std::max(1, std::atoi(e));
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_ROWS"); e && *e) opt.fa_vec_max_rows = std::clamp(std::atoi(e), 0, 8);
   if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) opt.kv_store_parallel = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_GLU"); e && *e) opt.fuse_glu = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) opt.fuse_qkv = std::strcmp(e, "0") != 0;
@@ -983,7 +985,8 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   // (attention_decode.cu; trees included), before the tensor-core route. Not in exact mode (validation: the
   // FP32 kernel's own summation order).
   a.fa_vec_blocks_per_sm = opt_.fa_vec_blocks_per_sm;
-  if (!opt_.exact_f32 && opt_.fa_vec && cuda::attention_decode_supported(a)) {
+  a.fa_vec_min_chunk = opt_.fa_vec_min_chunk;
+  if (!opt_.exact_f32 && opt_.fa_vec && a.n <= opt_.fa_vec_max_rows && cuda::attention_decode_supported(a)) {
     const size_t vb = cuda::attention_decode_scratch_bytes(a, n_sm_);
     cuda::attention_decode(a, vb ? scratch(kSlotAttention, vb) : nullptr, n_sm_, as_stream(stream_));
     return;

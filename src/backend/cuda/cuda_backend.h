@@ -110,6 +110,13 @@ struct CudaOptions {
   // Its split plan's target: about this many blocks per SM (the key splits of a short grid). Environment:
   // PEREGRINE_CUDA_FA_VEC_BLOCKS=<n> (factory).
   int fa_vec_blocks_per_sm = 4;
+  // Its smallest key split in keys: fewer keys per split means more blocks in flight at depth, more partials
+  // for the combine. Environment: PEREGRINE_CUDA_FA_VEC_CHUNK=<n> (factory).
+  int fa_vec_min_chunk = 256;
+  // Calls of at most this many rows take it (1..8): above one row each block re-reads its KV head's keys for
+  // its own row, where the tensor-core route reads them once for all rows. Environment:
+  // PEREGRINE_CUDA_FA_VEC_ROWS=<n> (factory).
+  int fa_vec_max_rows = 8;
   // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:
   // a matmul inside matmul_shared counts as part of it) and drained by profile_take(); CUDA graphs are off
   // so that each op is its own launch. The times include launch gaps when the host falls behind, so small

@@ -230,8 +230,9 @@ struct AttentionArgs {
   const int32_t* kv_len = nullptr;     // (n)
   const uint32_t* tree_mask = nullptr;  // (n, kAttnMaskWords)
   // SIMT flash-decoding attention (attention_decode.cu, CudaOptions::fa_vec): blocks per SM its split plan
-  // aims the grid at (CudaOptions::fa_vec_blocks_per_sm).
+  // aims the grid at (CudaOptions::fa_vec_blocks_per_sm), and its smallest key split (fa_vec_min_chunk).
   int fa_vec_blocks_per_sm = 4;
+  int fa_vec_min_chunk = 256;
 };
 // Scratch for split-K partial results at this shape (0 when no split is needed).
 size_t attention_scratch_bytes(const AttentionArgs& a, int n_sm);
