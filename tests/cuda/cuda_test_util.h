@@ -185,6 +185,8 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) o.fuse_qkv = std::strcmp(e, "0") != 0;
   // The one-launch q/k RMSNorm + RoPE (PEREGRINE_CUDA_FUSE_QK_ROPE=1 runs every CUDA test with it).
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QK_ROPE"); e && *e) o.fuse_qk_norm_rope = std::strcmp(e, "0") != 0;
+  // Graph replay of forwards up to N rows (PEREGRINE_CUDA_GRAPH_ROWS=64 runs every CUDA test with verify-sized graphs).
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPH_ROWS"); e && *e) o.graph_max_rows = std::atoi(e);
   return std::make_unique<CudaBackend>(0, o);
 }
 

@@ -85,6 +85,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_GLU"); e && *e) opt.fuse_glu = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) opt.fuse_qkv = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QK_ROPE"); e && *e) opt.fuse_qk_norm_rope = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPH_ROWS"); e && *e) opt.graph_max_rows = std::atoi(e);
   return create_cuda_backend(index, opt);
 }
 
@@ -101,6 +102,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.mmq_min_rows >= 0 && opt_.mmq_min_rows <= cuda::kMmqMaxRows, "CudaOptions::mmq_min_rows must be 0..64");
   PG_CHECK(opt_.gemv_rows_per_warp == 1 || opt_.gemv_rows_per_warp == 2, "CudaOptions::gemv_rows_per_warp must be 1 or 2");
   PG_CHECK(opt_.fa_prefill_min_rows >= 0, "CudaOptions::fa_prefill_min_rows must be ≥ 0 (0 = off)");
+  PG_CHECK(opt_.graph_max_rows >= 1 && opt_.graph_max_rows <= 64, "CudaOptions::graph_max_rows must be 1..64");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -389,6 +391,12 @@ void CudaBackend::replay(int graph) {
   activate(device_);
   PG_CHECK(graph >= 0 && graph < static_cast<int>(graphs_.size()) && graphs_[static_cast<size_t>(graph)], "replay: unknown graph");
   check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_[static_cast<size_t>(graph)]), as_stream(stream_)), "cudaGraphLaunch");
+}
+
+int CudaBackend::graph_count() const {
+  int n = 0;
+  for (void* g : graphs_) n += g ? 1 : 0;
+  return n;
 }
 
 bool CudaBackend::any_graph() const {
