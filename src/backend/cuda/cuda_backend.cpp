@@ -70,6 +70,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   CudaOptions opt;
   if (const char* e = std::getenv("PEREGRINE_CUDA_EXACT"); e && *e && std::strcmp(e, "0") != 0) opt.exact_f32 = true;
   if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPHS"); e && std::strcmp(e, "0") == 0) opt.graphs = false;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPH_ROWS"); e && *e) opt.graph_max_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
@@ -85,7 +86,6 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_GLU"); e && *e) opt.fuse_glu = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) opt.fuse_qkv = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QK_ROPE"); e && *e) opt.fuse_qk_norm_rope = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPH_ROWS"); e && *e) opt.graph_max_rows = std::atoi(e);
   return create_cuda_backend(index, opt);
 }
 
