@@ -314,7 +314,7 @@ fi
 if ((CLI_OK && SPEC)); then
   run_step "bundled pair: AR vs chain vs DDTree" "$OUT/spec.log" 150 "$BUILD/src/cli/peregrine" bench --device cuda \
     -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --draft "$ROOT/models/peregrine-demo-draft-Q8_0.gguf" --ddtree -n 128 -r 3
-  grep -E "^\||model:|^differs" "$OUT/spec.log" >>"$SUMMARY"
+  grep -E "^\||model:|^differs|^spec-phases" "$OUT/spec.log" >>"$SUMMARY"
   if ((DRAFT_DEVICE_CHAIN)); then
     # The device-fed chain takes greedy chains without p-min only (the CLI's default p-min is 0.75):
     # p-min 0 with the per-depth path, then with the device-fed path.
