@@ -75,6 +75,10 @@ LONGCTX=${LONGCTX:-0}              # 1: qwen35-27b of MODELS with a 262144-token
 LONGCTX_DEPTH=${LONGCTX_DEPTH:-65536}
 DRAFT_DEVICE_CHAIN=${DRAFT_DEVICE_CHAIN:-0}  # 1: also the bundled-pair spec bench with device-fed greedy draft chains (PEREGRINE_DRAFT_DEVICE_CHAIN=1)
 TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_GEMV_RPW=2 (tests-rpw2.log)
+SPEC_GRAPHS=${SPEC_GRAPHS:-0}      # 1: graph replay of verify-sized forwards (PEREGRINE_CUDA_GRAPH_ROWS=64, CudaOptions::graph_max_rows):
+                                   #    CudaGraphRows and the graph/tree/spec tests with it (tests-spec-graphs.log), then the bundled
+                                   #    pair's SPEC bench (with its spec-phases lines) at graph rows 8 (default) and 64 (spec-graphs-*.log)
+SPEC_GRAPHS_DRAFTS=${SPEC_GRAPHS_DRAFTS:-draft}  # with SPEC_GRAPHS: bundled drafts to bench (models/peregrine-demo-<d>-Q8_0.gguf; "draft dflash")
 DFLASH_TRAIN=${DFLASH_TRAIN:-0}    # N > 0: train the bundled target's DFlash draft on the GPU for N minutes (tools/train/dflash_train.py),
                                    # then its acceptance vs the bundled one on the CPU  → $OUT/dflash/, dflash.log
 DFLASH_ARGS=${DFLASH_ARGS:---prompts 24000 --max-new 192 --bs 32 --anchors 12}  # the training run's data/batch flags
@@ -355,7 +359,7 @@ fi
 if ((CLI_OK && SPEC)); then
   run_step "bundled pair: AR vs chain vs DDTree" "$OUT/spec.log" 150 "$BUILD/src/cli/peregrine" bench --device cuda \
     -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --draft "$ROOT/models/peregrine-demo-draft-Q8_0.gguf" --ddtree -n 128 -r 3
-  grep -E "^\||model:|^differs" "$OUT/spec.log" >>"$SUMMARY"
+  grep -E "^\||model:|^differs|^spec-phases" "$OUT/spec.log" >>"$SUMMARY"
   if ((DRAFT_DEVICE_CHAIN)); then
     # The device-fed chain takes greedy chains without p-min only (the CLI's default p-min is 0.75):
     # p-min 0 with the per-depth path, then with the device-fed path.
@@ -377,6 +381,26 @@ if ((CLI_OK && SPEC4)); then
         -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" --draft "$ROOT/models/peregrine-demo-$d-Q8_0.gguf" --ddtree \
         --spec-fixed --spec-draft-p-min 0 -n 128 -r "$([ "$dev" = cuda ] && echo 3 || echo 1)"
       { echo "bundled target + $d, $dev:"; grep -E "^\||^differs" "$OUT/spec.log" | tail -6; } >>"$SUMMARY"
+    done
+  done
+fi
+
+# Verify-sized forwards replayed as CUDA graphs (issue 10/13: the bundled pair's forwards are launch-bound):
+# the tests with PEREGRINE_CUDA_GRAPH_ROWS=64, then the SPEC bench at the default limit (8 rows) and at 64,
+# neighbours in time. What decides: chain / DDTree tok/s at 64 vs 8 with the same text, and the verify ms of
+# the spec-phases lines.
+if ((BUILD_OK && SPEC_GRAPHS)); then
+  PEREGRINE_CUDA_GRAPH_ROWS=64 run_step "CUDA graph-rows/graph/tree/spec tests, graph rows 64" "$OUT/tests-spec-graphs.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda -R "CudaGraphRows|CudaGraphs|CudaTree|CudaSpec" -V -j 4 --timeout 280
+  grep -E "tests passed|tests failed|\(Failed\)|FAILED|replay vs eager" "$OUT/tests-spec-graphs.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
+fi
+if ((CLI_OK && SPEC_GRAPHS)); then
+  for d in $SPEC_GRAPHS_DRAFTS; do
+    for gr in 8 64; do
+      PEREGRINE_CUDA_GRAPH_ROWS=$gr run_step "bundled target + $d, graph rows $gr" "$OUT/spec-graphs-$d-$gr.log" 150 \
+        "$BUILD/src/cli/peregrine" bench --device cuda -m "$ROOT/models/peregrine-demo-target-Q8_0.gguf" \
+        --draft "$ROOT/models/peregrine-demo-$d-Q8_0.gguf" --ddtree -n 128 -r 3
+      { echo "bundled target + $d, PEREGRINE_CUDA_GRAPH_ROWS=$gr:"; grep -E "^\||^spec-phases|^differs" "$OUT/spec-graphs-$d-$gr.log"; } >>"$SUMMARY"
     done
   done
 fi

@@ -270,6 +270,11 @@ class Backend {
   // first). An op whose launch shape depends on host values must be recorded per distinct value: the
   // caller keys its recordings accordingly. abort_graph() ends a failed recording.
   virtual bool graphs_supported() const { return false; }
+  // Forwards of at most this many rows are recorded and replayed (Model::forward keys a recording per row
+  // count, KV bucket and tree/recurrent shape); larger ones run eagerly. 8 by default (decode micro-batches);
+  // CUDA: CudaOptions::graph_max_rows, up to 64 so that speculative verify forwards (a chain of 8 + 1 rows, a
+  // DDTree of 22-23) replay too instead of paying a launch per op.
+  virtual int graph_max_rows() const { return 8; }
   virtual void begin_graph() { not_implemented("begin_graph"); }
   virtual int end_graph() { not_implemented("end_graph"); }
   virtual void abort_graph() {}

@@ -57,12 +57,14 @@ struct SpecRun {
   int tokens = 0, drafted = 0, accepted = 0, rounds = 0;
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::vector<float>> margins;  // with want_margins: per token, top-1 − top-2 log-prob
+  engine::MetricsSnapshot phases;           // speculative modes: SchedulerOptions::spec_phases' sums (phase_*)
 };
 
 // Greedy chat answers to every prompt, one at a time, through the engine's step loop.
 SpecRun spec_run(Model& model, const tok::Tokenizer& tok, const LoadedModel& lm, int n_batch, const engine::SpecOptions& spec,
                  const std::vector<std::vector<int32_t>>& prompts, int n_gen, bool want_margins = false) {
-  const engine::SchedulerOptions so = lm.scheduler_options(1, n_batch, spec);
+  engine::SchedulerOptions so = lm.scheduler_options(1, n_batch, spec);
+  so.spec_phases = spec.on();  // the spec-phases line (one device sync per phase of a verify step)
   engine::Scheduler sched(model, tok, so);
   SpecRun r;
   double decode_s = 0;
@@ -97,6 +99,10 @@ SpecRun spec_run(Model& model, const tok::Tokenizer& tok, const LoadedModel& lm,
     r.margins.push_back(std::move(margins));
   }
   r.tps = decode_s > 0 ? r.tokens / decode_s : 0;
+  if (spec.on()) {
+    sched.shutdown();  // the last step's counters land after its tokens are delivered
+    r.phases = sched.metrics();
+  }
   return r;
 }
 
@@ -148,6 +154,15 @@ int bench_spec(const ModelFlags& mf_in, const SpecFlags& spf, int n_gen, int rep
                 l.accepted, l.rounds, l.rounds ? static_cast<double>(l.accepted + l.rounds) / l.rounds : 0.0, same, prompts.size());
   }
   std::printf("(tok/s: median over repetitions; vs AR: median of the per-repetition ratio to that repetition's AR run)\n");
+  // Where a speculative step's time goes (the last repetition; steps with verify rows only, host clock,
+  // the device synchronised after each phase).
+  for (size_t m = 1; m < modes.size(); ++m) {
+    const engine::MetricsSnapshot& p = last[m].phases;
+    const double k = p.phase_steps ? 1000.0 / static_cast<double>(p.phase_steps) : 0.0;
+    std::printf("spec-phases: draft %.3f ms verify %.3f ms commit %.3f ms other %.3f ms (per step; %s, %llu steps)\n", p.phase_draft_s * k,
+                p.phase_verify_s * k, p.phase_commit_s * k, p.phase_other_s * k, modes[m].first.c_str(),
+                static_cast<unsigned long long>(p.phase_steps));
+  }
   // A text that differs from AR: where, and how close plain decoding's top two were there. Verification runs
   // many rows per matmul and AR one, so on a GPU the logits differ by rounding and a near-tie may flip; a
   // large margin at the first difference would be a real bug.

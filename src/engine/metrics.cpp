@@ -100,6 +100,15 @@ void Metrics::on_spec(int drafted, int accepted) {
   s_.spec_accepted += static_cast<uint64_t>(accepted);
 }
 
+void Metrics::on_spec_phases(double draft_s, double verify_s, double commit_s, double other_s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++s_.phase_steps;
+  s_.phase_draft_s += draft_s;
+  s_.phase_verify_s += verify_s;
+  s_.phase_commit_s += commit_s;
+  s_.phase_other_s += other_s;
+}
+
 void Metrics::set_occupancy(int active, int queued, int slots, int kv_used, int kv_total) {
   std::lock_guard<std::mutex> lk(mu_);
   s_.active = active;

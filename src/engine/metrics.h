@@ -46,6 +46,10 @@ struct MetricsSnapshot {
   double spec_mean_accept_len() const {
     return spec_rounds ? static_cast<double>(spec_accepted + spec_rounds) / static_cast<double>(spec_rounds) : 0.0;
   }
+  // SchedulerOptions::spec_phases: host-clock seconds of the steps with verify rows, summed per phase
+  // (drafting, the verify forward, the walk/emit/cache commit, the rest of the step), and how many steps.
+  uint64_t phase_steps = 0;
+  double phase_draft_s = 0, phase_verify_s = 0, phase_commit_s = 0, phase_other_s = 0;
 };
 
 class Metrics {
@@ -62,6 +66,7 @@ class Metrics {
   void on_finish(const std::string& reason, double duration_s);
   void on_step(int rows, int prompt_tokens, int generated_tokens, double seconds);
   void on_spec(int drafted, int accepted);
+  void on_spec_phases(double draft_s, double verify_s, double commit_s, double other_s);
   void set_occupancy(int active, int queued, int slots, int kv_used, int kv_total);
 
  private:

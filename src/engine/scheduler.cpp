@@ -412,7 +412,16 @@ void Scheduler::feed_features(int n_first) {
 void Scheduler::step() {
   const auto t0 = Clock::now();
   draft();
+  // SchedulerOptions::spec_phases: each phase's queued device work is finished before its clock stops.
+  const bool phases = opt_.spec_phases && drafter_ && !verify_.empty();
+  auto phase_sync = [&] {
+    if (!phases) return;
+    model_.backend().synchronize();
+    if (opt_.spec.draft && &opt_.spec.draft->backend() != &model_.backend()) opt_.spec.draft->backend().synchronize();
+  };
+  phase_sync();
   const auto t_drafted = Clock::now();
+  Clock::time_point tf{}, t_verified{};
   batch_.clear();
   out_seq_.clear();
   int budget = opt_.n_batch, n_prompt_rows = 0, n_gen = 0;
@@ -490,8 +499,10 @@ void Scheduler::step() {
     }
   }
   try {
-    const auto tf = Clock::now();
+    tf = Clock::now();
     forward_step(logits_, fopt, n_first);
+    phase_sync();
+    t_verified = Clock::now();
     // Decode/verify-only steps measure the target's cost of k rows (prompt chunks would blur it).
     if (opt_.spec.adaptive && drafter_ && n_prompt_rows == 0)
       cost_.observe_forward(batch_.size(), std::chrono::duration<double>(Clock::now() - tf).count());
@@ -578,9 +589,16 @@ void Scheduler::step() {
     if (!s.on_logits(row_logits(i), opt_.n_ctx, now, metrics_, greedy)) release(s);
     ++i;
   }
+  phase_sync();
+  const auto t_committed = Clock::now();
   std::erase_if(active_, [](const std::unique_ptr<Sequence>& s) { return s->phase() == Sequence::Phase::kDone; });
-  metrics_.on_step(batch_.size(), n_prompt_rows, n_gen,
-                   std::chrono::duration<double>(Clock::now() - t0).count());
+  const auto t_end = Clock::now();
+  metrics_.on_step(batch_.size(), n_prompt_rows, n_gen, std::chrono::duration<double>(t_end - t0).count());
+  if (phases) {
+    auto sec = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    const double d = sec(t0, t_drafted), v = sec(tf, t_verified), c = sec(t_verified, t_committed);
+    metrics_.on_spec_phases(d, v, c, std::max(0.0, sec(t0, t_end) - d - v - c));
+  }
 }
 
 }  // namespace pg::engine

@@ -75,6 +75,11 @@ struct SchedulerOptions {
   int kv_block_size = 64;
   SpecOptions spec;
   PrefixOptions prefix;  // the prefix cache (RAM budget, disk tier); docs/prefix-cache.md
+  // Where a speculative step's time goes (peregrine bench --draft prints it): per step with verify rows,
+  // host-clock time of drafting, the verify forward, the walk/emit/cache commit and the rest, into
+  // MetricsSnapshot::phase_*. The target's (and a draft model's) backend is synchronised after each phase
+  // so that queued device work is charged to the phase that issued it; off by default (no extra syncs).
+  bool spec_phases = false;
 };
 
 // submit() refuses a request before any work is done.

@@ -615,13 +615,13 @@ void Model::forward_ubatch(const Batch& batch, int b0, int b1, KvCache& cache, c
       }
     }
   };
-  // Decode steps (few rows) on a device with graphs: the layers are recorded once per step shape and
+  // Decode and verify steps (up to Backend::graph_max_rows rows) on a device with graphs: the layers are recorded once per step shape and
   // replayed, so a step costs one launch instead of hundreds. Every op reads its per-step inputs (token
   // ids, positions, cells, block table, recurrent segments) from the workspace, uploaded above; what the
   // launches depend on on the host is the key: rows, the KV length rounded up to a power-of-two bucket
   // (attention grids are sized for the bucket, blocks past a row's length exit at once), and the shape of
   // the recurrent segments.
-  if (be.graphs_supported() && n <= kGraphMaxRows) {
+  if (be.graphs_supported() && n <= be.graph_max_rows()) {
     int bucket = 256;
     while (bucket < max_kv) bucket *= 2;
     w.ab.max_kv_len = bucket;

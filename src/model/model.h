@@ -118,7 +118,7 @@ class Model {
   struct Workspace;
   void ensure_workspace(KvCache& cache);
   void drop_workspace();
-  static constexpr int kGraphMaxRows = 8;  // decode micro-batches up to this size replay recorded graphs
+  // (Forwards of up to Backend::graph_max_rows() rows replay recorded graphs; see forward_ubatch.)
   struct TreePlan;
   struct RecurrentPlan;
   TreePlan plan_tree(const Batch& batch, const KvCache& cache) const;

@@ -167,6 +167,8 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::string(e) == "0") o.pdl = false;
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL_ALL"); e && *e) o.pdl_all = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) o.gemv_rows_per_warp = std::atoi(e);
+  // Graph replay of forwards up to N rows (PEREGRINE_CUDA_GRAPH_ROWS=64 runs every CUDA test with verify-sized graphs).
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPH_ROWS"); e && *e) o.graph_max_rows = std::atoi(e);
   // Tensor-core prefill attention for calls of ≥ N rows (scripts/device-check.sh FA_PREFILL=1 runs the
   // model tests with it; op tests that bound attention at FP32 precision are not meant to run with it).
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) o.fa_prefill_min_rows = std::atoi(e);

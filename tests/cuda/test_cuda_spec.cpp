@@ -231,6 +231,83 @@ INSTANTIATE_TEST_SUITE_P(
                     "tiny-qwen35-f16", "tiny-qwen35moe-f16"),
     name_of);
 
+// ---- graph replay of verify-sized forwards (CudaOptions::graph_max_rows) -----------------------------------
+// With graph_max_rows 64, a 23-row tree forward (DDTree 22 + root) and chain forwards of 9 rows (chain 8 + 1)
+// and 40 rows (the tensor-core prefill attention's route, >= 32 chain rows) are recorded and replayed. Each
+// forward runs three times from the same committed state: the first eagerly (the warm-up run that grows
+// scratch buffers), the second recorded and replayed, the third replayed; the three must be bit-identical
+// (the same launches on the same inputs; replay reads the uploaded per-step inputs) and the backend must
+// hold a recording for each shape. Against a backend with graphs off (eager launches sized for the exact KV
+// length instead of its bucket: the split-K sums may be cut differently) within 1e-4, as CudaGraphs.
+// With the default graph_max_rows (8) none of these forwards records a graph.
+class CudaGraphRows : public testing::TestWithParam<std::string> {};
+
+TEST_P(CudaGraphRows, VerifySizedForwardsReplayEqualEager) {
+  PG_REQUIRE_GPU();
+  const std::string path = GetParam() == "bundled-target"
+                               ? std::string(PEREGRINE_SOURCE_DIR) + "/models/peregrine-demo-target-Q8_0.gguf"
+                               : golden(GetParam());
+  auto graph_be = test::make_cuda(false), eager_be = test::make_cuda(false), default_be = test::make_cuda(false);
+  {
+    CudaOptions o = graph_be->options();
+    o.graphs = true;
+    o.profile = false;
+    o.graph_max_rows = 64;
+    graph_be->set_options(o);
+    o.graphs = false;
+    eager_be->set_options(o);
+    o.graphs = true;
+    o.graph_max_rows = 8;
+    default_be->set_options(o);
+  }
+  Runner rg(path, *graph_be, DType::F16), re(path, *eager_be, DType::F16), rd(path, *default_be, DType::F16);
+  const int V = rg.V;
+  std::mt19937 rng(23);
+  const Tree t = random_tree(23, V, rg.max_depth, rng);
+  const auto prompt = prompt_tokens(37, V, 7);
+  const auto chain9 = prompt_tokens(9, V, 11), chain40 = prompt_tokens(40, V, 13);
+  struct Side {
+    Runner* r;
+    std::unique_ptr<KvCache> c;
+    std::vector<uint8_t> state;
+  };
+  Side g{&rg, rg.cache(), {}}, e{&re, re.cache(), {}}, d{&rd, rd.cache(), {}};
+  for (Side* s : {&g, &e, &d}) {
+    s->r->chain(*s->c, prompt);
+    s->state = s->c->save_seq(0);
+  }
+  // shape: 0 tree of 23, 1 chain of 9, 2 chain of 40. Returns (rows, V) logits.
+  auto run = [&](Side& s, int shape) {
+    s.c->restore_seq(0, s.state);
+    return shape == 0 ? s.r->tree(*s.c, t) : s.r->chain(*s.c, shape == 1 ? chain9 : chain40);
+  };
+  const char* names[] = {"tree 23", "chain 9", "chain 40"};
+  const int graphs_before = graph_be->graph_count(), default_before = default_be->graph_count();
+  for (int shape = 0; shape < 3; ++shape) {
+    SCOPED_TRACE(std::string(GetParam()) + " " + names[shape]);
+    const int held = graph_be->graph_count();
+    std::vector<std::vector<float>> reps;
+    for (int k = 0; k < 3; ++k) reps.push_back(run(g, shape));
+    EXPECT_GT(graph_be->graph_count(), held) << "graph_max_rows 64: the forward was not recorded";
+    const auto ref = run(e, shape);
+    ASSERT_EQ(ref.size(), reps[0].size());
+    for (int k = 1; k < 3; ++k)
+      EXPECT_EQ(std::memcmp(reps[k].data(), reps[0].data(), reps[0].size() * sizeof(float)), 0)
+          << "replay " << k << " differs from the eager warm-up run of the same launches";
+    const double dmax = max_abs(reps[2].data(), ref.data(), ref.size());
+    EXPECT_LE(dmax, 1e-4) << "replayed vs graphs-off forward";
+    for (int k = 0; k < 2; ++k) run(d, shape);
+    std::printf("%-20s %-8s: replay vs eager max %.2e (graphs held %d)\n", GetParam().c_str(), names[shape], dmax, graph_be->graph_count());
+  }
+  EXPECT_GT(graph_be->graph_count(), graphs_before);
+  EXPECT_EQ(default_be->graph_count(), default_before) << "graph_max_rows 8 recorded a forward of more than 8 rows";
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CudaGraphRows,
+                         testing::Values("bundled-target", "tiny-llama-f16", "tiny-qwen3-Q4_K_M", "tiny-qwen3moe-f16", "tiny-qwen35-f16",
+                                         "tiny-gemma3-f16"),
+                         name_of);
+
 // ---- speculative decoding through the scheduler -------------------------------------------------------
 
 using namespace std::chrono_literals;

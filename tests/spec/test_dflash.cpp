@@ -194,5 +194,54 @@ TEST(DFlashPrefix, DraftsForEveryRequestAfterPrefixHits) {
   }
 }
 
+// SchedulerOptions::spec_phases (the `bench --draft` spec-phases line): with one slot every step that
+// verifies is one verify round, so the phase sums cover exactly spec_rounds steps; drafting and the verify
+// forward take time, and the four phases of a step never add up to more than the steps' busy time. Off:
+// nothing is summed.
+TEST(SpecPhases, SumsEveryVerifyStep) {
+  const std::string dir = std::string(PEREGRINE_SOURCE_DIR) + "/models/";
+  CpuOptions co;
+  co.n_threads = 2;
+  CpuBackend be(co);
+  auto target = Model::load(dir + "peregrine-demo-target-Q8_0.gguf", be);
+  auto tok = tok::Tokenizer::from_gguf(target->file());
+  auto d = DFlashModel::load(dir + "peregrine-demo-dflash-Q8_0.gguf", *target);
+  for (const bool on : {true, false}) {
+    SchedulerOptions so;
+    so.n_slots = 1;
+    so.n_ctx = 256;
+    so.n_batch = 64;
+    so.spec = dflash_spec(8, 0);
+    so.spec.dflash = d.get();
+    so.spec_phases = on;
+    MetricsSnapshot m;
+    {
+      Scheduler sched(*target, *tok, so);
+      RequestSpec r;
+      r.prompt = tok->encode("<|im_start|>user\nReverse the word lantern.<|im_end|>\n<|im_start|>assistant\n", false, true);
+      r.sampling.temperature = 0;
+      r.max_tokens = 32;
+      drain(*sched.submit(r));
+      sched.shutdown();  // the last step's counters land after its tokens are delivered
+      m = sched.metrics();
+    }
+    ASSERT_GT(m.spec_rounds, 0u);
+    if (!on) {
+      EXPECT_EQ(m.phase_steps, 0u);
+      EXPECT_EQ(m.phase_draft_s + m.phase_verify_s + m.phase_commit_s + m.phase_other_s, 0.0);
+      continue;
+    }
+    EXPECT_EQ(m.phase_steps, m.spec_rounds);
+    EXPECT_GT(m.phase_draft_s, 0.0);
+    EXPECT_GT(m.phase_verify_s, 0.0);
+    EXPECT_GE(m.phase_commit_s, 0.0);
+    EXPECT_GE(m.phase_other_s, 0.0);
+    EXPECT_LE(m.phase_draft_s + m.phase_verify_s + m.phase_commit_s + m.phase_other_s, m.busy_seconds * (1 + 1e-9));
+    std::printf("spec-phases over %llu steps: draft %.3f verify %.3f commit %.3f other %.3f ms/step\n",
+                static_cast<unsigned long long>(m.phase_steps), 1e3 * m.phase_draft_s / m.phase_steps,
+                1e3 * m.phase_verify_s / m.phase_steps, 1e3 * m.phase_commit_s / m.phase_steps, 1e3 * m.phase_other_s / m.phase_steps);
+  }
+}
+
 }  // namespace
 }  // namespace pg::engine

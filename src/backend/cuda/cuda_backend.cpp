@@ -81,6 +81,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   CudaOptions opt;
   if (const char* e = std::getenv("PEREGRINE_CUDA_EXACT"); e && *e && std::strcmp(e, "0") != 0) opt.exact_f32 = true;
   if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPHS"); e && std::strcmp(e, "0") == 0) opt.graphs = false;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPH_ROWS"); e && *e) opt.graph_max_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
@@ -117,6 +118,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.mmq_min_rows >= 0 && opt_.mmq_min_rows <= cuda::kMmqMaxRows, "CudaOptions::mmq_min_rows must be 0..64");
   PG_CHECK(opt_.gemv_rows_per_warp == 1 || opt_.gemv_rows_per_warp == 2, "CudaOptions::gemv_rows_per_warp must be 1 or 2");
   PG_CHECK(opt_.fa_prefill_min_rows >= 0, "CudaOptions::fa_prefill_min_rows must be ≥ 0 (0 = off)");
+  PG_CHECK(opt_.graph_max_rows >= 1 && opt_.graph_max_rows <= 64, "CudaOptions::graph_max_rows must be 1..64");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -442,6 +444,12 @@ void CudaBackend::replay(int graph) {
   activate(device_);
   PG_CHECK(graph >= 0 && graph < static_cast<int>(graphs_.size()) && graphs_[static_cast<size_t>(graph)], "replay: unknown graph");
   check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graphs_[static_cast<size_t>(graph)]), as_stream(stream_)), "cudaGraphLaunch");
+}
+
+int CudaBackend::graph_count() const {
+  int n = 0;
+  for (void* g : graphs_) n += g ? 1 : 0;
+  return n;
 }
 
 bool CudaBackend::any_graph() const {

@@ -34,6 +34,13 @@ struct CudaOptions {
   // Decode steps recorded once and replayed as CUDA graphs (Backend::graphs_supported). Off with the
   // environment variable PEREGRINE_CUDA_GRAPHS=0 (factory), for debugging and A/B timing.
   bool graphs = true;
+  // Forwards of at most this many rows replay graphs (Backend::graph_max_rows), 1..64. Default 8: decode
+  // micro-batches. 64 also records speculative verify forwards (chain 8 + 1 = 9 rows, DDTree 22-23 rows; the
+  // bundled pair's forwards are launch-bound, ~0.38 ms eager), one recording per row count and KV bucket.
+  // Every op those rows take (MMQ up to 64 rows, the FP16 GEMM, the tensor-core prefill attention at >= 32
+  // chain rows, MoE's grouped GEMM) sizes its launch from shapes only. Being measured: off (8) by default.
+  // Environment: PEREGRINE_CUDA_GRAPH_ROWS=<n> (factory).
+  int graph_max_rows = 8;
   // Lanes per weight row in the 8-bit-activation GEMV: 32 (measured default), 16 or 8 (candidates; see
   // gemv_q8.cu). Environment: PEREGRINE_GEMV_LANES (factory).
   int gemv_lanes = 32;
@@ -241,6 +248,9 @@ class CudaBackend final : public Backend {
   void drop_graphs();
   // The Backend graph interface (on top of the four above).
   bool graphs_supported() const override { return opt_.graphs && !opt_.profile; }
+  int graph_max_rows() const override { return opt_.graph_max_rows; }
+  // Executable graphs currently held (recorded and not dropped): lets tests check that a forward replayed.
+  int graph_count() const;
   std::vector<OpTime> profile_take() override;
   void begin_graph() override { begin_capture(); }
   int end_graph() override { return end_capture(); }
