@@ -1,6 +1,7 @@
 // Micro-benchmark of the CUDA matmul kernels on 8B-model shapes (target pg_cuda_bench).
 //
-//   pg_cuda_bench [--types q4_k,q8_0,...] [--reps N] [--quick]
+//   pg_cuda_bench [--types q4_k,q8_0,...] [--reps N] [--quick] [--shapes MxK,...] [--kernels k1,k2,...]
+//                 [--pipe-stages N] [--pipe-bps N]
 //
 // For every weight type and shape (M × K = out × in: 4096×4096 attention, 12288×4096 FFN gate/up,
 // 4096×12288 FFN down, 151936×4096 output) it times the decode GEMV (n = 1) and prints µs, GB/s and
@@ -10,6 +11,11 @@
 // the grouped q/k/v GEMV against three launches (4096×4096 + 2 × 1024×4096). Weights are valid random
 // blocks (quantize_row on the host, tiled on the device); each measurement rotates over enough weight
 // copies to exceed the L2 cache several times, and reports the median of CUDA-event timings after warm-up.
+// The persistent pipelined one-row GEMV (CudaOptions::gemv_pipe) is timed as pipe+pdl (plain), glu/pipe+pdl
+// and qkv/pipe+pdl beside the kernels it would replace (fast/rw2+pdl, glu/fused+pdl, qkv/grouped+pdl) where
+// it applies, with --pipe-stages ring stages (default 4) and --pipe-bps blocks per SM (0: as many as fit).
+// --shapes replaces the shape list (M×K = out×in), --kernels keeps only the named kernels; the last
+// column is the GB/s as a fraction of the H200's 4.3 TB/s HBM3e peak.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -107,12 +113,43 @@ int main(int argc, char** argv) {
                                   pg::DType::Q2_K, pg::DType::Q3_K, pg::DType::F16,   pg::DType::BF16,   pg::DType::F32};
   int reps = 20;
   bool quick = false;
+  int pipe_stages = 4, pipe_bps = 0;
+  struct Shape {
+    int64_t M, K;
+  };
+  std::vector<Shape> custom_shapes;
+  std::vector<std::string> only_kernels;  // empty: all
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    size_t p = 0;
+    while (p <= s.size()) {
+      const size_t q = std::min(s.find(',', p), s.size());
+      if (q > p) out.push_back(s.substr(p, q - p));
+      p = q + 1;
+    }
+    return out;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc) {
       reps = std::max(3, std::atoi(argv[++i]));
     } else if (a == "--quick") {
       quick = true;
+    } else if (a == "--pipe-stages" && i + 1 < argc) {
+      pipe_stages = std::clamp(std::atoi(argv[++i]), 2, 8);
+    } else if (a == "--pipe-bps" && i + 1 < argc) {
+      pipe_bps = std::max(0, std::atoi(argv[++i]));
+    } else if (a == "--kernels" && i + 1 < argc) {
+      only_kernels = split(argv[++i]);
+    } else if (a == "--shapes" && i + 1 < argc) {
+      for (const std::string& e : split(argv[++i])) {
+        const size_t x = e.find('x');
+        if (x == std::string::npos || std::atoll(e.c_str()) <= 0 || std::atoll(e.c_str() + x + 1) <= 0) {
+          std::fprintf(stderr, "bad shape '%s' (want MxK, e.g. 12288x4096)\n", e.c_str());
+          return 2;
+        }
+        custom_shapes.push_back({std::atoll(e.c_str()), std::atoll(e.c_str() + x + 1)});
+      }
     } else if (a == "--types" && i + 1 < argc) {
       types.clear();
       std::string s = argv[++i];
@@ -128,7 +165,10 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--types q4_k,q8_0,...] [--reps N] [--quick]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--types q4_k,q8_0,...] [--reps N] [--quick] [--shapes MxK,...] [--kernels k1,k2,...] [--pipe-stages N] "
+                   "[--pipe-bps N]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -137,13 +177,16 @@ int main(int argc, char** argv) {
   const double copy_bw = copy_bandwidth_gbs();
   std::printf("device: %s, %d SMs, L2 %d MB; device-to-device copy: %.0f GB/s (read + write)\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20, copy_bw);
-  std::printf("| type | kernel | M (out) | K (in) | n | µs | GB/s | %% of copy | TFLOP/s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("pipe: %d stages, %d blocks per SM (0 = as many as fit)\n", pipe_stages, pipe_bps);
+  std::printf("| type | kernel | M (out) | K (in) | n | µs | GB/s | %% of copy | TFLOP/s | %% of 4.3 TB/s |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  constexpr double kPeakGbs = 4300.0;  // H200 HBM3e
+  auto wanted = [&](const std::string& k) { return only_kernels.empty() || std::find(only_kernels.begin(), only_kernels.end(), k) != only_kernels.end(); };
+  auto keep_wanted = [&](std::vector<std::string>& ks) { ks.erase(std::remove_if(ks.begin(), ks.end(), [&](const std::string& k) { return !wanted(k); }), ks.end()); };
 
-  struct Shape {
-    int64_t M, K;
-  };
   std::vector<Shape> shapes = {{4096, 4096}, {12288, 4096}, {4096, 12288}, {151936, 4096}};
   if (quick) shapes = {{12288, 4096}};
+  if (!custom_shapes.empty()) shapes = custom_shapes;
   cudaStream_t stream = nullptr;  // legacy default stream: the events above time it
   try {
     for (pg::DType t : types) {
@@ -204,11 +247,16 @@ int main(int argc, char** argv) {
               // quantized beforehand (what the quantization launch costs).
               if (pg::cuda::gemv_fast_q8(a)) kernels.insert(kernels.end(), {"fast+pdl", "fast/noquant"});
               if (pg::cuda::gemv_fast_q8(a) && n == 1) kernels.insert(kernels.end(), {"fast/rw2", "fast/rw2+pdl"});
+              // The persistent pipelined kernel (CudaOptions::gemv_pipe), where it takes the matmul.
+              pg::cuda::MatmulArgs ap = a;
+              ap.pipe_stages = pipe_stages;
+              if (n == 1 && pg::cuda::gemv_pipe_supported(ap)) kernels.push_back("pipe+pdl");
             }
             kernels.push_back("fp32");
           }
           if (n >= 2 && n <= pg::cuda::kMmqMaxRows && pg::cuda::mmq_supported(a)) kernels.push_back("mmq");
           if (gemm) kernels.push_back("mma");
+          keep_wanted(kernels);
           if (kernels.empty()) continue;
           for (const std::string& kernel : kernels) {
             const double ms = time_ms(reps, [&](int i) {
@@ -217,7 +265,16 @@ int main(int argc, char** argv) {
                 pg::cuda::gemm(a, nullptr, nullptr, scratch, stream);
               else if (kernel == "mmq")
                 pg::cuda::mmq(a, scratch, part, prop.multiProcessorCount, stream);
-              else if (kernel.rfind("fast", 0) == 0) {
+              else if (kernel == "pipe+pdl") {
+                a.pdl = true;
+                a.rows_per_warp = 2;
+                a.pipe_stages = pipe_stages;
+                a.pipe_bps = pipe_bps;
+                pg::cuda::gemv_fast(a, scratch, stream);
+                a.pdl = false;
+                a.rows_per_warp = 1;
+                a.pipe_stages = 0;
+              } else if (kernel.rfind("fast", 0) == 0) {
                 a.lanes = kernel == "fast/16" ? 16 : kernel == "fast/8" ? 8 : 32;
                 a.pdl = kernel == "fast+pdl" || kernel == "fast/rw2+pdl";
                 a.rows_per_warp = kernel.rfind("fast/rw2", 0) == 0 ? 2 : 1;
@@ -232,8 +289,9 @@ int main(int argc, char** argv) {
             const double bytes = static_cast<double>(wbytes) + 4.0 * n * (s.K + s.M);
             const double gbs = bytes / (ms * 1e-3) / 1e9;
             const double tflops = 2.0 * static_cast<double>(s.M) * s.K * n / (ms * 1e-3) / 1e12;
-            std::printf("| %s | %s | %lld | %lld | %d | %.1f | %.0f | %.1f%% | %.2f |\n", std::string(pg::dtype_name(t)).c_str(), kernel.c_str(),
-                        static_cast<long long>(s.M), static_cast<long long>(s.K), n, ms * 1e3, gbs, 100.0 * gbs / copy_bw, tflops);
+            std::printf("| %s | %s | %lld | %lld | %d | %.1f | %.0f | %.1f%% | %.2f | %.1f%% |\n", std::string(pg::dtype_name(t)).c_str(),
+                        kernel.c_str(), static_cast<long long>(s.M), static_cast<long long>(s.K), n, ms * 1e3, gbs, 100.0 * gbs / copy_bw, tflops,
+                        100.0 * gbs / kPeakGbs);
             std::fflush(stdout);
           }
         }
@@ -257,10 +315,16 @@ int main(int argc, char** argv) {
         a1.rows_per_warp = 2;
         const bool attn = s.M == 4096 && s.K == 4096;
         if ((ffn || attn) && pg::cuda::gemv_fast_q8(a1)) {
-          for (const std::string& kernel : ffn ? std::vector<std::string>{"glu/composed+pdl", "glu/fused+pdl"}
-                                              : std::vector<std::string>{"qkv/separate+pdl", "qkv/grouped+pdl"}) {
+          std::vector<std::string> fused = ffn ? std::vector<std::string>{"glu/composed+pdl", "glu/fused+pdl"}
+                                               : std::vector<std::string>{"qkv/separate+pdl", "qkv/grouped+pdl"};
+          pg::cuda::MatmulArgs ap = a1;
+          ap.pipe_stages = pipe_stages;
+          if (pg::cuda::gemv_pipe_supported(ap)) fused.push_back(ffn ? "glu/pipe+pdl" : "qkv/pipe+pdl");
+          keep_wanted(fused);
+          for (const std::string& kernel : fused) {
             const double ms = time_ms(reps, [&](int i) {
               pg::cuda::MatmulArgs g = a1, u = a1;
+              if (kernel.find("/pipe") != std::string::npos) g.pipe_stages = u.pipe_stages = pipe_stages, g.pipe_bps = u.pipe_bps = pipe_bps;
               g.w = w[static_cast<size_t>(i) % w.size()];
               u.w = w[static_cast<size_t>(i + 1) % w.size()];
               u.y = y + s.M;
@@ -269,7 +333,7 @@ int main(int argc, char** argv) {
                 pg::cuda::gemv_fast(g, scratch, stream, true);
                 pg::cuda::gemv_fast(u, scratch, stream, true);
                 pg::cuda::glu(g.y, u.y, g.y, s.M, 0, stream);
-              } else if (kernel == "glu/fused+pdl") {
+              } else if (kernel == "glu/fused+pdl" || kernel == "glu/pipe+pdl") {
                 pg::cuda::gemv_glu(g, u, 0, scratch, stream);
               } else {
                 pg::cuda::MatmulArgs q = g, k = g, v = u;
@@ -278,7 +342,7 @@ int main(int argc, char** argv) {
                 k.y = y + 2 * s.M;
                 const pg::cuda::MatmulArgs* group[3] = {&q, &k, &v};
                 pg::cuda::quantize_q8(q, scratch, stream);
-                if (kernel == "qkv/grouped+pdl") {
+                if (kernel == "qkv/grouped+pdl" || kernel == "qkv/pipe+pdl") {
                   pg::cuda::gemv_multi(group, 3, scratch, stream, true);
                 } else {
                   for (const pg::cuda::MatmulArgs* m : group) pg::cuda::gemv_fast(*m, scratch, stream, true);
@@ -287,8 +351,8 @@ int main(int argc, char** argv) {
             });
             const double wb = ffn ? 2.0 * static_cast<double>(wbytes) : 1.5 * static_cast<double>(wbytes);
             const double gbs = (wb + 4.0 * (s.K + 2 * s.M)) / (ms * 1e-3) / 1e9;
-            std::printf("| %s | %s | %lld | %lld | 1 | %.1f | %.0f | %.1f%% | |\n", std::string(pg::dtype_name(t)).c_str(), kernel.c_str(),
-                        static_cast<long long>(s.M), static_cast<long long>(s.K), ms * 1e3, gbs, 100.0 * gbs / copy_bw);
+            std::printf("| %s | %s | %lld | %lld | 1 | %.1f | %.0f | %.1f%% | | %.1f%% |\n", std::string(pg::dtype_name(t)).c_str(), kernel.c_str(),
+                        static_cast<long long>(s.M), static_cast<long long>(s.K), ms * 1e3, gbs, 100.0 * gbs / copy_bw, 100.0 * gbs / kPeakGbs);
             std::fflush(stdout);
           }
         }

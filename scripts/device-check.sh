@@ -118,6 +118,12 @@ FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for t
 FUSE=${FUSE:-0}                    # 1: fused decode GEMVs (CudaOptions::fuse_glu + fuse_qkv, PEREGRINE_CUDA_FUSE_GLU/QKV=1): the
                                    #    CudaFuse* tests, the op/model/graph/spec tests with both on (tests-fuse.log), and per model
                                    #    tg128 at depths 0 and 4096 with both on, then each alone (beside the default run)
+GEMV_PIPE=${GEMV_PIPE:-0}          # 1: the persistent pipelined one-row GEMV (CudaOptions::gemv_pipe, PEREGRINE_CUDA_GEMV_PIPE=1): its
+                                   #    CudaGemvPipe tests, every CUDA test with it on (tests-gemv-pipe.log), pg_cuda_bench existing vs pipe
+                                   #    on the decode shapes per stage count of GEMV_PIPE_U (kernels-gemv-pipe.log), and tg128 at depths
+                                   #    0 and 4096 off vs on per stage count, first model
+GEMV_PIPE_U=${GEMV_PIPE_U:-4}      # ring stages (PEREGRINE_CUDA_GEMV_PIPE_U) to bench with GEMV_PIPE=1 (e.g. "3 4 6")
+GEMV_PIPE_BPS=${GEMV_PIPE_BPS:-0}  # blocks per SM (PEREGRINE_CUDA_GEMV_PIPE_BPS; 0: as many as fit)
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
 if [ ! -d "$DEPS/usr" ] && [ -f "$ROOT/.deps/debs.tar.xz" ]; then tar xJf "$ROOT/.deps/debs.tar.xz" -C "$ROOT/.deps"; fi
@@ -343,6 +349,16 @@ if ((BUILD_OK && FUSE)); then
   grep -E "tests passed|tests failed|\(Failed\)|FAILED|fused vs separate" "$OUT/tests-fuse.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
 fi
 
+# The persistent pipelined one-row GEMV (CudaOptions::gemv_pipe): its bit-identity tests against the
+# existing kernels first, then every CUDA test with it on through the test helper's environment alias.
+if ((BUILD_OK && GEMV_PIPE)); then
+  run_step "CudaGemvPipe tests" "$OUT/tests-gemv-pipe.log" 240 "$BUILD/tests/cuda/test_cuda_ops" --gtest_filter='CudaGemvPipe.*'
+  grep -E "^\[  (PASSED|FAILED) |^\[       OK|Failure$|Expected|Which is|stages" "$OUT/tests-gemv-pipe.log" | head -40 >>"$SUMMARY"
+  PEREGRINE_CUDA_GEMV_PIPE=1 PEREGRINE_CUDA_GEMV_PIPE_BPS=$GEMV_PIPE_BPS run_step "CUDA tests with gemv_pipe on" "$OUT/tests-gemv-pipe.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -j 6 --timeout 280 --output-on-failure
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Failure$|Expected|Which is" "$OUT/tests-gemv-pipe.log" | sed -E 's/^[0-9]+: //' | head -40 >>"$SUMMARY"
+fi
+
 if ((BUILD_OK && TESTS && TESTS_RPW2)); then
   PEREGRINE_GEMV_RPW=2 run_step "CUDA op/model tests, GEMV rows per warp 2" "$OUT/tests-rpw2.log" 200 \
     ctest --test-dir "$BUILD" -L cuda -R "CudaOps|CudaModel|CudaGreedy|CudaGraphs|CudaTree" -j 4 --timeout 180
@@ -353,6 +369,15 @@ fi
 if ((BUILD_OK && KERNELS)); then
   run_step "pg_cuda_bench" "$OUT/kernels.log" 180 "$BUILD/src/backend/cuda/pg_cuda_bench" --reps 20 --types "$KERNEL_TYPES"
   grep -E "^\||device:" "$OUT/kernels.log" >>"$SUMMARY"
+fi
+# The pipelined one-row GEMV against the kernels it replaces, on qwen3-8b's decode shapes.
+if ((BUILD_OK && GEMV_PIPE)); then
+  for u in $GEMV_PIPE_U; do
+    run_step "pg_cuda_bench, gemv_pipe $u stages" "$OUT/kernels-gemv-pipe.log" 150 "$BUILD/src/backend/cuda/pg_cuda_bench" --reps 30 \
+      --types q4_k,q6_k,q5_k,q8_0 --shapes 4096x4096,1024x4096,12288x4096,4096x12288,151936x4096 --pipe-stages "$u" --pipe-bps "$GEMV_PIPE_BPS" \
+      --kernels fast/rw2+pdl,pipe+pdl,glu/fused+pdl,glu/pipe+pdl,qkv/grouped+pdl,qkv/pipe+pdl
+  done
+  grep -E "^\||^pipe:" "$OUT/kernels-gemv-pipe.log" >>"$SUMMARY"
 fi
 
 # ---- 3b. speculative decoding of the bundled pair on the GPU (AR vs chain vs DDTree) -------------------------
@@ -492,6 +517,13 @@ if ((CLI_OK)); then
       if ((FA_DECODE && FIRST_MODEL)); then  # decode speed with the tensor-core decode attention off, then on
         PEREGRINE_CUDA_FA_DECODE=0 bench_one "$LOG" "$preset $type tg128, FA decode off" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
         PEREGRINE_CUDA_FA_DECODE=1 bench_one "$LOG" "$preset $type tg128, FA decode on" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+      fi
+      if ((FIRST_MODEL && GEMV_PIPE)); then  # decode speed with the pipelined one-row GEMV off, then on per stage count
+        PEREGRINE_CUDA_GEMV_PIPE=0 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, gemv_pipe off" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 3
+        for u in $GEMV_PIPE_U; do
+          PEREGRINE_CUDA_GEMV_PIPE=1 PEREGRINE_CUDA_GEMV_PIPE_U=$u PEREGRINE_CUDA_GEMV_PIPE_BPS=$GEMV_PIPE_BPS bench_one "$LOG" \
+            "$preset $type tg128 at depths 0 and 4096, gemv_pipe on, $u stages" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 3
+        done
       fi
       if ((BENCH && PDL_ALL)); then
         PEREGRINE_CUDA_PDL_ALL=1 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, PDL for every kernel" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2

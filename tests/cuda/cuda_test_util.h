@@ -195,6 +195,10 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QK_ROPE"); e && *e) o.fuse_qk_norm_rope = std::strcmp(e, "0") != 0;
   // The norms writing the next matmul's 8-bit activations (PEREGRINE_CUDA_FUSE_NORM_QUANT=1 runs every CUDA test with it).
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_NORM_QUANT"); e && *e) o.fuse_norm_quant = std::strcmp(e, "0") != 0;
+  // The persistent pipelined one-row GEMV (scripts/device-check.sh GEMV_PIPE=1 runs every CUDA test with it).
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE"); e && *e) o.gemv_pipe = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_U"); e && *e) o.gemv_pipe_stages = std::atoi(e);
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_BPS"); e && *e) o.gemv_pipe_bps = std::max(0, std::atoi(e));
   return std::make_unique<CudaBackend>(0, o);
 }
 

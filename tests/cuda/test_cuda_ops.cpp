@@ -1541,5 +1541,261 @@ TEST(CudaFuseNormQuant, GraphReplayBitIdentical) {
   for (Tensor* p : {&w, &v, &nw, &x, &xn, &y, &y2}) gpu->free(*p);
 }
 
+
+// ---- CudaOptions::gemv_pipe: the persistent pipelined one-row GEMV (gemv_pipe.cuh) ----------------------
+
+// Weights (M, K) of type t whose rows repeat with a period of 997 rows (quantizing 151936 distinct rows on
+// the host would take minutes); 997 is odd and prime, so a kernel that mixed up rows, row pairs or tasks
+// would still read a different row than the reference.
+std::vector<uint8_t> make_weights_tiled(DType t, int64_t K, int64_t M, uint32_t seed) {
+  const int64_t period = std::min<int64_t>(M, 997);
+  const auto base = make_weights(t, K, period, seed);
+  if (period == M) return base;
+  const size_t rb = row_bytes(t, K);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(M));
+  for (int64_t r = 0; r < M; ++r) std::memcpy(w.data() + static_cast<size_t>(r) * rb, base.data() + static_cast<size_t>(r % period) * rb, rb);
+  return w;
+}
+
+CudaOptions with_pipe(CudaOptions o, bool pipe, int stages, int bps, bool pdl) {
+  o.gemv_pipe = pipe;
+  o.gemv_pipe_stages = stages;
+  o.gemv_pipe_bps = bps;
+  o.gemv_rows_per_warp = 2;
+  o.pdl = pdl;
+  return o;
+}
+
+// The decode shapes of qwen3-8b (M × K = out × in) and odd ones: one superblock, 17 superblocks (a partial
+// last round of 32 pieces), a single row, an odd row count (a task with one row), 129 Q8_0 blocks.
+std::vector<std::pair<int64_t, int64_t>> pipe_shapes(DType t) {  // (M, K)
+  const bool sb = traits(t).block_size == 256;
+  return {{4096, 4096}, {1024, 4096}, {12288, 4096}, {4096, 12288}, {151936, 4096}, {37, 256}, {1, sb ? 4352 : 4128}, {75, sb ? 4352 : 4128},
+          {3, sb ? 512 : 96}};
+}
+
+// matmul of one row with gemv_pipe against the existing two-rows-per-warp kernel: the same bytes for
+// Q4_K/Q5_K/Q6_K/Q8_0 (the pipelined kernel) and for the types it does not take (Q4_0, IQ4_XS: the
+// existing kernel either way), every shape above, ring stages 2/4/8, 1 block per SM (many tasks per warp)
+// or as many as fit, PDL on and off.
+TEST(CudaGemvPipe, PlainBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  const CudaOptions base = gpu->options();
+  for (const DType t : {DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS}) {
+    for (const auto& [M, K] : pipe_shapes(t)) {
+      const bool big = M * K > 4096 * 4096;
+      const auto wb = make_weights_tiled(t, K, M, 50u + static_cast<uint32_t>(M + K));
+      auto xv = randn(static_cast<size_t>(K), 51u + static_cast<uint32_t>(K));
+      xv[0] = 3.0f, xv[1] = -3.0f;
+      Tensor w = make_weight(*gpu, t, K, M, 1, wb);
+      Tensor x = make_tensor(*gpu, DType::F32, K, 1, xv.data());
+      Tensor y = gpu->alloc(DType::F32, M, 1);  // (1, M)
+      gpu->set_options(with_pipe(base, false, 4, 0, true));
+      gpu->matmul(w, x, y);
+      const auto ref = fetch(*gpu, y);
+      struct Cfg {
+        int stages, bps;
+        bool pdl;
+      };
+      const std::vector<Cfg> cfgs = big ? std::vector<Cfg>{{4, 0, true}, {3, 1, true}}
+                                        : std::vector<Cfg>{{4, 0, true}, {4, 0, false}, {2, 0, true}, {8, 1, true}, {3, 2, false}};
+      for (const Cfg& c : cfgs) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " M=" + std::to_string(M) + " K=" + std::to_string(K) + " stages " + std::to_string(c.stages) +
+                     " bps " + std::to_string(c.bps) + " pdl " + std::to_string(c.pdl));
+        gpu->set_options(with_pipe(base, true, c.stages, c.bps, c.pdl));
+        std::vector<float> junk(static_cast<size_t>(M), -555.0f);
+        gpu->upload(y, junk.data(), junk.size() * sizeof(float));  // every row must be written again
+        gpu->matmul(w, x, y);
+        const auto got = fetch(*gpu, y);
+        ASSERT_EQ(got.size(), ref.size());
+        EXPECT_EQ(max_abs_diff(got, ref), 0.0f);
+        EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0);
+      }
+      gpu->free(w);
+      gpu->free(x);
+      gpu->free(y);
+    }
+  }
+  gpu->set_options(base);
+}
+
+// matmul_glu (fuse_glu) with gemv_pipe against the existing fused kernel: bit-identical, SiLU and GELU,
+// the FFN gate/up shape, odd row counts and widths, two ring depths.
+TEST(CudaGemvPipe, GluBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  const CudaOptions base = gpu->options();
+  for (const DType t : {DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::Q8_0, DType::Q4_0}) {
+    const bool sb = traits(t).block_size == 256;
+    const std::pair<int64_t, int64_t> shapes[] = {{12288, 4096}, {37, 256}, {75, sb ? 4352 : 4128}, {1, sb ? 512 : 96}};  // (M, K)
+    for (const auto& [M, K] : shapes) {
+      const auto gb = make_weights_tiled(t, K, M, 61u + static_cast<uint32_t>(M)), ub = make_weights_tiled(t, K, M, 62u + static_cast<uint32_t>(M));
+      const auto xv = randn(static_cast<size_t>(K), 63u + static_cast<uint32_t>(K));
+      Tensor gw = make_weight(*gpu, t, K, M, 1, gb), uw = make_weight(*gpu, t, K, M, 1, ub);
+      Tensor x = make_tensor(*gpu, DType::F32, K, 1, xv.data());
+      Tensor y = gpu->alloc(DType::F32, M, 1), u = gpu->alloc(DType::F32, M, 1);
+      for (const Activation act : {Activation::Silu, Activation::GeluTanh}) {
+        CudaOptions off = with_pipe(base, false, 4, 0, true);
+        off.fuse_glu = true;
+        gpu->set_options(off);
+        gpu->matmul_glu(x, gw, uw, act, y, u);
+        const auto ref = fetch(*gpu, y);
+        for (const int stages : {4, 2}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + " M=" + std::to_string(M) + " K=" + std::to_string(K) +
+                       (act == Activation::Silu ? " silu" : " gelu") + " stages " + std::to_string(stages));
+          CudaOptions on = with_pipe(base, true, stages, 0, true);
+          on.fuse_glu = true;
+          gpu->set_options(on);
+          std::vector<float> junk(static_cast<size_t>(M), 12345.0f);
+          gpu->upload(y, junk.data(), junk.size() * sizeof(float));
+          gpu->matmul_glu(x, gw, uw, act, y, u);
+          const auto got = fetch(*gpu, y);
+          EXPECT_EQ(max_abs_diff(got, ref), 0.0f);
+          EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0);
+        }
+      }
+      for (Tensor* p : {&gw, &uw, &x, &y, &u}) gpu->free(*p);
+    }
+  }
+  gpu->set_options(base);
+}
+
+// matmul_shared of one row (fuse_qkv, grouped) with gemv_pipe against without: bit-identical for the q/k/v
+// of an 8B model (Q4_K, and a Q6_K v in its own launch), odd row counts, more products than one launch
+// takes, a type the pipelined kernel does not take among them; eagerly and replayed from a CUDA graph.
+TEST(CudaGemvPipe, QkvBitIdenticalAndGraphReplay) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  const CudaOptions base = gpu->options();
+  struct Case {
+    int64_t K;
+    std::vector<std::pair<DType, int64_t>> outs;  // (type, M)
+  };
+  const Case cases[] = {
+      {4096, {{DType::Q4_K, 4096}, {DType::Q4_K, 1024}, {DType::Q4_K, 1024}}},
+      {4096, {{DType::Q4_K, 4096}, {DType::Q4_K, 1024}, {DType::Q6_K, 1024}}},
+      {256, {{DType::Q4_K, 37}, {DType::Q4_K, 5}, {DType::Q4_K, 1}}},
+      {96, {{DType::Q8_0, 33}, {DType::Q8_0, 7}, {DType::Q8_0, 64}, {DType::Q8_0, 3}, {DType::Q8_0, 1}}},
+      {512, {{DType::Q8_0, 9}, {DType::Q4_K, 10}, {DType::Q8_0, 11}, {DType::IQ4_XS, 12}, {DType::Q4_0, 13}}},
+      {512, {{DType::Q5_K, 255}, {DType::Q5_K, 257}}},
+      {4352, {{DType::Q6_K, 77}, {DType::Q6_K, 31}}},
+  };
+  int ci = 0;
+  for (const Case& c : cases) {
+    std::vector<Tensor> w, y;
+    for (size_t j = 0; j < c.outs.size(); ++j) {
+      const auto [t, M] = c.outs[j];
+      w.push_back(make_weight(*gpu, t, c.K, M, 1, make_weights(t, c.K, M, static_cast<uint32_t>(71 + 7 * ci + j))));
+      y.push_back(gpu->alloc(DType::F32, M, 1));
+    }
+    const auto xv = randn(static_cast<size_t>(c.K), static_cast<uint32_t>(81 + ci));
+    Tensor x = make_tensor(*gpu, DType::F32, c.K, 1, xv.data());
+    auto fill_junk = [&]() {
+      for (Tensor& t : y) {
+        std::vector<float> junk(static_cast<size_t>(t.cols()), -777.0f);
+        gpu->upload(t, junk.data(), junk.size() * sizeof(float));
+      }
+    };
+    auto outputs = [&]() {
+      std::vector<std::vector<float>> r;
+      for (const Tensor& t : y) r.push_back(fetch(*gpu, t));
+      return r;
+    };
+    for (const bool pdl : {true, false}) {
+      SCOPED_TRACE("case " + std::to_string(ci) + " pdl " + std::to_string(pdl));
+      CudaOptions off = with_pipe(base, false, 4, 0, pdl);
+      off.fuse_qkv = true;
+      gpu->set_options(off);
+      shared_products(*gpu, x, w, y);
+      const auto ref = outputs();
+      CudaOptions on = with_pipe(base, true, 4, 0, pdl);
+      on.fuse_qkv = true;
+      gpu->set_options(on);
+      fill_junk();
+      shared_products(*gpu, x, w, y);
+      const auto eager = outputs();
+      gpu->begin_capture();
+      shared_products(*gpu, x, w, y);
+      const int g = gpu->end_capture();
+      fill_junk();
+      gpu->replay(g);
+      const auto replay1 = outputs();
+      fill_junk();
+      gpu->replay(g);
+      const auto replay2 = outputs();
+      gpu->drop_graphs();
+      for (size_t j = 0; j < y.size(); ++j) {
+        EXPECT_EQ(std::memcmp(eager[j].data(), ref[j].data(), ref[j].size() * sizeof(float)), 0) << "product " << j << " eager";
+        EXPECT_EQ(std::memcmp(replay1[j].data(), ref[j].data(), ref[j].size() * sizeof(float)), 0) << "product " << j << " graph";
+        EXPECT_EQ(std::memcmp(replay2[j].data(), ref[j].data(), ref[j].size() * sizeof(float)), 0) << "product " << j << " graph again";
+      }
+    }
+    for (Tensor& t : w) gpu->free(t);
+    for (Tensor& t : y) gpu->free(t);
+    gpu->free(x);
+    ++ci;
+  }
+  gpu->set_options(base);
+}
+
+// A decode-like chain (plain matmuls whose outputs feed the next, a fused GLU, a grouped triple) recorded
+// as a CUDA graph with gemv_pipe and replayed twice: the same bytes as eager execution without gemv_pipe.
+TEST(CudaGemvPipe, GraphReplayMatchesEager) {
+  PG_REQUIRE_GPU();
+  const int64_t d = 1024, f = 3072;
+  const DType types[] = {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_K};
+  std::vector<std::vector<uint8_t>> wb;
+  for (size_t i = 0; i < 4; ++i) wb.push_back(make_weights(types[i], d, d, static_cast<uint32_t>(90 + i)));
+  const auto gb = make_weights(DType::Q4_K, d, f, 95), ub = make_weights(DType::Q4_K, d, f, 96), db = make_weights(DType::Q6_K, f, d, 97);
+  const auto x0 = randn(static_cast<size_t>(d), 98);
+  auto run = [&](bool pipe, bool graph) {
+    auto gpu = test::make_cuda(false);
+    CudaOptions o = with_pipe(gpu->options(), pipe, 4, 0, true);
+    o.fuse_glu = o.fuse_qkv = true;
+    gpu->set_options(o);
+    std::vector<Tensor> w;
+    for (size_t i = 0; i < wb.size(); ++i) w.push_back(make_weight(*gpu, types[i], d, d, 1, wb[i]));
+    Tensor gw = make_weight(*gpu, DType::Q4_K, d, f, 1, gb), uw = make_weight(*gpu, DType::Q4_K, d, f, 1, ub);
+    Tensor dw = make_weight(*gpu, DType::Q6_K, f, d, 1, db);
+    Tensor x = make_tensor(*gpu, DType::F32, d, 1, x0.data());
+    std::vector<Tensor> y;  // (1, d) each
+    for (size_t i = 0; i < wb.size() + 3; ++i) y.push_back(gpu->alloc(DType::F32, d, 1));
+    Tensor h = gpu->alloc(DType::F32, f, 1), u = gpu->alloc(DType::F32, f, 1);
+    auto ops = [&]() {
+      const Tensor* in = &x;
+      for (size_t i = 0; i < wb.size(); ++i) {
+        gpu->matmul(w[i], *in, y[i]);
+        gpu->scale(y[i], 0.05f);
+        in = &y[i];
+      }
+      gpu->matmul_glu(*in, gw, uw, Activation::Silu, h, u);
+      gpu->matmul(dw, h, y[wb.size()]);
+      gpu->matmul_shared(y[wb.size()], {{&w[0], &y[wb.size() + 1]}, {&w[1], &y[wb.size() + 2]}, {&w[3], &y[0]}});
+    };
+    ops();
+    if (graph) {
+      gpu->begin_capture();
+      ops();
+      const int g = gpu->end_capture();
+      gpu->replay(g);
+      gpu->replay(g);
+    }
+    std::vector<float> all;
+    for (const Tensor& t : y) {
+      const auto v = fetch(*gpu, t);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    const auto hv = fetch(*gpu, h);
+    all.insert(all.end(), hv.begin(), hv.end());
+    return all;
+  };
+  const auto ref = run(false, false);
+  for (const bool graph : {false, true}) {
+    const auto got = run(true, graph);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)), 0) << (graph ? "graph" : "eager");
+  }
+}
 }  // namespace
 }  // namespace pg

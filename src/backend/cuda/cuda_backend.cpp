@@ -102,6 +102,9 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) opt.fuse_qkv = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QK_ROPE"); e && *e) opt.fuse_qk_norm_rope = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_NORM_QUANT"); e && *e) opt.fuse_norm_quant = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE"); e && *e) opt.gemv_pipe = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_U"); e && *e) opt.gemv_pipe_stages = std::atoi(e);
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_BPS"); e && *e) opt.gemv_pipe_bps = std::max(0, std::atoi(e));
   return create_cuda_backend(index, opt);
 }
 
@@ -117,6 +120,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.gemv_lanes == 32 || opt_.gemv_lanes == 16 || opt_.gemv_lanes == 8, "CudaOptions::gemv_lanes must be 32, 16 or 8");
   PG_CHECK(opt_.mmq_min_rows >= 0 && opt_.mmq_min_rows <= cuda::kMmqMaxRows, "CudaOptions::mmq_min_rows must be 0..64");
   PG_CHECK(opt_.gemv_rows_per_warp == 1 || opt_.gemv_rows_per_warp == 2, "CudaOptions::gemv_rows_per_warp must be 1 or 2");
+  PG_CHECK(opt_.gemv_pipe_stages >= 2 && opt_.gemv_pipe_stages <= 8, "CudaOptions::gemv_pipe_stages must be 2..8");
   PG_CHECK(opt_.fa_prefill_min_rows >= 0, "CudaOptions::fa_prefill_min_rows must be ≥ 0 (0 = off)");
   PG_CHECK(opt_.graph_max_rows >= 1 && opt_.graph_max_rows <= 64, "CudaOptions::graph_max_rows must be 1..64");
   activate(device_);
@@ -517,6 +521,8 @@ void CudaBackend::gemv(const cuda::MatmulArgs& a) {
     b.lanes = opt_.gemv_lanes;
     b.pdl = opt_.pdl && pdl_capable_;
     b.rows_per_warp = opt_.gemv_rows_per_warp;
+    b.pipe_stages = opt_.gemv_pipe ? opt_.gemv_pipe_stages : 0;
+    b.pipe_bps = opt_.gemv_pipe_bps;
     const size_t sb = cuda::gemv_fast_scratch_bytes(b);
     if (void* pq = cuda::gemv_fast_q8(b) ? norm_q8_for(b) : nullptr) {  // fuse_norm_quant: the norm quantized x
       if (cuda::gemv_fast(b, pq, as_stream(stream_), /*x_quantized=*/true)) return;
@@ -563,6 +569,8 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& w, const Tensor& x, Tens
   a.lanes = opt_.gemv_lanes;
   a.pdl = opt_.pdl && pdl_capable_;
   a.rows_per_warp = opt_.gemv_rows_per_warp;
+  a.pipe_stages = opt_.gemv_pipe ? opt_.gemv_pipe_stages : 0;
+  a.pipe_bps = opt_.gemv_pipe_bps;
   return a;
 }
 

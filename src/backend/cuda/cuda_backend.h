@@ -72,6 +72,15 @@ struct CudaOptions {
   // tg128 196.1 → 207.8 tok/s, Q4_K 151936×4096 52 → 62 % of copy bandwidth) or 1; bit-identical results.
   // Environment: PEREGRINE_GEMV_RPW (factory).
   int gemv_rows_per_warp = 2;
+  // Persistent, software-pipelined one-row decode GEMV (gemv_pipe.cuh, issue 11) for Q4_K/Q5_K/Q6_K/Q8_0,
+  // plain, fused gate/up/GLU and grouped q/k/v: a fixed grid of blocks per SM, each warp streaming its rows
+  // through a cp.async ring of gemv_pipe_stages shared-memory slots so weight bytes stay in flight across
+  // row boundaries; activations staged once per block in shared memory. Same per-row summation order as
+  // gemv_q8_rw2_kernel: bit-identical. Not yet measured on a GPU: off. Environment:
+  // PEREGRINE_CUDA_GEMV_PIPE=1, PEREGRINE_CUDA_GEMV_PIPE_U=<stages 2..8>, PEREGRINE_CUDA_GEMV_PIPE_BPS=<blocks per SM>.
+  bool gemv_pipe = false;
+  int gemv_pipe_stages = 4;
+  int gemv_pipe_bps = 0;
   // Prefill attention on tensor cores (attention_prefill.cu, FA2 form: mma.m16n8k16 FP16, cp.async double-
   // buffered K/V tiles) for attention calls of at least this many rows, when it applies (F16 cache, head_dim
   // 64/128/256, GQA ratio ≤ 64, no token tree; not in exact_f32 mode); other calls keep attention.cu. 0 = off.

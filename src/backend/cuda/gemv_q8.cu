@@ -20,13 +20,17 @@
 // (act_quant_kernel below) — ~0.5 % relative error per product sum, the same on both backends.
 // Exact mode never comes here.
 #include <algorithm>
+#include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/act_quant.cuh"
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/glu_act.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.h"
 #include "backend/cuda/pdl.cuh"
 #include "core/error.h"
 
@@ -1104,6 +1108,9 @@ FastParams make_params(const MatmulArgs& a) {
   return p;
 }
 
+// The persistent pipelined one-row GEMV (CudaOptions::gemv_pipe): kernel and launcher.
+#include "backend/cuda/gemv_pipe.cuh"
+
 }  // namespace
 
 size_t gemv_fast_scratch_bytes(const MatmulArgs& a) {
@@ -1147,6 +1154,8 @@ bool gemv_fast_q8(const MatmulArgs& a) {
   dispatch_q8(a.type, [&]<class T>() { ok = a.K % (32 * T::kPieces) == 0 && aligned(a, T::kAlign); });
   return ok;
 }
+
+bool gemv_pipe_supported(const MatmulArgs& a) { return gemv_fast_q8(a) && pipe_supported(a); }
 
 void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream) {
   launch_act_quant<kOutQ8>(act_quant_mode(a.type), a.x, a.x_stride, nullptr, activation_rows(a), a.K, scratch_q(scratch), scratch_d(a, scratch),
@@ -1204,6 +1213,11 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
     p.n_pieces = static_cast<int>(a.K / 32);
     p.xq = scratch_q(scratch);
     p.xd = scratch_d(a, scratch);
+    if (pipe_ok<T>(a)) {
+      const MatmulArgs* one = &a;
+      pipe_rows<T>(&one, 1, p.xq, p.xd, stream);
+      return;
+    }
     if (a.rows_per_warp == 2 && a.lanes == 32 && !a.expert_ids && a.n == 1) {
       LaunchQ8Rw2<T>::template L<1>::run(p, 1, stream);
       return;
@@ -1233,6 +1247,10 @@ void gemv_glu(const MatmulArgs& g, const MatmulArgs& u, int act, void* scratch, 
     p.n_pieces = static_cast<int>(g.K / 32);
     p.xq = scratch_q(scratch);
     p.xd = scratch_d(g, scratch);
+    if (pipe_ok<T>(g) && pipe_ok<T>(u)) {
+      pipe_glu<T>(g, u, act, p.xq, p.xd, stream);
+      return;
+    }
     const dim3 grid(static_cast<unsigned>(ceil_div(g.M, kRowsPerBlock)));
     const auto* wu = static_cast<const uint8_t*>(u.w);
     if (act == 0)
@@ -1254,6 +1272,12 @@ void gemv_multi(const MatmulArgs* const* a, int count, void* scratch, cudaStream
   PG_CHECK(scratch != nullptr, "gemv_multi: no scratch for the quantized activations");
   if (!x_quantized) quantize_q8(*a[0], scratch, stream);
   dispatch_q8(a[0]->type, [&]<class T>() {
+    bool pipe = true;
+    for (int j = 0; j < count; ++j) pipe = pipe && pipe_ok<T>(*a[j]);
+    if (pipe) {
+      pipe_rows<T>(a, count, scratch_q(scratch), scratch_d(*a[0], scratch), stream);
+      return;
+    }
     for (int j0 = 0; j0 < count; j0 += kMultiMax) {
       MultiParams p{};
       p.xq = scratch_q(scratch);

@@ -52,6 +52,11 @@ struct MatmulArgs {
   bool pdl = false;
   // Default-mode one-row GEMV: weight rows per warp, 1 or 2 (gemv_q8_rw2_kernel; bit-identical results).
   int rows_per_warp = 1;
+  // Default-mode one-row GEMV, plain / fused GLU / grouped (CudaOptions::gemv_pipe): the persistent
+  // pipelined kernel (gemv_pipe.cuh) with this many cp.async ring stages per warp (2..8) where it applies
+  // (Q4_K, Q5_K, Q6_K, Q8_0, 32 lanes, 16-byte-aligned matrix); 0 = off. Bit-identical results.
+  int pipe_stages = 0;
+  int pipe_bps = 0;  // its blocks per SM (0: as many as fit, at most 8)
 };
 
 bool gemv_supported(DType t);
@@ -66,6 +71,9 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
 // Whether gemv_fast takes a on an 8-bit-activation kernel; then quantize_q8 fills the scratch for a's
 // activations and gemv_fast(..., x_quantized = true) reuses it (products sharing one input).
 bool gemv_fast_q8(const MatmulArgs& a);
+// Whether gemv_fast / gemv_glu / gemv_multi run a on the persistent pipelined kernel (a.pipe_stages > 0,
+// one row, not grouped, 32 lanes, Q4_K/Q5_K/Q6_K/Q8_0, 16-byte-aligned matrix, shared memory that fits).
+bool gemv_pipe_supported(const MatmulArgs& a);
 void quantize_q8(const MatmulArgs& a, void* scratch, cudaStream_t stream);
 // The 8-bit activation scratch of `rows` activation rows of width K (not grouped), as quantize_q8 writes it and
 // the GEMVs / MMQ read it (act_quant.cuh describes the layout): its size (= gemv_fast_scratch_bytes of such a
