@@ -191,6 +191,8 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QK_ROPE"); e && *e) o.fuse_qk_norm_rope = std::strcmp(e, "0") != 0;
   // The norms writing the next matmul's 8-bit activations (PEREGRINE_CUDA_FUSE_NORM_QUANT=1 runs every CUDA test with it).
   if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_NORM_QUANT"); e && *e) o.fuse_norm_quant = std::strcmp(e, "0") != 0;
+  // The fused MoE decode kernels (PEREGRINE_CUDA_MOE_FUSED=1 runs every CUDA test with them).
+  if (const char* e = std::getenv("PEREGRINE_CUDA_MOE_FUSED"); e && *e) o.moe_fused = std::strcmp(e, "0") != 0;
   return std::make_unique<CudaBackend>(0, o);
 }
 
