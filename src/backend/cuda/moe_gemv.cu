@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) moe_gate_up_kernel(const M
 // token's k entries jj in ascending expert id (moe_combine_kernel's order and FP32 accumulation; each dot as
 // the grouped down GEMV sums it). gq (E, ff) int8 / gd (E, ff/32): G quantized by quantize_q8.
 template <class T>
-__global__ void __launch_bounds__(kRowsPerBlock * 32) moe_down_combine_kernel(const MoeDownParams p) {
+__global__ void __launch_bounds__(kRowsPerBlock * 32, 5) moe_down_combine_kernel(const MoeDownParams p) {
   grid_wait();  // PDL: G, ids and weights come from earlier kernels
   grid_launch_dependents();
   __shared__ int order[kMaxK];
