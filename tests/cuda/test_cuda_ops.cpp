@@ -1566,7 +1566,10 @@ TEST(CudaMoeFused, OnOffBitIdentical) {
                         {DType::Q5_K, DType::Q8_0, 512, 256, 8, 4, Activation::Silu},
                         {DType::Q6_K, DType::Q5_K, 256, 256, 5, 2, Activation::GeluTanh},
                         {DType::Q8_0, DType::Q8_0, 96, 160, 6, 1, Activation::Silu},
-                        {DType::Q8_0, DType::Q6_K, 2048, 768, 16, 8, Activation::GeluTanh}};
+                        {DType::Q8_0, DType::Q6_K, 2048, 768, 16, 8, Activation::GeluTanh},
+                        // ff/32 > 32 pieces: the down kernel's general loop (the others take its batched one)
+                        {DType::Q4_K, DType::Q5_K, 256, 1280, 4, 2, Activation::Silu},
+                        {DType::Q8_0, DType::Q8_0, 64, 1056, 3, 3, Activation::GeluTanh}};
   int hits_expected = 0;
   for (const Case& c : cases) {
     const auto gate = make_weights(c.gt, c.d, c.ff * c.n_exp, 11), up = make_weights(c.gt, c.d, c.ff * c.n_exp, 12);

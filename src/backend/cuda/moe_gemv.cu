@@ -24,6 +24,7 @@ namespace {
 constexpr int kRowsPerBlock = 4;  // one warp per output row, as gemv_q8.cu
 constexpr int kUnroll = 4;        // pieces per lane with loads in flight, as gemv_q8.cu
 constexpr int kMaxK = 32;
+constexpr int kDownBatch = 4;  // moe_down_combine_kernel: entries whose weight loads are in flight together
 
 // ---- copied from gemv_q8.cu (keep in sync) ----
 __device__ __forceinline__ int4 ld_q8x16(const int8_t* p) { return *reinterpret_cast<const int4*>(p); }
@@ -298,6 +299,34 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, 5) moe_down_combine_kernel
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
   if (row >= p.d) return;
   float s = 0.0f;
+  if (p.n_pieces <= 32) {
+    // Rows of at most 32 pieces (qwen3-30b-a3b: ff 768 = 24 pieces): one piece per lane per entry, so the
+    // single loop of row_dot would serialize k load latencies. Issue the loads of kDownBatch entries first,
+    // then form each dot exactly as row_dot does (acc from 0.0f, one dot call, warp_sum).
+    const bool live = lane < p.n_pieces;
+    for (int j0 = 0; j0 < p.k; j0 += kDownBatch) {
+      typename T::Raw r[kDownBatch];
+#pragma unroll
+      for (int b = 0; b < kDownBatch; ++b)
+        if (j0 + b < p.k && live)
+          r[b] = T::load(p.down + static_cast<size_t>(ids[order[j0 + b]]) * p.expert_bytes + static_cast<size_t>(row) * p.row_bytes, lane);
+#pragma unroll
+      for (int b = 0; b < kDownBatch; ++b) {
+        if (j0 + b >= p.k) break;  // warp-uniform
+        const int jj = order[j0 + b];
+        const int64_t ent = static_cast<int64_t>(t) * p.k + jj;
+        ActRows<1> x;
+        x.q[0] = p.gq + ent * p.ff;
+        x.d[0] = p.gd + ent * (p.ff / 32);
+        float acc[1] = {0.0f};
+        if (live) T::template dot<1>(r[b], lane, x, acc);
+        const float dv = warp_sum(acc[0]);
+        s += wts[jj] * dv;
+      }
+    }
+    if (lane == 0) p.out[static_cast<int64_t>(t) * p.d + row] = s;
+    return;
+  }
   for (int j = 0; j < p.k; ++j) {
     const int jj = order[j];
     const int64_t ent = static_cast<int64_t>(t) * p.k + jj;
