@@ -106,6 +106,8 @@ FA_FUSED_COMBINE=${FA_FUSED_COMBINE:-0}  # 1: the attention's split combine insi
                                    #    tests with it (tests-fa-fused-combine.log), tg128 at depths 0, 4096, 32768 with it, first model
 FUSE_NORM_QUANT=${FUSE_NORM_QUANT:-0}  # 1: RMSNorm writes the next matmul's 8-bit activations (PEREGRINE_CUDA_FUSE_NORM_QUANT=1): the CUDA
                                    #    tests with it (tests-fuse-norm-quant.log), tg128 at depths 0 and 4096 on vs off, first model
+MOE_FUSED=${MOE_FUSED:-0}          # 1: MoE decode in 4 launches (PEREGRINE_CUDA_MOE_FUSED=1): the CUDA tests with it
+                                   #    (tests-moe-fused.log), tg128 at depths 0 and 4096 off then on, first model
 FA_VEC=${FA_VEC:-0}                # 1: SIMT flash-decoding attention for ≤ 8-row calls (PEREGRINE_CUDA_FA_VEC=1): every CUDA test with it
                                    #    (tests-fa-vec.log), pg_cuda_attn_bench at rows 1/4/8, depths 0/512/4096/32768, qwen3-8b and
                                    #    head-256 shapes in graphs (kernels-attn-vec.log), tg128 at depths 0, 4096, 32768 off vs on, first model
@@ -286,6 +288,13 @@ if ((BUILD_OK && FUSE_NORM_QUANT)); then
   PEREGRINE_CUDA_FUSE_NORM_QUANT=1 run_step "CUDA tests, fused norm quantization" "$OUT/tests-fuse-norm-quant.log" 300 \
     ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -j 6 --timeout 280 --output-on-failure
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Failure$|Expected|Which is|norm-quant on vs off" "$OUT/tests-fuse-norm-quant.log" | sed -E 's/^[0-9]+: //' | head -60 >>"$SUMMARY"
+fi
+
+# The fused MoE decode kernels (CudaOptions::moe_fused): every CUDA test again with them on.
+if ((BUILD_OK && MOE_FUSED)); then
+  PEREGRINE_CUDA_MOE_FUSED=1 run_step "CUDA tests, fused MoE decode" "$OUT/tests-moe-fused.log" 300 \
+    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -j 6 --timeout 280 --output-on-failure
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Failure$|Expected|Which is|moe_fused differs" "$OUT/tests-moe-fused.log" | sed -E 's/^[0-9]+: //' | head -60 >>"$SUMMARY"
 fi
 
 # The fused split combine (CudaOptions::fa_fused_combine): every CUDA test again with it on.
@@ -544,6 +553,10 @@ if ((CLI_OK)); then
       if ((FIRST_MODEL && FUSE_NORM_QUANT)); then
         PEREGRINE_CUDA_FUSE_NORM_QUANT=1 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, fused norm quantization" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
         PEREGRINE_CUDA_FUSE_NORM_QUANT=0 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, separate act-quant" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+      fi
+      if ((MOE_FUSED)) && [[ $preset == *a3b* || $preset == *moe* ]]; then  # every MoE model of MODELS
+        PEREGRINE_CUDA_MOE_FUSED=0 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, default MoE decode" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+        PEREGRINE_CUDA_MOE_FUSED=1 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, fused MoE decode" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
       fi
       if ((FIRST_MODEL && FA_FUSED_COMBINE)); then
         PEREGRINE_CUDA_FA_FUSED_COMBINE=1 bench_one "$LOG" "$preset $type tg128 at depths 0, 4096, 32768, fused split combine" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 1

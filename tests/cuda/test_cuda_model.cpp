@@ -366,5 +366,34 @@ INSTANTIATE_TEST_SUITE_P(Golden, CudaFuseNormQuantModel,
                                          "tiny-qwen3-Q6_K", "tiny-qwen3-IQ4_XS", "tiny-qwen35-f16", "tiny-qwen3moe-f16"),
                          name_of);
 
+// CudaOptions::moe_fused (fused MoE decode kernels) changes no bit of a whole MoE model: prompt and 20 decode
+// steps (graphs recorded and replayed) on vs off. The stored tiny MoE models have F16 experts, which the fused
+// kernels do not take (the guard falls back): this checks the guard and the fallback; CudaMoeFused.* in
+// test_cuda_ops.cpp checks the kernels on quantized experts.
+class CudaMoeFusedModel : public testing::TestWithParam<std::string> {};
+
+TEST_P(CudaMoeFusedModel, LogitsBitIdentical) {
+  PG_REQUIRE_GPU();
+  const std::string path = test::shared_path("golden/models/" + GetParam() + ".gguf").string();
+  auto gpu = test::make_cuda(false);
+  CudaOptions o = gpu->options();
+  o.moe_fused = false;
+  gpu->set_options(o);
+  const Logits off = run(*gpu, path, DType::F16, 20, {});
+  o.moe_fused = true;
+  gpu->set_options(o);
+  const int64_t h0 = gpu->moe_fused_hits();
+  const Logits on = run(*gpu, path, DType::F16, 20, off.tokens);
+  ASSERT_EQ(on.prompt.size(), off.prompt.size());
+  ASSERT_EQ(on.steps.size(), off.steps.size());
+  EXPECT_EQ(0, std::memcmp(on.prompt.data(), off.prompt.data(), on.prompt.size() * sizeof(float))) << "prompt logits differ";
+  for (size_t s = 0; s < on.steps.size(); ++s)
+    EXPECT_EQ(0, std::memcmp(on.steps[s].data(), off.steps[s].data(), on.steps[s].size() * sizeof(float))) << "decode step " << s;
+  std::printf("%s: moe_fused on vs off max |Δ| %.2e, %lld fused moe_ffn calls\n", GetParam().c_str(), diff(on, off).max,
+              static_cast<long long>(gpu->moe_fused_hits() - h0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CudaMoeFusedModel, testing::Values("tiny-qwen3moe-f16", "tiny-qwen35moe-f16"), name_of);
+
 }  // namespace
 }  // namespace pg

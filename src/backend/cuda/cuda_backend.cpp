@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/moe_gemv.h"
 #include "core/error.h"
 #include "core/kv_quant.h"
 
@@ -105,6 +106,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE"); e && *e) opt.gemv_pipe = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_U"); e && *e) opt.gemv_pipe_stages = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_BPS"); e && *e) opt.gemv_pipe_bps = std::max(0, std::atoi(e));
+  if (const char* e = std::getenv("PEREGRINE_CUDA_MOE_FUSED"); e && *e) opt.moe_fused = std::strcmp(e, "0") != 0;
   return create_cuda_backend(index, opt);
 }
 
@@ -1142,6 +1144,19 @@ void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weig
   int32_t* tiles = sorted_entry + E;
   const cudaStream_t st = as_stream(stream_);
 
+  // CudaOptions::moe_fused guard: the cases the grouped Launch<1> 8-bit GEMV would take for all three
+  // products (so the fused kernels reproduce exactly what the default path computes).
+  auto moe_fused_ok = [&](const Tensor& xx, const Tensor& g, const Proj& u, const Tensor& dn, int64_t dd, int64_t f, int64_t kk) {
+    if (!opt_.moe_fused || opt_.exact_f32 || opt_.gemv_lanes != 32 || xx.rows() > 65535 || kk > 32 || n * kk > 65535) return false;
+    if (!cuda::moe_fused_type(g.type) || !cuda::moe_fused_type(dn.type) || u.type != g.type) return false;
+    cuda::MatmulArgs t;
+    t.type = g.type, t.w = g.data, t.row_bytes = g.row_bytes(), t.K = dd, t.x = xx.as<float>(), t.x_stride = dd, t.expert_bytes = gate_bytes;
+    if (!cuda::gemv_fast_q8(t)) return false;
+    t.w = u.data, t.expert_bytes = u.expert_bytes;
+    if (!cuda::gemv_fast_q8(t)) return false;
+    t.type = dn.type, t.w = dn.data, t.row_bytes = dn.row_bytes(), t.K = f, t.x = G, t.x_stride = f, t.expert_bytes = down_bytes;
+    return cuda::gemv_fast_q8(t);
+  };
   auto mat = [&](const Tensor& w, const float* xp, int64_t K, int64_t M, float* yp, size_t expert_bytes) {
     cuda::MatmulArgs a;
     a.type = w.type;
@@ -1158,6 +1173,55 @@ void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weig
     a.act_quant = opt_.exact_f32 ? cuda::kActNone : cuda::act_quant_mode(w.type);
     return a;
   };
+  if (!grouped_gemm && moe_fused_ok(x, gate_exps, up, down_exps, d, ff, k)) {
+    // CudaOptions::moe_fused: act_quant(x), gate+up+GLU, act_quant(G), down+combine (moe_gemv.cu).
+    const bool pdl = opt_.pdl && pdl_capable_;
+    const size_t xb = (cuda::q8_scratch_bytes(n, d) + 255) & ~size_t{255};
+    auto* qs = static_cast<uint8_t*>(scratch(kSlotQ8, xb + cuda::q8_scratch_bytes(E, ff)));
+    cuda::MatmulArgs a = mat(gate_exps, x.as<float>(), d, ff, G, gate_bytes);
+    a.expert_ids = ids.as<int32_t>();
+    a.x_div = static_cast<int>(k);
+    cuda::quantize_q8(a, qs, st);  // n rows of x, gate's rounding (up has the same type)
+    const cuda::Q8Scratch xs = cuda::q8_scratch(qs, n, d);
+    cuda::MoeGateUpParams pg;
+    pg.gate = static_cast<const uint8_t*>(gate_exps.data);
+    pg.up = static_cast<const uint8_t*>(up.data);
+    pg.row_bytes = gate_exps.row_bytes();
+    pg.gate_expert_bytes = gate_bytes;
+    pg.up_expert_bytes = up.expert_bytes;
+    pg.ids = ids.as<int32_t>();
+    pg.E = static_cast<int>(E);
+    pg.k = static_cast<int>(k);
+    pg.K = d;
+    pg.ff = ff;
+    pg.n_pieces = static_cast<int>(d / 32);
+    pg.xq = xs.q;
+    pg.xd = xs.d;
+    pg.G = G;
+    cuda::moe_gate_up(gate_exps.type, pg, act == Activation::Silu ? 0 : 1, pdl, st);
+    cuda::MatmulArgs b = mat(down_exps, G, ff, d, T, down_bytes);
+    b.expert_ids = ids.as<int32_t>();
+    b.x_div = 1;
+    cuda::quantize_q8(b, qs + xb, st);  // E rows of G, down's rounding
+    const cuda::Q8Scratch gsq = cuda::q8_scratch(qs + xb, E, ff);
+    cuda::MoeDownParams pd;
+    pd.down = static_cast<const uint8_t*>(down_exps.data);
+    pd.row_bytes = down_exps.row_bytes();
+    pd.expert_bytes = down_bytes;
+    pd.ids = ids.as<int32_t>();
+    pd.weights = weights.as<float>();
+    pd.n = static_cast<int>(n);
+    pd.k = static_cast<int>(k);
+    pd.d = d;
+    pd.ff = ff;
+    pd.n_pieces = static_cast<int>(ff / 32);
+    pd.gq = gsq.q;
+    pd.gd = gsq.d;
+    pd.out = out.as<float>();
+    cuda::moe_down_combine(down_exps.type, pd, pdl, st);
+    ++moe_fused_hits_;
+    return;
+  }
   if (!grouped_gemm) {
     // Decode-sized batches: one GEMV per routed entry, reading that entry's expert.
     cuda::MatmulArgs a = mat(gate_exps, x.as<float>(), d, ff, G, gate_bytes);

@@ -179,6 +179,12 @@ struct CudaOptions {
   // the unfused path (CudaFuseNormQuant*). Off until measured on the device. Environment:
   // PEREGRINE_CUDA_FUSE_NORM_QUANT=1 (factory and tests' make_cuda).
   bool fuse_norm_quant = false;
+  // MoE decode (n ≤ gemv_max_rows, default mode, Q4_K/Q5_K/Q6_K/Q8_0 experts, gemv_lanes 32) in 4 launches
+  // instead of 8: act_quant(x), one gate+up+GLU kernel, act_quant(G), one down+weighted-combine kernel
+  // (moe_gemv.cu; no T buffer, no combine launch). Same per-dot order, GLU and combine arithmetic as the
+  // default path: bit-identical (CudaMoeFused*). Off until measured. Environment: PEREGRINE_CUDA_MOE_FUSED=1
+  // (factory and tests' make_cuda).
+  bool moe_fused = false;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
@@ -280,6 +286,8 @@ class CudaBackend final : public Backend {
   // fuse_norm_quant: how many matmul products so far read the activations a norm quantized (tests: the
   // fused path ran).
   int64_t norm_quant_hits() const { return norm_q8_hits_; }
+  // moe_fused: how many moe_ffn calls took the fused kernels (tests: the path really ran).
+  int64_t moe_fused_hits() const { return moe_fused_hits_; }
   size_t total_memory() const;
 
  private:
@@ -323,6 +331,7 @@ class CudaBackend final : public Backend {
   mutable uint64_t op_epoch_ = 1;
   NormQ8 norm_q8_;
   mutable int64_t norm_q8_hits_ = 0;
+  int64_t moe_fused_hits_ = 0;
   void check_own(const Tensor& t, const char* op) const;
   void check_not_capturing(const char* what) const;
 
