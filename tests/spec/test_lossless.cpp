@@ -173,24 +173,27 @@ TEST_P(GreedyLossless, SpeculativeEqualsPlain) {
   struct Case {
     std::string what, draft;
     SpecOptions spec;
-    bool full_accept;
+    // kWhole: every draft accepted; kSome: at least one rejected; kAny: no claim — the adaptive choices follow
+    // measured forward times, so how much (and whether) they draft depends on the machine's load (a loaded
+    // 2-core CI machine once drafted 10 tokens, all accepted); the fixed-shape cases exercise rejection.
+    enum Accept { kWhole, kSome, kAny } accept;
   };
   std::vector<Case> cases = {
-      {"self-draft n_max 1", target, spec_of(spec::SpecType::kDraft, 1), true},
-      {"self-draft n_max 5", target, spec_of(spec::SpecType::kDraft, 5), true},
-      {"self-draft n_max 64", target, spec_of(spec::SpecType::kDraft, 64), true},
-      {"ngram n_max 8", "", spec_of(spec::SpecType::kNgram, 8), false},
-      {"self-draft ddtree budget 1", target, spec_of(spec::SpecType::kDraft, 4, 1), true},
-      {"self-draft ddtree budget 22", target, spec_of(spec::SpecType::kDraft, 8, 22), false},
-      {"self-draft ddtree budget 64", target, spec_of(spec::SpecType::kDraft, 16, 64), false},
-      {"self-draft adaptive chain n_max 8", target, adaptive_of(spec::SpecType::kDraft, 8), true},
-      {"self-draft adaptive ddtree budget 22", target, adaptive_of(spec::SpecType::kDraft, 8, 22), false},
+      {"self-draft n_max 1", target, spec_of(spec::SpecType::kDraft, 1), Case::kWhole},
+      {"self-draft n_max 5", target, spec_of(spec::SpecType::kDraft, 5), Case::kWhole},
+      {"self-draft n_max 64", target, spec_of(spec::SpecType::kDraft, 64), Case::kWhole},
+      {"ngram n_max 8", "", spec_of(spec::SpecType::kNgram, 8), Case::kSome},
+      {"self-draft ddtree budget 1", target, spec_of(spec::SpecType::kDraft, 4, 1), Case::kWhole},
+      {"self-draft ddtree budget 22", target, spec_of(spec::SpecType::kDraft, 8, 22), Case::kSome},
+      {"self-draft ddtree budget 64", target, spec_of(spec::SpecType::kDraft, 16, 64), Case::kSome},
+      {"self-draft adaptive chain n_max 8", target, adaptive_of(spec::SpecType::kDraft, 8), Case::kWhole},
+      {"self-draft adaptive ddtree budget 22", target, adaptive_of(spec::SpecType::kDraft, 8, 22), Case::kAny},
   };
   for (const char* sib : {"Q4_0", "Q2_K"}) {
     const std::string p = std::string(PEREGRINE_SHARED_DIR) + "/golden/models/tiny-" + arch + "-" + sib + ".gguf";
     if (!std::filesystem::exists(p)) continue;
-    cases.push_back({std::string("draft ") + sib + " n_max 6", p, spec_of(spec::SpecType::kDraft, 6), false});
-    cases.push_back({std::string("draft ") + sib + " ddtree 16", p, spec_of(spec::SpecType::kDraft, 6, 16), false});
+    cases.push_back({std::string("draft ") + sib + " n_max 6", p, spec_of(spec::SpecType::kDraft, 6), Case::kSome});
+    cases.push_back({std::string("draft ") + sib + " ddtree 16", p, spec_of(spec::SpecType::kDraft, 6, 16), Case::kSome});
   }
   for (const auto& c : cases) {
     SCOPED_TRACE(arch + ": " + c.what);
@@ -200,8 +203,13 @@ TEST_P(GreedyLossless, SpeculativeEqualsPlain) {
     EXPECT_GT(sp.m.spec_drafted, 0u);
     // A model drafting for itself is accepted whole, hybrids included: the draft feeds its history in
     // other splits than the target, and the recurrent layers give the same bits for any split.
-    if (c.full_accept) EXPECT_EQ(sp.m.spec_accepted, sp.m.spec_drafted) << "a model drafting for itself must be accepted whole";
-    else EXPECT_LT(sp.m.spec_accepted, sp.m.spec_drafted) << "no rejection exercised";
+    if (c.accept == Case::kWhole) {
+      EXPECT_EQ(sp.m.spec_accepted, sp.m.spec_drafted) << "a model drafting for itself must be accepted whole";
+    }
+    if (c.accept == Case::kSome) {
+      EXPECT_LT(sp.m.spec_accepted, sp.m.spec_drafted) << "no rejection exercised";
+    }
+    EXPECT_LE(sp.m.spec_accepted, sp.m.spec_drafted);
     // Every request's own counters add up to the engine's.
     uint64_t dn = 0;
     for (const auto& o : sp.outs) dn += static_cast<uint64_t>(o.last.stats.draft_n);
