@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   try {
     if (cuda_device_count() == 0) throw Error("no CUDA device");
     CudaOptions off, on, dec;
+    off.fa_vec = on.fa_vec = dec.fa_vec = false;  // the other kernels' columns, not the default's fa_vec
     off.fa_prefill_min_rows = 0;  // attention.cu at every row count (the default routes ≥ 32 rows to tensor cores)
     on.fa_prefill_min_rows = 1;
     on.fa_prefill_typed = true;  // --kv of a quantized type: the typed tensor-core path (off by default) vs attn_kvq_kernel
@@ -88,6 +89,8 @@ int main(int argc, char** argv) {
     dec.fa_prefill_typed = true;
     CudaOptions vec = dec;  // the same routing with the SIMT flash-decoding kernel first (CudaOptions::fa_vec)
     vec.fa_vec = true;
+    vec.fa_vec_max_rows = 8;  // wherever the kernel takes the shape (the default limits it to 1 row, head ≤ 128)
+    vec.fa_vec_max_head_dim = 256;
     // Its split-plan knobs from the factory's environment aliases, so device-check can sweep them.
     if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) vec.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
     if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_CHUNK"); e && *e) vec.fa_vec_min_chunk = std::max(1, std::atoi(e));

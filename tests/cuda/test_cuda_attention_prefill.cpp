@@ -64,6 +64,7 @@ CudaOptions fa_options(int min_rows) {
   CudaOptions o;
   o.fa_prefill_min_rows = min_rows;
   o.fa_decode = min_rows > 0;
+  o.fa_vec = false;  // one-row F16 calls would take the SIMT kernel (its own tests: test_cuda_favec.cpp) on both sides
   o.fa_prefill_typed = true;  // typed caches take the tensor-core kernel too
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::string(e) == "0") o.pdl = false;
   return o;

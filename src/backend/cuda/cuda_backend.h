@@ -120,19 +120,25 @@ struct CudaOptions {
   // (row, KV head, key split), all query heads of a KV head in the block, 16-byte K/V loads straight from the
   // cache, FP32 online softmax, a one-warp-per-head split combine. Taken before the tensor-core route. Why:
   // the tensor-core kernel costs 25.5 µs per decode launch at depth 0 and ~37 µs with its combine at 4096
-  // (issue 11). Host emulation passes (CudaFaVecEmulated); NOT YET RUN ON A GPU: off. Environment:
-  // PEREGRINE_CUDA_FA_VEC=1 (factory).
-  bool fa_vec = false;
+  // (issue 11). Runs 37–38 (H200): every CUDA test passes with it; with one-row calls, head_dim ≤ 128 and
+  // 64-key chunks, qwen3-8b Q4_K_M tg128 269.5 → 300.5 (d0), 194.7 → 204.5 (d4096), 100.0 → 120.2 (d32768).
+  // On by default within those limits (fa_vec_max_rows, fa_vec_max_head_dim). Environment:
+  // PEREGRINE_CUDA_FA_VEC=0 turns it off (factory).
+  bool fa_vec = true;
   // Its split plan's target: about this many blocks per SM (the key splits of a short grid). Environment:
   // PEREGRINE_CUDA_FA_VEC_BLOCKS=<n> (factory).
   int fa_vec_blocks_per_sm = 4;
   // Its smallest key split in keys: fewer keys per split means more blocks in flight at depth, more partials
-  // for the combine. Environment: PEREGRINE_CUDA_FA_VEC_CHUNK=<n> (factory).
-  int fa_vec_min_chunk = 256;
+  // for the combine. 64 won run 38's sweep (qwen3-8b, 1 row: d512 1.66×, d4096 1.29×, d32768 1.55× the
+  // tensor-core route; 256 lost at d512). Environment: PEREGRINE_CUDA_FA_VEC_CHUNK=<n> (factory).
+  int fa_vec_min_chunk = 64;
   // Calls of at most this many rows take it (1..8): above one row each block re-reads its KV head's keys for
   // its own row, where the tensor-core route reads them once for all rows. Environment:
-  // PEREGRINE_CUDA_FA_VEC_ROWS=<n> (factory).
-  int fa_vec_max_rows = 8;
+  // PEREGRINE_CUDA_FA_VEC_ROWS=<n> (factory). 1: at 2 rows it ties at d32768 and loses at 4–8 rows (run 37).
+  int fa_vec_max_rows = 1;
+  // Heads of at most this size take it: at head_dim 256 (qwen35) it loses to the tensor-core route beyond a
+  // few hundred keys (0.53–0.90×, runs 37–38). Environment: PEREGRINE_CUDA_FA_VEC_HEAD_DIM=<n> (factory).
+  int fa_vec_max_head_dim = 128;
   // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:
   // a matmul inside matmul_shared counts as part of it) and drained by profile_take(); CUDA graphs are off
   // so that each op is its own launch. The times include launch gaps when the host falls behind, so small
@@ -182,9 +188,10 @@ struct CudaOptions {
   // MoE decode (n ≤ gemv_max_rows, default mode, Q4_K/Q5_K/Q6_K/Q8_0 experts, gemv_lanes 32) in 4 launches
   // instead of 8: act_quant(x), one gate+up+GLU kernel, act_quant(G), one down+weighted-combine kernel
   // (moe_gemv.cu; no T buffer, no combine launch). Same per-dot order, GLU and combine arithmetic as the
-  // default path: bit-identical (CudaMoeFused*). Off until measured. Environment: PEREGRINE_CUDA_MOE_FUSED=1
-  // (factory and tests' make_cuda).
-  bool moe_fused = false;
+  // default path: bit-identical (CudaMoeFused*). Run 38 (H200): every CUDA test passes with it, qwen3-30b-a3b
+  // Q4_K_M tg128 255.7 → 287.9 (d0), 197.7 → 215.5 (d4096). On by default. Environment:
+  // PEREGRINE_CUDA_MOE_FUSED=0 turns it off (factory and tests' make_cuda).
+  bool moe_fused = true;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
