@@ -1,5 +1,5 @@
 // Persistent, software-pipelined one-row decode GEMV (CudaOptions::gemv_pipe, issue 11). Included by
-// gemv_q8.cu inside its anonymous namespace, after the weight-type structs (K4, K5, K6, B8), ActRows,
+// gemv_q8.cu inside its anonymous namespace, after the weight-type structs (quant_dot.cuh), ActRows,
 // rw2_sums, kMultiMax and glu_act: it reuses their dot() arithmetic unchanged.
 //
 // Why: the two-rows-per-warp kernel (gemv_q8_rw2_kernel) issues one round of 4 pieces × 2 rows of weight
@@ -284,17 +284,6 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_pipe_kernel(const Pip
 
 // ---- host side -------------------------------------------------------------------------------------------
 
-template <class F>
-bool dispatch_pipe(DType t, F&& f) {
-  switch (t) {
-    case DType::Q4_K: f.template operator()<K4>(); return true;
-    case DType::Q5_K: f.template operator()<K5>(); return true;
-    case DType::Q6_K: f.template operator()<K6>(); return true;
-    case DType::Q8_0: f.template operator()<B8>(); return true;
-    default: return false;
-  }
-}
-
 int pipe_stages(const MatmulArgs& a) { return std::clamp(a.pipe_stages, kPipeMinStages, kPipeMaxStages); }
 
 // Dynamic shared memory of one block: the 4 warps' rings, the activations (K, padded to 16) and scales.
@@ -327,7 +316,7 @@ PipeDevice pipe_device() {
 bool pipe_supported(const MatmulArgs& a) {
   if (a.pipe_stages <= 0 || a.n != 1 || a.expert_ids || a.lanes != 32 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;
   bool ok = false;
-  dispatch_pipe(a.type, [&]<class T>() {
+  wq::dispatch<wq::WqSet::kKQuantsQ8>(a.type, [&]<class T>() {
     ok = a.K % (32 * T::kPieces) == 0 && aligned(a, T::kAlign) &&
          pipe_smem_bytes<T>(a.K, pipe_stages(a)) <= static_cast<size_t>(pipe_device().smem_optin);
   });

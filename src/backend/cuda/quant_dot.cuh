@@ -1,0 +1,285 @@
+// Weight decoders of the 8-bit-activation dot kernels (gemv_q8.cu, its pipelined variant gemv_pipe.cuh, and
+// moe_gemv.cu's fused MoE decode): one struct per weight type with load() (a piece's global loads, 32
+// weights) and dot() (Σ w·x of the piece against NA rows of q8 activations, dp4a). One copy, so the MoE
+// kernels' bit-identity with the default grouped GEMV (summation order, rounding) holds by construction.
+//
+// Every weight type: kBytes per block of kPieces pieces (32 weights each), kAlign = the alignment its loads
+// need of the row start, row_bytes and expert_bytes. Activations: q8_0 per 32 values for the 32-value block
+// types, q8_K per 256 for the K-quants (act_quant.cuh), as in the CPU backend's default mode.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+
+namespace pg::cuda::wq {
+
+__device__ __forceinline__ int4 ld_q8x16(const int8_t* p) { return *reinterpret_cast<const int4*>(p); }
+__device__ __forceinline__ uint32_t ldg32a2(const uint8_t* p) {
+  return static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(p))) |
+         (static_cast<uint32_t>(__ldg(reinterpret_cast<const uint16_t*>(p + 2))) << 16);
+}
+__device__ __forceinline__ uint4 ldg128(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ int dp4(uint32_t a, int b, int c) { return __dp4a(static_cast<int>(a), b, c); }
+__device__ __forceinline__ int sum4(const int4& v) {
+  return __dp4a(0x01010101, v.x, __dp4a(0x01010101, v.y, __dp4a(0x01010101, v.z, __dp4a(0x01010101, v.w, 0))));
+}
+__device__ __forceinline__ int dot16(const uint32_t (&q)[4], const int4& x) {
+  return dp4(q[3], x.w, dp4(q[2], x.z, dp4(q[1], x.y, dp4(q[0], x.x, 0))));
+}
+
+// Activation pointers of the NA rows a warp serves.
+template <int NA>
+struct ActRows {
+  const int8_t* q[NA];  // (K)
+  const float* d[NA];   // (K/32)
+};
+
+// Q4_K: 144 B = [d, dmin (f16), scales (12 B, 6-bit sc/m per 32)] [qs 128 B]. Piece p (0..7) is qs bytes
+// [16p, 16p+16): low nibbles = sub-block 2j positions 16h.., high nibbles = sub-block 2j+1 (j=p/2, h=p%2).
+struct K4 {
+  static constexpr int kBytes = 144, kPieces = 8, kAlign = 16;
+  struct Raw {
+    uint4 q, hd;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi >> 3) * kBytes;
+    return {ldg128(b + 16 + 16 * (pi & 7)), ldg128(b)};
+  }
+  // 6-bit scale and min of sub-block is (0..7) from the 12 scale bytes.
+  __device__ static void scale_min(const uint4& hd, int is, int& sc, int& m) {
+    const uint32_t s0 = hd.y, s1 = hd.z, s2 = hd.w;
+    if (is < 4) {
+      sc = static_cast<int>(byte12(s0, s1, s2, is) & 63);
+      m = static_cast<int>(byte12(s0, s1, s2, is + 4) & 63);
+    } else {
+      sc = static_cast<int>((byte12(s0, s1, s2, is + 4) & 0xF) | ((byte12(s0, s1, s2, is - 4) >> 6) << 4));
+      m = static_cast<int>((byte12(s0, s1, s2, is + 4) >> 4) | ((byte12(s0, s1, s2, is) >> 6) << 4));
+    }
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int p = pi & 7, j = p >> 1;
+    const int64_t e = static_cast<int64_t>(pi >> 3) * 256 + 64 * j + 16 * (p & 1);  // first activation
+    uint32_t lo[4], hi[4];
+    const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lo[i] = q[i] & 0x0F0F0F0Fu, hi[i] = (q[i] >> 4) & 0x0F0F0F0Fu;
+    pair_dot<NA>(lo, hi, r.hd, j, e, x, acc);
+  }
+  // The piece's two 16-value runs: lo of sub-block 2j, hi of sub-block 2j+1 (quants 0..31, unsigned),
+  // each scaled as d·sc·Σq·x − dmin·m·Σx. Shared by Q4_K and Q5_K (same header layout).
+  template <int NA>
+  __device__ static void pair_dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const uint4& hd, int j, int64_t e,
+                                  const ActRows<NA>& x, float (&acc)[NA]) {
+    int sc0, m0, sc1, m1;
+    scale_min(hd, 2 * j, sc0, m0);
+    scale_min(hd, 2 * j + 1, sc1, m1);
+    const float d = h2f(hd.x), dmin = h2f(hd.x >> 16);
+    const float a0 = d * static_cast<float>(sc0), b0 = dmin * static_cast<float>(m0);
+    const float a1 = d * static_cast<float>(sc1), b1 = dmin * static_cast<float>(m1);
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 32);
+      const float da = x.d[a][e >> 5], db = x.d[a][(e >> 5) + 1];
+      acc[a] += da * (a0 * static_cast<float>(dot16(lo, xa)) - b0 * static_cast<float>(sum4(xa))) +
+                db * (a1 * static_cast<float>(dot16(hi, xb)) - b1 * static_cast<float>(sum4(xb)));
+    }
+  }
+};
+
+// Q5_K: 176 B = [d, dmin, scales (12 B)] [qh 32 B] [qs 128 B]; as Q4_K plus the 5th bit of position l of
+// sub-block s in bit s of qh[l].
+struct K5 {
+  static constexpr int kBytes = 176, kPieces = 8, kAlign = 16;
+  struct Raw {
+    uint4 q, hd, qh;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi >> 3) * kBytes;
+    const int p = pi & 7;
+    return {ldg128(b + 48 + 16 * p), ldg128(b), ldg128(b + 16 + 16 * (p & 1))};
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int p = pi & 7, j = p >> 1;
+    const int64_t e = static_cast<int64_t>(pi >> 3) * 256 + 64 * j + 16 * (p & 1);
+    uint32_t lo[4], hi[4];
+    const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, h[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = (q[i] & 0x0F0F0F0Fu) | (((h[i] >> (2 * j)) & 0x01010101u) << 4);
+      hi[i] = ((q[i] >> 4) & 0x0F0F0F0Fu) | (((h[i] >> (2 * j + 1)) & 0x01010101u) << 4);
+    }
+    K4::pair_dot<NA>(lo, hi, r.hd, j, e, x, acc);
+  }
+};
+
+// Q6_K: 210 B = [ql 128 B] [qh 64 B] [scales 16 × int8] [d f16]; 2-byte aligned only. Piece p: half
+// hf = p/4, pair = p/2 % 2, lq = p % 2 reads ql[16p, 16p+16) and qh[32hf + 16lq, +16): the low nibbles
+// (+ qh bits 2·pair) are weights 128hf + 32pair + 16lq + i, the high nibbles (+ qh bits 4 + 2·pair) the
+// same positions + 64; values are q − 32.
+struct K6 {
+  static constexpr int kBytes = 210, kPieces = 8, kAlign = 2;
+  struct Raw {
+    uint32_t ql[4], qh[4], sc, d;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi >> 3) * kBytes;
+    const int p = pi & 7, hf = p >> 2, pair = (p >> 1) & 1, lq = p & 1;
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r.ql[i] = ldg32a2(b + 16 * p + 4 * i);
+      r.qh[i] = ldg32a2(b + 128 + 32 * hf + 16 * lq + 4 * i);
+    }
+    const int s = 8 * hf + lq + 2 * pair;
+    r.sc = static_cast<uint32_t>(__ldg(b + 192 + s)) | (static_cast<uint32_t>(__ldg(b + 196 + s)) << 8);
+    r.d = __ldg(reinterpret_cast<const uint16_t*>(b + 208));
+    return r;
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int p = pi & 7, hf = p >> 2, pair = (p >> 1) & 1, lq = p & 1;
+    const int64_t e = static_cast<int64_t>(pi >> 3) * 256 + 128 * hf + 32 * pair + 16 * lq;
+    uint32_t qa[4], qb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      qa[i] = (r.ql[i] & 0x0F0F0F0Fu) | (((r.qh[i] >> (2 * pair)) & 0x03030303u) << 4);
+      qb[i] = ((r.ql[i] >> 4) & 0x0F0F0F0Fu) | (((r.qh[i] >> (4 + 2 * pair)) & 0x03030303u) << 4);
+    }
+    const float d = h2f(r.d);
+    const float sa = d * static_cast<float>(static_cast<int8_t>(r.sc & 0xff));
+    const float sb = d * static_cast<float>(static_cast<int8_t>((r.sc >> 8) & 0xff));
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 64);
+      const float da = x.d[a][e >> 5], db = x.d[a][(e >> 5) + 2];
+      acc[a] += da * sa * static_cast<float>(dot16(qa, xa) - 32 * sum4(xa)) + db * sb * static_cast<float>(dot16(qb, xb) - 32 * sum4(xb));
+    }
+  }
+};
+
+// Q8_0: 34 B = [d f16] [32 × int8]; one piece per block, 2-byte aligned.
+struct B8 {
+  static constexpr int kBytes = 34, kPieces = 1, kAlign = 2;
+  struct Raw {
+    uint32_t q[8], d;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi) * kBytes;
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.q[i] = ldg32a2(b + 2 + 4 * i);
+    r.d = __ldg(reinterpret_cast<const uint16_t*>(b));
+    return r;
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int64_t e = static_cast<int64_t>(pi) * 32;
+    const float d = h2f(r.d);
+    const uint32_t q0[4] = {r.q[0], r.q[1], r.q[2], r.q[3]}, q1[4] = {r.q[4], r.q[5], r.q[6], r.q[7]};
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 16);
+      acc[a] += d * x.d[a][pi] * static_cast<float>(dot16(q0, xa) + dot16(q1, xb));
+    }
+  }
+};
+
+// Q4_0: 18 B = [d f16] [qs 16 B]: low nibbles are weights 0..15, high nibbles 16..31, values q − 8.
+struct B4 {
+  static constexpr int kBytes = 18, kPieces = 1, kAlign = 2;
+  struct Raw {
+    uint32_t q[4], d;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi) * kBytes;
+    Raw r;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.q[i] = ldg32a2(b + 2 + 4 * i);
+    r.d = __ldg(reinterpret_cast<const uint16_t*>(b));
+    return r;
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int64_t e = static_cast<int64_t>(pi) * 32;
+    const float d = h2f(r.d);
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lo[i] = r.q[i] & 0x0F0F0F0Fu, hi[i] = (r.q[i] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 16);
+      acc[a] += d * x.d[a][pi] * static_cast<float>(dot16(lo, xa) + dot16(hi, xb) - 8 * (sum4(xa) + sum4(xb)));
+    }
+  }
+};
+
+// The IQ4_NL levels of 4 nibble indices (one per byte, 0..15) as 4 int8 bytes, by byte permutes.
+__device__ __forceinline__ uint32_t iq4_levels4(uint32_t v) {
+  const uint32_t sel = (v & 7u) | ((v >> 4) & 0x70u) | ((v >> 8) & 0x700u) | ((v >> 12) & 0x7000u);
+  const uint32_t lo = __byte_perm(0xBFAD9881u, 0xF6EADDCFu, sel);
+  const uint32_t hi = __byte_perm(0x26190D01u, 0x71594535u, sel);
+  const uint32_t m = ((v >> 3) & 0x01010101u) * 0xFFu;
+  return (lo & ~m) | (hi & m);
+}
+
+// IQ4_XS: 136 B = [d f16] [scales_h u16] [scales_l 4 B] [qs 128 B]; 8-byte aligned. Piece = sub-block ib:
+// qs[16ib, +16), low nibbles weights 0..15, high 16..31, levels from the IQ4_NL table, scale d·(ls − 32).
+struct XS4 {
+  static constexpr int kBytes = 136, kPieces = 8, kAlign = 8;
+  struct Raw {
+    uint2 q0, q1, hd;
+  };
+  __device__ static Raw load(const uint8_t* row, int pi) {
+    const uint8_t* b = row + static_cast<size_t>(pi >> 3) * kBytes;
+    const uint8_t* qs = b + 8 + 16 * (pi & 7);
+    return {__ldg(reinterpret_cast<const uint2*>(qs)), __ldg(reinterpret_cast<const uint2*>(qs + 8)),
+            __ldg(reinterpret_cast<const uint2*>(b))};
+  }
+  template <int NA>
+  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+    const int ib = pi & 7;
+    const int64_t e = static_cast<int64_t>(pi) * 32;
+    const int ls = static_cast<int>(((r.hd.y >> (4 * ib)) & 0xF) | (((r.hd.x >> (16 + 2 * ib)) & 3) << 4));
+    const float dl = h2f(r.hd.x) * static_cast<float>(ls - 32);
+    const uint32_t q[4] = {r.q0.x, r.q0.y, r.q1.x, r.q1.y};
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lo[i] = iq4_levels4(q[i] & 0x0F0F0F0Fu), hi[i] = iq4_levels4((q[i] >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 16);
+      acc[a] += dl * x.d[a][pi] * static_cast<float>(dot16(lo, xa) + dot16(hi, xb));
+    }
+  }
+};
+
+// The weight types a kernel family instantiates.
+enum class WqSet {
+  kAll,         // every decoder above
+  kKQuantsQ8,   // Q4_K, Q5_K, Q6_K, Q8_0 (the pipelined and fused-MoE kernels)
+};
+
+// Calls f.template operator()<T>() with the decoder of type t; false when t is not in S.
+template <WqSet S = WqSet::kAll, class F>
+bool dispatch(DType t, F&& f) {
+  switch (t) {
+    case DType::Q4_K: f.template operator()<K4>(); return true;
+    case DType::Q5_K: f.template operator()<K5>(); return true;
+    case DType::Q6_K: f.template operator()<K6>(); return true;
+    case DType::Q8_0: f.template operator()<B8>(); return true;
+    default: break;
+  }
+  if constexpr (S == WqSet::kAll) {
+    switch (t) {
+      case DType::Q4_0: f.template operator()<B4>(); return true;
+      case DType::IQ4_XS: f.template operator()<XS4>(); return true;
+      default: break;
+    }
+  }
+  return false;
+}
+
+}  // namespace pg::cuda::wq
