@@ -77,7 +77,7 @@ DRAFT_DEVICE_CHAIN=${DRAFT_DEVICE_CHAIN:-0}  # 1: also the bundled-pair spec ben
 TESTS_RPW2=${TESTS_RPW2:-0}        # 1: also the op/model tests with PEREGRINE_GEMV_RPW=2 (tests-rpw2.log)
 SPEC_GRAPHS=${SPEC_GRAPHS:-0}      # 1: graph replay of verify-sized forwards (PEREGRINE_CUDA_GRAPH_ROWS=64, CudaOptions::graph_max_rows):
                                    #    CudaGraphRows and the graph/tree/spec tests with it (tests-spec-graphs.log), then the bundled
-                                   #    pair's SPEC bench (with its spec-phases lines) at graph rows 8 (default) and 64 (spec-graphs-*.log)
+                                   #    pair's SPEC bench (with its spec-phases lines) at graph rows 8 and 64 (default) (spec-graphs-*.log)
 SPEC_GRAPHS_DRAFTS=${SPEC_GRAPHS_DRAFTS:-draft}  # with SPEC_GRAPHS: bundled drafts to bench (models/peregrine-demo-<d>-Q8_0.gguf; "draft dflash")
 DFLASH_TRAIN=${DFLASH_TRAIN:-0}    # N > 0: train the bundled target's DFlash draft on the GPU for N minutes (tools/train/dflash_train.py),
                                    # then its acceptance vs the bundled one on the CPU  → $OUT/dflash/, dflash.log
@@ -420,7 +420,7 @@ if ((CLI_OK && SPEC4)); then
 fi
 
 # Verify-sized forwards replayed as CUDA graphs (issue 10/13: the bundled pair's forwards are launch-bound):
-# the tests with PEREGRINE_CUDA_GRAPH_ROWS=64, then the SPEC bench at the default limit (8 rows) and at 64,
+# the tests with PEREGRINE_CUDA_GRAPH_ROWS=64, then the SPEC bench at 8 rows (the default before run 39) and at 64 (the default),
 # neighbours in time. What decides: chain / DDTree tok/s at 64 vs 8 with the same text, and the verify ms of
 # the spec-phases lines.
 if ((BUILD_OK && SPEC_GRAPHS)); then

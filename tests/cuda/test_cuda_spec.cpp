@@ -239,7 +239,7 @@ INSTANTIATE_TEST_SUITE_P(
 // (the same launches on the same inputs; replay reads the uploaded per-step inputs) and the backend must
 // hold a recording for each shape. Against a backend with graphs off (eager launches sized for the exact KV
 // length instead of its bucket: the split-K sums may be cut differently) within 1e-4, as CudaGraphs.
-// With the default graph_max_rows (8) none of these forwards records a graph.
+// With graph_max_rows 8 (the default before run 39) none of these forwards records a graph.
 class CudaGraphRows : public testing::TestWithParam<std::string> {};
 
 TEST_P(CudaGraphRows, VerifySizedForwardsReplayEqualEager) {

@@ -34,13 +34,13 @@ struct CudaOptions {
   // Decode steps recorded once and replayed as CUDA graphs (Backend::graphs_supported). Off with the
   // environment variable PEREGRINE_CUDA_GRAPHS=0 (factory), for debugging and A/B timing.
   bool graphs = true;
-  // Forwards of at most this many rows replay graphs (Backend::graph_max_rows), 1..64. Default 8: decode
-  // micro-batches. 64 also records speculative verify forwards (chain 8 + 1 = 9 rows, DDTree 22-23 rows; the
-  // bundled pair's forwards are launch-bound, ~0.38 ms eager), one recording per row count and KV bucket.
-  // Every op those rows take (MMQ up to 64 rows, the FP16 GEMM, the tensor-core prefill attention at >= 32
-  // chain rows, MoE's grouped GEMM) sizes its launch from shapes only. Being measured: off (8) by default.
-  // Environment: PEREGRINE_CUDA_GRAPH_ROWS=<n> (factory).
-  int graph_max_rows = 8;
+  // Forwards of at most this many rows replay graphs (Backend::graph_max_rows), 1..64. Default 64: decode
+  // micro-batches, speculative verify forwards (chain 8 + 1 = 9 rows, DDTree 22-23 rows) and short prompt
+  // chunks, one recording per row count and KV bucket. Every op those rows take (MMQ up to 64 rows, the FP16
+  // GEMM, the tensor-core prefill attention at >= 32 chain rows, MoE's grouped GEMM) sizes its launch from
+  // shapes only. Measured (run 39, bundled pair on the H200): DDTree 22 0.90x -> 1.01x of AR, chain unchanged.
+  // Environment: PEREGRINE_CUDA_GRAPH_ROWS=<n> (factory; 8 was the default before run 39).
+  int graph_max_rows = 64;
   // Lanes per weight row in the 8-bit-activation GEMV: 32 (measured default), 16 or 8 (candidates; see
   // gemv_q8.cu). Environment: PEREGRINE_GEMV_LANES (factory).
   int gemv_lanes = 32;
