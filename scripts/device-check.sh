@@ -111,9 +111,10 @@ MOE_FUSED=${MOE_FUSED:-0}          # 1: MoE decode in 4 launches (PEREGRINE_CUDA
 FA_VEC=${FA_VEC:-0}                # 1: SIMT flash-decoding attention for ≤ 8-row calls (PEREGRINE_CUDA_FA_VEC=1): every CUDA test with it
                                    #    (tests-fa-vec.log), pg_cuda_attn_bench at rows 1/4/8, depths 0/512/4096/32768, qwen3-8b and
                                    #    head-256 shapes in graphs (kernels-attn-vec.log), tg128 at depths 0, 4096, 32768 off vs on, first model
-FA_VEC_SWEEP=${FA_VEC_SWEEP:-}      # "CHUNK:BLOCKS ..." split-plan points of fa_vec (PEREGRINE_CUDA_FA_VEC_CHUNK / _BLOCKS): per point the fa_vec
+FA_VEC_SWEEP=${FA_VEC_SWEEP:-}      # "CHUNK:BLOCKS[:STAGES] ..." points of fa_vec (PEREGRINE_CUDA_FA_VEC_CHUNK / _BLOCKS / _STAGES): per point the fa_vec
                                    #    and model/graph tests (tests-fa-vec-sweep.log), pg_cuda_attn_bench rows 1/2 (kernels-attn-sweep.log),
-                                   #    tg128 at depths 0, 4096, 32768 with fa_vec on, first model (e.g. "64:4 128:8")
+                                   #    tg128 at depths 0, 4096, 32768 with fa_vec on, first model (e.g. "64:4 128:8"); FA_VEC_SWEEP_TESTS
+                                   #    (ctest -R regex) and FA_VEC_SWEEP_SHAPES (pg_cuda_attn_bench --shapes) narrow it
 FA_SPLIT=${FA_SPLIT:-}              # PEREGRINE_CUDA_FA_SPLIT_BLOCKS values (tensor-core attention's split-K blocks per SM, default 2) to time
                                    #    tg128 at depths 4096 and 32768 with, first model (e.g. "4 8")
 FA_PREFILL_ROWS=${FA_PREFILL_ROWS:-32}  # CudaOptions::fa_prefill_min_rows for the "on" runs (PEREGRINE_CUDA_FA_PREFILL)
@@ -320,16 +321,19 @@ fi
 # fa_vec's split plan swept: smaller chunks / more blocks per SM keep more KV loads in flight at depth.
 if ((BUILD_OK)) && [ -n "$FA_VEC_SWEEP" ]; then
   for pt in $FA_VEC_SWEEP; do
-    ch=${pt%%:*} bl=${pt##*:}
-    PEREGRINE_CUDA_FA_VEC=1 PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl run_step "fa_vec tests, chunk $ch, $bl blocks/SM" \
-      "$OUT/tests-fa-vec-sweep.log" 200 ctest --test-dir "$BUILD" -L cuda -R "FaVec|CudaModel|CudaGraphs|CudaSpec" -j 6 --timeout 190 --output-on-failure
+    IFS=: read -r ch bl st <<<"$pt"
+    st=${st:-3}
+    export PEREGRINE_CUDA_FA_VEC_STAGES=$st
+    PEREGRINE_CUDA_FA_VEC=1 PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl run_step "fa_vec tests, chunk $ch, $bl blocks/SM, $st stages" \
+      "$OUT/tests-fa-vec-sweep.log" 200 ctest --test-dir "$BUILD" -L cuda -R "${FA_VEC_SWEEP_TESTS:-FaVec|CudaModel|CudaGraphs|CudaSpec}" -j 6 --timeout 190 --output-on-failure
     grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)" "$OUT/tests-fa-vec-sweep.log" | tail -3 >>"$SUMMARY"
     if [ -x "$BUILD/tests/cuda/pg_cuda_attn_bench" ]; then
-      echo "--- chunk $ch, $bl blocks/SM" >>"$OUT/kernels-attn-sweep.log"
-      PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl run_step "attention alone, fa_vec chunk $ch, $bl blocks/SM" \
-        "$OUT/kernels-attn-sweep.log" 90 "$BUILD/tests/cuda/pg_cuda_attn_bench" --shapes 32:8:128,24:4:256 --rows 1,2 \
+      echo "--- chunk $ch, $bl blocks/SM, $st stages" >>"$OUT/kernels-attn-sweep.log"
+      PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl run_step "attention alone, fa_vec chunk $ch, $bl blocks/SM, $st stages" \
+        "$OUT/kernels-attn-sweep.log" 90 "$BUILD/tests/cuda/pg_cuda_attn_bench" --shapes ${FA_VEC_SWEEP_SHAPES:-32:8:128,24:4:256} --rows 1,2 \
         --depth 512,4096,32768 --reps 20 --graph 20
     fi
+    unset PEREGRINE_CUDA_FA_VEC_STAGES
   done
   grep -E "^\| [0-9]|^--- chunk" "$OUT/kernels-attn-sweep.log" | cut -d'|' -f2-4,13,16-18 >>"$SUMMARY"
 fi
@@ -568,8 +572,9 @@ if ((CLI_OK)); then
       fi
       if ((FIRST_MODEL)); then
         for pt in $FA_VEC_SWEEP; do
-          PEREGRINE_CUDA_FA_VEC=1 PEREGRINE_CUDA_FA_VEC_CHUNK=${pt%%:*} PEREGRINE_CUDA_FA_VEC_BLOCKS=${pt##*:} bench_one "$LOG" \
-            "$preset $type tg128 at depths 0, 4096, 32768, fa_vec chunk ${pt%%:*}, ${pt##*:} blocks/SM" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 1
+          IFS=: read -r ch bl st <<<"$pt"
+          PEREGRINE_CUDA_FA_VEC=1 PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl PEREGRINE_CUDA_FA_VEC_STAGES=${st:-3} bench_one "$LOG" \
+            "$preset $type tg128 at depths 0, 4096, 32768, fa_vec chunk $ch, $bl blocks/SM, ${st:-3} stages" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 1
         done
         for v in $FA_SPLIT; do
           PEREGRINE_CUDA_FA_SPLIT_BLOCKS=$v bench_one "$LOG" "$preset $type tg128 at depths 4096 and 32768, FA split blocks per SM $v" -m "$MODEL" -p 0 -n 128 -d 4096,32768 -r 1

@@ -4,7 +4,7 @@
 //  - threadIdx / blockIdx / blockDim / gridDim (thread-local), __syncthreads (a barrier of the block's threads),
 //    __shared__ as function statics (shared by the block's threads; blocks do not overlap), the dynamic
 //    shared memory (filled with 0xFF bytes — FP16 NaN — so a read of a never-written element shows);
-//  - the warp intrinsics the kernel uses, __shfl_xor_sync and __all_sync, through a per-warp exchange
+//  - the warp intrinsics the kernel uses, __shfl_xor_sync, __shfl_sync and __all_sync, through a per-warp exchange
 //    area and barrier (all 32 lanes must take part, as the kernel's full masks promise);
 //  - ldmatrix.x4 (plain and .trans) and mma.m16n8k16 (f16 in, f32 accumulate) from the PTX ISA's
 //    fragment definitions (the same tables test_cuda_fa_layout.cpp checks the kernel's helpers against);
@@ -139,6 +139,22 @@ T __shfl_xor_sync(unsigned, T v, int off) {
   w.val[l] = bits;
   w.bar.arrive_and_wait();
   bits = w.val[l ^ off];
+  w.bar.arrive_and_wait();
+  T r;
+  std::memcpy(&r, &bits, sizeof(T));
+  return r;
+}
+// Indexed form (lane src of the warp; src in 0..31).
+template <class T>
+T __shfl_sync(unsigned, T v, int src) {
+  static_assert(sizeof(T) <= 8, "shuffle of ≤ 8 bytes");
+  shim::Warp& w = shim::warp();
+  const int l = shim::lane();
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  w.val[l] = bits;
+  w.bar.arrive_and_wait();
+  bits = w.val[src & 31];
   w.bar.arrive_and_wait();
   T r;
   std::memcpy(&r, &bits, sizeof(T));

@@ -40,14 +40,16 @@ struct VecCase {
   int n_head, n_head_kv, head_dim, window;
   float softcap;
   int n_sm;  // the plan's SM count: with 1 the grid is "full" at once (no split), with 64 long rows split
+  int stages = 3;       // AttentionArgs::fa_vec_stages: 0 the register-load kernel, 2..4 the staged one's ring
+  int block_size = 16;  // cache cells per block: a power of two (shift) or not (division)
 };
 
 class CudaFaVecEmulated : public testing::TestWithParam<VecCase> {};
 
 std::string vec_name(const testing::TestParamInfo<VecCase>& i) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d_sm%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim, i.param.window,
-                static_cast<int>(i.param.softcap), i.param.n_sm);
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d_sm%d_st%d_bs%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim, i.param.window,
+                static_cast<int>(i.param.softcap), i.param.n_sm, i.param.stages, i.param.block_size);
   return buf;
 }
 
@@ -57,9 +59,10 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
   co.n_threads = 1;
   co.exact_f32 = true;
   CpuBackend cpu(co);
-  // Two sequences: 0 with 1100 cached positions (splits of 256-key chunks), 1 with 90; shuffled blocks of 16.
-  const int n_seq = 2, block_size = 16, lens[n_seq] = {1100, 90};
-  const int max_blocks = (1100 + block_size - 1) / block_size, n_blocks = n_seq * max_blocks;
+  // Two sequences: 0 with 330 cached positions (splits of 64-key chunks, the backend's default), 1 with 90;
+  // shuffled blocks. (Short: every emulated shuffle is two barriers of 32 host threads.)
+  const int n_seq = 2, block_size = c.block_size, lens[n_seq] = {330, 90};
+  const int max_blocks = (330 + block_size - 1) / block_size, n_blocks = n_seq * max_blocks;
   std::vector<int32_t> table(static_cast<size_t>(n_blocks));
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), std::mt19937(5));
@@ -121,21 +124,21 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
   std::vector<B> batches;
   batches.push_back(B{"depth 0: one key", {0}, {1}});
   batches.push_back(B{"one row at depth 5", {5}, {0}});
-  batches.push_back(B{"one row at depth 1099 (splits with 16 SMs)", {1099}, {0}});
-  batches.push_back(B{"two sequences: seq 0 at 1099, seq 1 at 89", {1099, 89}, {0, 1}});
+  batches.push_back(B{"one row at depth 329 (splits with 16 SMs)", {329}, {0}});
+  batches.push_back(B{"two sequences: seq 0 at 329, seq 1 at 89", {329, 89}, {0, 1}});
   {
-    B chain{"chain of 8 rows of seq 0 at 700..707", {}, {}};
-    for (int p = 700; p < 708; ++p) chain.pos.push_back(p), chain.seq.push_back(0);
+    B chain{"chain of 8 rows of seq 0 at 200..207", {}, {}};
+    for (int p = 200; p < 208; ++p) chain.pos.push_back(p), chain.seq.push_back(0);
     batches.push_back(chain);
     B mixed{"3 rows: seq 1 at 40, seq 0 at 300, seq 1 at 41", {40, 300, 41}, {1, 0, 1}};
     batches.push_back(mixed);
-    // Tree verification: seq 0 committed [0, 1090); drafts at 1090..1094; rows see their ancestors; a seq 1
+    // Tree verification: seq 0 committed [0, 320); drafts at 320..324; rows see their ancestors; a seq 1
     // row with a bit in the second mask word (committed [0, 47), sees 47 + {0, 33}).
-    B tree{"tree: 5 rows of seq 0 after 1090, 2 rows of seq 1", {}, {}};
+    B tree{"tree: 5 rows of seq 0 after 320, 2 rows of seq 1", {}, {}};
     const int depth0[5] = {0, 1, 1, 2, 2};
     const uint32_t m0[5] = {0x1u, 0x3u, 0x5u, 0xdu, 0x13u};
     for (int r = 0; r < 5; ++r) {
-      tree.pos.push_back(1090 + depth0[r]), tree.seq.push_back(0), tree.kv_len.push_back(1090);
+      tree.pos.push_back(320 + depth0[r]), tree.seq.push_back(0), tree.kv_len.push_back(320);
       for (int w = 0; w < kTreeMaskWords; ++w) tree.mask.push_back(w == 0 ? m0[r] : 0u);
     }
     for (int r = 0; r < 2; ++r) {
@@ -184,6 +187,8 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
     a.softcap = c.softcap;
     a.out = out.data();
     a.out_stride = qw;
+    a.fa_vec_stages = c.stages;
+    a.fa_vec_min_chunk = 64;
     if (!bt.kv_len.empty()) {
       a.kv_len = b.kv_len.as<int32_t>();
       a.tree_mask = static_cast<const uint32_t*>(b.tree_mask.data);
@@ -209,13 +214,13 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
     // FP32 arithmetic on the same F16 values as the CPU: only the summation order differs.
     EXPECT_LE(rel, 2e-5) << "max abs " << worst;
     EXPECT_LE(worst, 1e-4);
-    // A grid sized for a graph's bucket (kv_capacity 2048: more splits, most of them empty) must give the
+    // A grid sized for a graph's bucket (kv_capacity 1024: more splits, most of them empty) must give the
     // same bits as the eager launch: the splits cut the actual range, not the bucket.
     {
       cuda::AttentionArgs g = a;
       std::vector<float> out_g(out.size(), std::nanf(""));
       g.out = out_g.data();
-      g.kv_capacity = 2048;
+      g.kv_capacity = 1024;
       const size_t sg = cuda::host_emu::attention_decode_scratch_bytes(g, c.n_sm);
       std::vector<float> scratch_g(sg / sizeof(float) + 1, std::nanf(""));
       cuda::host_emu::attention_decode(g, scratch_g.data(), c.n_sm, nullptr);
@@ -240,10 +245,14 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaVecEmulated,
                          testing::Values(VecCase{8, 2, 128, 0, 0.0f, 16},    // qwen3-8b's GQA 4 at head 128, splits
                                          VecCase{8, 1, 64, 50, 20.0f, 16},   // GQA 8, window, softcap, splits
-                                         VecCase{6, 2, 64, 0, 0.0f, 1},      // GQA 3 (slots 4, one dead), no split
+                                         VecCase{6, 2, 64, 0, 0.0f, 1},      // GQA 3 (slots 4, one dead), one SM
                                          VecCase{2, 2, 128, 0, 30.0f, 16},   // GQA 1, softcap
                                          VecCase{4, 1, 256, 37, 0.0f, 16},   // head 256, GQA 4, window
-                                         VecCase{8, 1, 256, 200, 0.0f, 1}),  // head 256, GQA 8 (U = 2), window 200: no split (≤ 200 keys)
+                                         VecCase{8, 1, 256, 200, 0.0f, 1},   // head 256, GQA 8 (U = 2), window 200 (the split bound)
+                                         VecCase{8, 2, 128, 0, 0.0f, 16, 0},       // the register-load kernel
+                                         VecCase{8, 1, 64, 50, 20.0f, 16, 0, 24},  // … with a block size of 24
+                                         VecCase{8, 2, 128, 0, 0.0f, 16, 2, 24},   // two stages, block size 24
+                                         VecCase{2, 2, 128, 0, 30.0f, 16, 4}),     // four stages
                          vec_name);
 
 TEST(CudaFaVecPlan, SplitsCoverTheRangeOnce) {

@@ -19,13 +19,18 @@
 // its 8 dims) per query head in FP32 registers, base 2. After the key loop the lane groups of a warp merge by
 // shuffles, then the 4 warps merge through shared memory with every thread taking (head, dim) entries.
 // Q is loaded once per block with float4 loads, pre-scaled (×log2 e too when there is no soft-cap).
+// K/V reach the lanes one of two ways (FdParams::stages): straight from the cache into registers
+// (fd_decode_kernel), or staged in shared memory by a cp.async ring of 2..4 tiles, each tile one
+// warp-iteration of every warp (fd_decode_staged_kernel, the default: the split's bytes are all requested
+// before the first score, not one warp-iteration's at a time).
 //
 // Splits: the host picks n_splits from the launch-shape bound (max_kv_len or the graph bucket, fd::split_plan)
 // so the grid fills the SMs; each split takes fd::split_range's share of its row's ACTUAL range (computed on
 // the device), so a graph replayed at another length and an eager launch cut the keys the same way and give
 // the same bits; surplus splits write an empty partial (l = 0) and exit. n_splits == 1 (short contexts: no
 // split below 2·kMinChunk keys) writes the output directly, else fd_combine_kernel merges the partials (one
-// warp per (row, head)); with one non-empty split its result has the same bits as the direct write.
+// block of 8 warps per (row, head), each warp 8 of the splits); with one non-empty split its result has the
+// same bits as the direct write.
 // Deterministic: every reduction has a fixed order.
 //
 // Host emulation: with PG_CUDA_HOST_SHIM this file compiles against tests/cuda/cuda_thread_shim.h (one host
@@ -51,6 +56,7 @@ inline void grid_launch_dependents() {}
 #else
 #include <cuda_fp16.h>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/launch.h"
 #include "backend/cuda/pdl.cuh"
 #define PG_FD_NAMESPACE pg::cuda
@@ -89,47 +95,62 @@ __device__ __forceinline__ void fd_unpack8(const uint4& u, float (&f)[8]) {
 struct FdParams {
   AttentionArgs a;
   int n_splits, target, min_chunk;  // fd::split_plan
+  int stages;            // fd_decode_staged_kernel's cp.async ring (2..4 stages); 0: fd_decode_kernel (register loads)
+  int bs_shift;          // log2(block_size) when it is a power of two, else −1 (division)
   float qscale;          // scale, ×log2 e without a soft-cap (scores come out in base 2 directly)
   float* part_acc;       // (n_splits, n, n_head, D) unnormalised output of each split (n_splits > 1)
   float* part_ml;        // (n_splits, n, n_head, 2) base-2 maximum and sum of each split
 };
 
-// D: head_dim; G: register slots for the group (fd::group_slots(g) ≥ g). Grid (n, n_head_kv, n_splits),
-// fd::kThreads threads. Static shared memory: 4·G·D + 8·G floats (32 KB at D 256, G 8).
+// Keys per lane group per iteration: 4 loads of K and 4 of V in flight per lane; 2 at G = 8, where the
+// group's q and acc already take 128 registers (8 heads × 8 dims × 2).
+template <int G>
+constexpr int fd_unroll() {
+  return G >= 8 ? 2 : 4;
+}
+// Keys of one staged tile (fd_decode_staged_kernel): one warp-iteration of every warp, so each warp takes
+// its own KPW keys of the tile (4 warps × (32 / lanes per key) × U: 32 keys at D 128, U 4).
 template <int D, int G>
-__global__ void __launch_bounds__(fd::kThreads) fd_decode_kernel(const FdParams P) {
-  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
-  grid_launch_dependents();
-  constexpr int L = fd::lanes_per_key(D);  // lanes per key
-  constexpr int NG = 32 / L;               // lane groups (keys at once) per warp
-  // Keys per lane group per iteration: 4 loads of K and 4 of V in flight per lane; 2 at G = 8, where the
-  // group's q and acc already take 128 registers (8 heads × 8 dims × 2).
-  constexpr int U = G >= 8 ? 2 : 4;
-  constexpr int KPW = NG * U;  // keys per warp-iteration
-  static_assert(L * NG == 32 && D % 64 == 0, "head_dim 64, 128 or 256");
-  const AttentionArgs& p = P.a;
-  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  const int grp = lane / L, sub = lane % L;  // this lane's key slot within the warp, and its 8 dims (8·sub..)
-  const int r = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y), z = static_cast<int>(blockIdx.z);
-  const int g = p.n_head / p.n_head_kv;
+constexpr int fd_tile_keys() {
+  return fd::kWarps * (32 / fd::lanes_per_key(D)) * fd_unroll<G>();
+}
+// Shared bytes of one staged tile: its K rows then its V rows, F16 (U·4 KB: 16 KB for U = 4).
+template <int D, int G>
+constexpr int fd_tile_bytes() {
+  return fd_tile_keys<D, G>() * D * 2 * 2;
+}
+// Shared bytes of the warp merge (fd_finish): (kWarps, G, D) partial outputs + (kWarps, G) m and l.
+template <int D, int G>
+constexpr int fd_merge_bytes() {
+  return (fd::kWarps * G * D + 2 * fd::kWarps * G) * 4;
+}
 
-  // The row's visible range [lo, hi) and, for a tree row, its dense part [.., end) and mask words.
-  int lo = 0, end = 0;
+// The cache cell of logical position kp of a sequence whose block-table row is `table`.
+__device__ __forceinline__ int64_t fd_cell(const int32_t* table, int kp, int bs, int bs_shift) {
+  if (bs_shift >= 0) return (static_cast<int64_t>(table[kp >> bs_shift]) << bs_shift) | (kp & (bs - 1));
+  return static_cast<int64_t>(table[kp / bs]) * bs + kp % bs;
+}
+
+// The row's visible range [lo, hi) of split z and, for a tree row, its dense end and mask words (shared).
+__device__ __forceinline__ void fd_bounds(const FdParams& P, int r, int z, uint32_t* mask, int tid, int& lo, int& end, int& hi) {
+  const AttentionArgs& p = P.a;
+  lo = 0, end = 0;
   fa::row_bounds(p.positions[r], p.sliding_window, lo, end);
   const bool tree = p.tree_mask != nullptr;  // block-uniform
-  // The mask words in shared memory: tree_visible indexes them by a runtime word number, which in registers
-  // would put them on the stack (local memory).
-  __shared__ uint32_t mask[kAttnMaskWords];
   if (tree) {
     end = p.kv_len[r];
     if (tid < kAttnMaskWords) mask[tid] = p.tree_mask[static_cast<int64_t>(r) * kAttnMaskWords + tid];
   }
   __syncthreads();  // (block-uniform) the mask words visible to every thread
-  int hi = tree ? fa::tree_hi(end, mask, kAttnMaskWords) : end;
+  hi = tree ? fa::tree_hi(end, mask, kAttnMaskWords) : end;
   fd::split_range(lo, hi, z, P.n_splits, P.target, P.min_chunk);
+}
 
-  // The group's queries, this lane's 8 dims of each (dead slots h ≥ g: zeros), pre-scaled.
-  float q[G][8];
+// The group's queries, this lane's 8 dims (sub) of each (dead slots h ≥ g: zeros), pre-scaled.
+template <int D, int G>
+__device__ __forceinline__ void fd_load_q(const FdParams& P, int r, int kvh, int sub, float (&q)[G][8]) {
+  const AttentionArgs& p = P.a;
+  const int g = p.n_head / p.n_head_kv;
 #pragma unroll
   for (int h = 0; h < G; ++h) {
     if (h < g) {
@@ -142,97 +163,81 @@ __global__ void __launch_bounds__(fd::kThreads) fd_decode_kernel(const FdParams 
       for (int i = 0; i < 8; ++i) q[h][i] = 0.0f;
     }
   }
-  float m[G], l[G], acc[G][8];
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    m[h] = -INFINITY, l[h] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
-  }
+}
 
-  const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * D;  // halves per cache row
-  const auto* kc = static_cast<const uint16_t*>(p.k) + static_cast<int64_t>(kvh) * D + sub * 8;
-  const auto* vc = static_cast<const uint16_t*>(p.v) + static_cast<int64_t>(kvh) * D + sub * 8;
-  const int32_t* table = p.block_table + static_cast<int64_t>(p.seq[r]) * p.max_blocks;
-  const int bs = p.block_size;
-  const float softcap = p.softcap;
-
-  // Warp w takes keys [base, base + KPW) for base = lo + KPW·(w + 4t): key base + u·NG + grp for lane group
-  // grp (consecutive lane groups read consecutive keys). The trip count differs between warps (no barrier
-  // inside); every lane of a warp runs the same iterations, so the shuffles see full warps.
-  for (int base = lo + warp * KPW; base < hi; base += fd::kWarps * KPW) {
-    uint4 kr[U], vr[U];
-    bool ok[U];
+// One iteration of a lane group over its U keys (kr, vr: this lane's 8 dims of each key's K and V; ok: the key
+// is visible): scores for every head (this lane's 8-dim partial dot summed over the L lanes of the key by
+// shuffles), soft-cap and mask, one max update per head for the U keys, then acc += p·v.
+template <int D, int G, int U>
+__device__ __forceinline__ void fd_keys(const float (&q)[G][8], float (&m)[G], float (&l)[G], float (&acc)[G][8], const uint4 (&kr)[U],
+                                        const uint4 (&vr)[U], const bool (&ok)[U], float softcap) {
+  constexpr int L = fd::lanes_per_key(D);
+  float s[G][U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int kp = base + u * NG + grp;
-      ok[u] = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
-      if (ok[u]) {
-        const int64_t off = (static_cast<int64_t>(table[kp / bs]) * bs + kp % bs) * kv_w;
-        kr[u] = fd_ld16(kc + off);
-        vr[u] = fd_ld16(vc + off);
-      } else {
-        kr[u] = vr[u] = uint4{0u, 0u, 0u, 0u};
-      }
-    }
-    // Scores of the U keys for every head: this lane's 8-dim partial dot, summed over the L lanes of the key.
-    float s[G][U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float kf[8];
-      fd_unpack8(kr[u], kf);
-#pragma unroll
-      for (int h = 0; h < G; ++h) {
-        float d = q[h][0] * kf[0];
-#pragma unroll
-        for (int i = 1; i < 8; ++i) d = fmaf(q[h][i], kf[i], d);
-        s[h][u] = d;
-      }
-    }
-#pragma unroll
-    for (int off = L / 2; off > 0; off >>= 1)
-#pragma unroll
-      for (int h = 0; h < G; ++h)
-#pragma unroll
-        for (int u = 0; u < U; ++u) s[h][u] += __shfl_xor_sync(0xffffffffu, s[h][u], off);
-    // Soft-cap (in the natural base, then to base 2), mask; one max update per head for the U keys.
+  for (int u = 0; u < U; ++u) {
+    float kf[8];
+    fd_unpack8(kr[u], kf);
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-      float mx = m[h];
+      float d = q[h][0] * kf[0];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        float v = s[h][u];
-        if (softcap > 0.0f) v = softcap * tanhf(v / softcap) * kFdLog2e;
-        v = ok[u] ? v : -INFINITY;
-        s[h][u] = v;
-        mx = fmaxf(mx, v);
-      }
-      const float ref = mx == -INFINITY ? 0.0f : mx;  // nothing visible yet: weights stay 0
-      const float corr = exp2f(m[h] - ref);
-      m[h] = mx;
-      float ls = l[h] * corr;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        s[h][u] = exp2f(s[h][u] - ref);
-        ls += s[h][u];
-      }
-      l[h] = ls;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[h][i] *= corr;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float vf[8];
-      fd_unpack8(vr[u], vf);
-#pragma unroll
-      for (int h = 0; h < G; ++h)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(s[h][u], vf[i], acc[h][i]);
+      for (int i = 1; i < 8; ++i) d = fmaf(q[h][i], kf[i], d);
+      s[h][u] = d;
     }
   }
+#pragma unroll
+  for (int off = L / 2; off > 0; off >>= 1)
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+#pragma unroll
+      for (int u = 0; u < U; ++u) s[h][u] += __shfl_xor_sync(0xffffffffu, s[h][u], off);
+  // Soft-cap (in the natural base, then to base 2), mask; one max update per head for the U keys.
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    float mx = m[h];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float v = s[h][u];
+      if (softcap > 0.0f) v = softcap * tanhf(v / softcap) * kFdLog2e;
+      v = ok[u] ? v : -INFINITY;
+      s[h][u] = v;
+      mx = fmaxf(mx, v);
+    }
+    const float ref = mx == -INFINITY ? 0.0f : mx;  // nothing visible yet: weights stay 0
+    const float corr = exp2f(m[h] - ref);
+    m[h] = mx;
+    float ls = l[h] * corr;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      s[h][u] = exp2f(s[h][u] - ref);
+      ls += s[h][u];
+    }
+    l[h] = ls;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[h][i] *= corr;
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    float vf[8];
+    fd_unpack8(vr[u], vf);
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(s[h][u], vf[i], acc[h][i]);
+  }
+}
 
-  // Merge the warp's lane groups (same dims, different keys) by shuffles: after the steps every lane group
-  // holds the warp's state; lane group 0's is used.
+// After the key loop: the warp's lane groups merge by shuffles (lane group 0's state is used), then the 4
+// warps through shared memory `sm` (fd_merge_bytes, 16-byte aligned; the caller has synchronised any earlier
+// use of it), every thread taking (head, dim) entries in a fixed warp order; the result goes to the output
+// (one split) or to split z's partial.
+template <int D, int G>
+__device__ __forceinline__ void fd_finish(const FdParams& P, int r, int kvh, int z, float (&m)[G], float (&l)[G], float (&acc)[G][8], float* sm) {
+  constexpr int L = fd::lanes_per_key(D);
+  const AttentionArgs& p = P.a;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int grp = lane / L, sub = lane % L;
+  const int g = p.n_head / p.n_head_kv;
 #pragma unroll
   for (int off = L; off < 32; off <<= 1)
 #pragma unroll
@@ -249,16 +254,16 @@ __global__ void __launch_bounds__(fd::kThreads) fd_decode_kernel(const FdParams 
       }
       m[h] = mx;
     }
-
-  // Merge the 4 warps through shared memory, every thread taking (head, dim) entries in a fixed warp order.
-  __shared__ __align__(16) float sm_acc[fd::kWarps][G][D];
-  __shared__ float sm_m[fd::kWarps][G], sm_l[fd::kWarps][G];
+  float* sm_acc = sm;                            // (kWarps, G, D)
+  float* sm_m = sm + fd::kWarps * G * D;         // (kWarps, G)
+  float* sm_l = sm_m + fd::kWarps * G;           // (kWarps, G)
   if (grp == 0) {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-      *reinterpret_cast<float4*>(&sm_acc[warp][h][sub * 8]) = float4{acc[h][0], acc[h][1], acc[h][2], acc[h][3]};
-      *reinterpret_cast<float4*>(&sm_acc[warp][h][sub * 8 + 4]) = float4{acc[h][4], acc[h][5], acc[h][6], acc[h][7]};
-      if (sub == 0) sm_m[warp][h] = m[h], sm_l[warp][h] = l[h];
+      float* dst = sm_acc + (warp * G + h) * D + sub * 8;
+      *reinterpret_cast<float4*>(dst) = float4{acc[h][0], acc[h][1], acc[h][2], acc[h][3]};
+      *reinterpret_cast<float4*>(dst + 4) = float4{acc[h][4], acc[h][5], acc[h][6], acc[h][7]};
+      if (sub == 0) sm_m[warp * G + h] = m[h], sm_l[warp * G + h] = l[h];
     }
   }
   __syncthreads();
@@ -266,14 +271,14 @@ __global__ void __launch_bounds__(fd::kThreads) fd_decode_kernel(const FdParams 
     const int h = idx / D, d = idx - h * D;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < fd::kWarps; ++w) mx = fmaxf(mx, sm_m[w][h]);
+    for (int w = 0; w < fd::kWarps; ++w) mx = fmaxf(mx, sm_m[w * G + h]);
     const float ref = mx == -INFINITY ? 0.0f : mx;
     float ls = 0.0f, a = 0.0f;
 #pragma unroll
     for (int w = 0; w < fd::kWarps; ++w) {
-      const float c = exp2f(sm_m[w][h] - ref);
-      ls += sm_l[w][h] * c;
-      a += sm_acc[w][h][d] * c;
+      const float c = exp2f(sm_m[w * G + h] - ref);
+      ls += sm_l[w * G + h] * c;
+      a += sm_acc[(w * G + h) * D + d] * c;
     }
     const int head = kvh * g + h;
     if (P.n_splits == 1) {
@@ -288,27 +293,209 @@ __global__ void __launch_bounds__(fd::kThreads) fd_decode_kernel(const FdParams 
   }
 }
 
-// Merges the split partials: one warp per (row, head), fd::kThreads threads per block. Lane z holds splits
-// z and z + 32's (m, l) (n_splits ≤ 64); the weights 2^(m_z − M) go through shared memory to every lane;
-// each lane sums D/32 consecutive dims over the splits in split order, 8 splits' loads issued at a time.
+// D: head_dim; G: register slots for the group (fd::group_slots(g) ≥ g). Grid (n, n_head_kv, n_splits),
+// fd::kThreads threads. Static shared memory: fd_merge_bytes (32 KB at D 256, G 8). K and V straight from the
+// cache into registers, U keys per lane group per iteration (FdParams::stages == 0).
+template <int D, int G>
+__global__ void __launch_bounds__(fd::kThreads) fd_decode_kernel(const FdParams P) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
+  constexpr int L = fd::lanes_per_key(D);  // lanes per key
+  constexpr int NG = 32 / L;               // lane groups (keys at once) per warp
+  constexpr int U = fd_unroll<G>();
+  constexpr int KPW = NG * U;  // keys per warp-iteration
+  static_assert(L * NG == 32 && D % 64 == 0, "head_dim 64, 128 or 256");
+  const AttentionArgs& p = P.a;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int grp = lane / L, sub = lane % L;  // this lane's key slot within the warp, and its 8 dims (8·sub..)
+  const int r = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y), z = static_cast<int>(blockIdx.z);
+  // The mask words in shared memory: tree_visible indexes them by a runtime word number, which in registers
+  // would put them on the stack (local memory).
+  __shared__ uint32_t mask[kAttnMaskWords];
+  int lo, end, hi;
+  fd_bounds(P, r, z, mask, tid, lo, end, hi);
+  const bool tree = p.tree_mask != nullptr;
+
+  float q[G][8];
+  fd_load_q<D, G>(P, r, kvh, sub, q);
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = -INFINITY, l[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
+  }
+  const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * D;  // halves per cache row
+  const auto* kc = static_cast<const uint16_t*>(p.k) + static_cast<int64_t>(kvh) * D + sub * 8;
+  const auto* vc = static_cast<const uint16_t*>(p.v) + static_cast<int64_t>(kvh) * D + sub * 8;
+  const int32_t* table = p.block_table + static_cast<int64_t>(p.seq[r]) * p.max_blocks;
+
+  // Warp w takes keys [base, base + KPW) for base = lo + KPW·(w + 4t): key base + u·NG + grp for lane group
+  // grp (consecutive lane groups read consecutive keys). The trip count differs between warps (no barrier
+  // inside); every lane of a warp runs the same iterations, so the shuffles see full warps.
+  for (int base = lo + warp * KPW; base < hi; base += fd::kWarps * KPW) {
+    uint4 kr[U], vr[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int kp = base + u * NG + grp;
+      ok[u] = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
+      if (ok[u]) {
+        const int64_t off = fd_cell(table, kp, p.block_size, P.bs_shift) * kv_w;
+        kr[u] = fd_ld16(kc + off);
+        vr[u] = fd_ld16(vc + off);
+      } else {
+        kr[u] = vr[u] = uint4{0u, 0u, 0u, 0u};
+      }
+    }
+    fd_keys<D, G, U>(q, m, l, acc, kr, vr, ok, p.softcap);
+  }
+  __shared__ __align__(16) float sm[fd_merge_bytes<D, G>() / 4];
+  fd_finish<D, G>(P, r, kvh, z, m, l, acc, sm);
+}
+
+// The same attention with the split's keys staged in shared memory by cp.async (FdParams::stages = S ≥ 2):
+// tiles of fd_tile_keys keys (K rows, then V rows) in a ring of S, S − 1 tiles in flight ahead of the one
+// being computed. Why: in fd_decode_kernel each warp-iteration waits for a block-table load and then for its
+// own K/V loads, twice per 64-key split at depth 4096 (ncu, run 40: 19.7 µs per launch, 857 GB/s, 15 % of
+// warps active); here the whole split's bytes are requested at once and no registers hold loads in flight.
+// Each warp computes its own KPW keys of a tile with fd_keys (the same math and order per lane group as the
+// register kernel's iteration). Dynamic shared memory: max(S · fd_tile_bytes, fd_merge_bytes), the merge
+// reusing the ring after the last tile. Keys past hi and masked tree keys are zero-filled (ok is false).
+template <int D, int G>
+__global__ void __launch_bounds__(fd::kThreads) fd_decode_staged_kernel(const FdParams P) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
+  constexpr int L = fd::lanes_per_key(D);
+  constexpr int NG = 32 / L;
+  constexpr int U = fd_unroll<G>();
+  constexpr int KPW = NG * U;
+  constexpr int TK = fd_tile_keys<D, G>();        // keys per tile
+  constexpr int TH = TK * D;                      // halves of K (and of V) per tile
+  constexpr int CPR = D / 8;                      // 16-byte chunks per key row
+  constexpr int CPT = TK * CPR / fd::kThreads;    // chunks of K (and of V) each thread copies per tile (= U)
+  static_assert(TK * CPR == CPT * fd::kThreads && fd::kThreads % CPR == 0, "tile copy shape");
+  const AttentionArgs& p = P.a;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int grp = lane / L, sub = lane % L;
+  const int r = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y), z = static_cast<int>(blockIdx.z);
+  __shared__ uint32_t mask[kAttnMaskWords];
+  int lo, end, hi;
+  fd_bounds(P, r, z, mask, tid, lo, end, hi);
+  const bool tree = p.tree_mask != nullptr;
+#ifdef PG_CUDA_HOST_SHIM
+  uint16_t* const ring = shim::dynamic_smem<uint16_t>();
+#else
+  extern __shared__ __align__(16) uint16_t ring[];  // (S, 2, TK, D): tile t's K rows, then its V rows
+#endif
+  const int S = P.stages;
+  const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * D;
+  const int32_t* table = p.block_table + static_cast<int64_t>(p.seq[r]) * p.max_blocks;
+  const int n_tiles = hi > lo ? (hi - lo + TK - 1) / TK : 0;  // block-uniform
+  // Thread tid copies chunk column tid % CPR of keys tid / CPR + i · (kThreads / CPR), i < CPT, of each tile.
+  const int ccol = tid % CPR, crow = tid / CPR;
+  const auto* kg = static_cast<const uint16_t*>(p.k) + static_cast<int64_t>(kvh) * D + ccol * 8;
+  const auto* vg = static_cast<const uint16_t*>(p.v) + static_cast<int64_t>(kvh) * D + ccol * 8;
+  auto issue = [&](int t) {
+    uint16_t* kd = ring + static_cast<int64_t>(t % S) * 2 * TH;
+    uint16_t* vd = kd + TH;
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      const int key = crow + i * (fd::kThreads / CPR), kp = lo + t * TK + key;
+      // Only visible keys are read (a masked key's V must be 0, not whatever its cell holds: 0 · NaN).
+      const bool in = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
+      const int64_t off = in ? fd_cell(table, kp, p.block_size, P.bs_shift) * kv_w : 0;
+      cp_async16_zfill(kd + key * D + ccol * 8, kg + off, in ? 16 : 0);
+      cp_async16_zfill(vd + key * D + ccol * 8, vg + off, in ? 16 : 0);
+    }
+  };
+  // The prologue: tiles 0..S−2 (a group is committed per tile slot, empty or not, so the wait counts hold).
+  for (int t = 0; t < S - 1; ++t) {
+    if (t < n_tiles) issue(t);
+    cp_async_commit();
+  }
+  float q[G][8];
+  fd_load_q<D, G>(P, r, kvh, sub, q);
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = -INFINITY, l[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
+  }
+  for (int t = 0; t < n_tiles; ++t) {
+    // Groups committed so far: S − 1 + t; tile t's is complete when at most S − 2 newer ones are pending.
+    if (S == 2) cp_async_wait<0>();
+    else if (S == 3) cp_async_wait<1>();
+    else cp_async_wait<2>();
+    __syncthreads();  // tile t visible to every thread; every warp is done with tile t − 1, whose slot is refilled next
+    if (t + S - 1 < n_tiles) issue(t + S - 1);
+    cp_async_commit();
+    const uint16_t* kt = ring + static_cast<int64_t>(t % S) * 2 * TH;
+    const uint16_t* vt = kt + TH;
+    uint4 kr[U], vr[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int key = warp * KPW + u * NG + grp, kp = lo + t * TK + key;
+      ok[u] = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
+      kr[u] = *reinterpret_cast<const uint4*>(kt + key * D + sub * 8);
+      vr[u] = *reinterpret_cast<const uint4*>(vt + key * D + sub * 8);
+    }
+    fd_keys<D, G, U>(q, m, l, acc, kr, vr, ok, p.softcap);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is free for the merge
+  fd_finish<D, G>(P, r, kvh, z, m, l, acc, reinterpret_cast<float*>(ring));
+}
+
+// Dynamic shared bytes of fd_decode_staged_kernel<D, G> with S stages.
+template <int D, int G>
+constexpr int fd_staged_smem(int S) {
+  return S * fd_tile_bytes<D, G>() > fd_merge_bytes<D, G>() ? S * fd_tile_bytes<D, G>() : fd_merge_bytes<D, G>();
+}
+
+constexpr int kCombineWarps = 8;  // fd_combine_kernel: warps per (row, head); each takes every 8th split
+
+// Merges the split partials: one block of kCombineWarps warps per (row, head). Warp w sums splits w, w + 8, …
+// (n_splits ≤ 64: 8 each), every lane D/32 consecutive dims, all its loads issued before the weights are
+// known; then the warps' sums add in warp order through shared memory. Why: with one warp per (row, head)
+// and 8 splits' loads at a time the combine was 8 dependent rounds of loads over only n·n_head/4 blocks
+// (ncu, run 40: 7.3 µs per launch at depth 4096 over 8 blocks). Weights 2^(m_z − M) with M the maximum of
+// the non-empty splits (l > 0); an empty split weighs 0 and is skipped (its acc is 0), so one non-empty split
+// gives the bits of the unsplit kernel's direct write.
 template <int D>
-__global__ void __launch_bounds__(fd::kThreads) fd_combine_kernel(const float* part_acc,  // (n_splits, n, n_head, D)
-                                                                  const float* part_ml,   // (n_splits, n, n_head, 2)
-                                                                  int n_splits, int n_rh,  // n_rh = n·n_head
-                                                                  int n_head,
-                                                                  float* out,  // (n, out_stride), heads at h·D
-                                                                  int64_t out_stride) {
+__global__ void __launch_bounds__(32 * kCombineWarps) fd_combine_kernel(const float* part_acc,  // (n_splits, n, n_head, D)
+                                                                        const float* part_ml,   // (n_splits, n, n_head, 2)
+                                                                        int n_splits, int n_rh,  // n_rh = n·n_head
+                                                                        int n_head,
+                                                                        float* out,  // (n, out_stride), heads at h·D
+                                                                        int64_t out_stride) {
   grid_wait();  // PDL (pdl.cuh): the partials come from the kernel just before
   grid_launch_dependents();
-  constexpr int PER = D / 32;  // dims per lane: 2, 4, 8
-  __shared__ float sw[fd::kWarps][fd::kMaxSplits];
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int rh = static_cast<int>(blockIdx.x) * fd::kWarps + warp;
-  const bool valid = rh < n_rh;  // (warp-uniform; no early return: the barrier below is block-wide)
+  constexpr int PER = D / 32;                        // dims per lane: 2, 4, 8
+  constexpr int J = fd::kMaxSplits / kCombineWarps;  // splits per warp
+  __shared__ __align__(16) float red[kCombineWarps][D];
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int rh = static_cast<int>(blockIdx.x);
   const int64_t per_split = n_rh;
+  // This warp's splits' values first (they do not depend on the weights).
+  float v[J][PER];
+  const float* base = part_acc + static_cast<int64_t>(rh) * D + lane * PER;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int zz = warp + j * kCombineWarps;
+#pragma unroll
+    for (int i = 0; i < PER; i += 2) {
+      float2 t = float2{0.0f, 0.0f};
+      if (zz < n_splits) t = *reinterpret_cast<const float2*>(base + zz * per_split * D + i);
+      v[j][i] = t.x, v[j][i + 1] = t.y;
+    }
+  }
+  // Every warp computes the weights of all splits (lane z: splits z and z + 32) and their sum.
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  if (valid && lane < n_splits) m0 = part_ml[2 * (lane * per_split + rh)], l0 = part_ml[2 * (lane * per_split + rh) + 1];
-  if (valid && lane + 32 < n_splits) m1 = part_ml[2 * ((lane + 32) * per_split + rh)], l1 = part_ml[2 * ((lane + 32) * per_split + rh) + 1];
+  if (lane < n_splits) m0 = part_ml[2 * (lane * per_split + rh)], l0 = part_ml[2 * (lane * per_split + rh) + 1];
+  if (lane + 32 < n_splits) m1 = part_ml[2 * ((lane + 32) * per_split + rh)], l1 = part_ml[2 * ((lane + 32) * per_split + rh) + 1];
   float mx = fmaxf(l0 > 0.0f ? m0 : -INFINITY, l1 > 0.0f ? m1 : -INFINITY);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -317,43 +504,28 @@ __global__ void __launch_bounds__(fd::kThreads) fd_combine_kernel(const float* p
   float ls = l0 * w0 + l1 * w1;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, off);
-  sw[warp][lane] = w0;
-  sw[warp][lane + 32] = w1;
-  __syncthreads();
-  if (!valid) return;
-  const float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
   float s[PER];
 #pragma unroll
   for (int i = 0; i < PER; ++i) s[i] = 0.0f;
-  const float* base = part_acc + static_cast<int64_t>(rh) * D + lane * PER;
-  for (int z0 = 0; z0 < n_splits; z0 += 8) {
-    float v[8][PER];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int zz = z0 + j;
-      if (zz < n_splits && sw[warp][zz] != 0.0f) {
+  for (int j = 0; j < J; ++j) {
+    const int zz = warp + j * kCombineWarps;  // < 64: lane zz % 32 holds its weight in w0 (zz < 32) or w1
+    const float wa = __shfl_sync(0xffffffffu, w0, zz & 31), wb = __shfl_sync(0xffffffffu, w1, zz & 31);
+    const float w = zz < n_splits ? (zz < 32 ? wa : wb) : 0.0f;
 #pragma unroll
-        for (int i = 0; i < PER; i += 2) {
-          const float2 t = *reinterpret_cast<const float2*>(base + zz * per_split * D + i);
-          v[j][i] = t.x, v[j][i + 1] = t.y;
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < PER; ++i) v[j][i] = 0.0f;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int zz = z0 + j;
-      const float w = zz < n_splits ? sw[warp][zz] : 0.0f;
-#pragma unroll
-      for (int i = 0; i < PER; ++i) s[i] = w != 0.0f ? fmaf(v[j][i], w, s[i]) : s[i];
-    }
+    for (int i = 0; i < PER; ++i) s[i] = w != 0.0f ? fmaf(v[j][i], w, s[i]) : s[i];
   }
-  const int r = rh / n_head, h = rh - r * n_head;
-  float* o = out + static_cast<int64_t>(r) * out_stride + static_cast<int64_t>(h) * D + lane * PER;
 #pragma unroll
-  for (int i = 0; i < PER; ++i) o[i] = s[i] * inv;
+  for (int i = 0; i < PER; ++i) red[warp][lane * PER + i] = s[i];
+  __syncthreads();
+  const float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+  const int r = rh / n_head, h = rh - r * n_head;
+  for (int d = tid; d < D; d += 32 * kCombineWarps) {
+    float t = red[0][d];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) t += red[w][d];
+    out[static_cast<int64_t>(r) * out_stride + static_cast<int64_t>(h) * D + d] = t * inv;
+  }
 }
 
 fd::Plan fd_plan(const AttentionArgs& a, int n_sm) {
@@ -385,8 +557,18 @@ bool fd_supported(const AttentionArgs& a) {
 template <int D, int G>
 void fd_launch(const FdParams& P, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(P.a.n), static_cast<unsigned>(P.a.n_head_kv), static_cast<unsigned>(P.n_splits));
-  auto kernel = fd_decode_kernel<D, G>;
-  PG_FD_LAUNCH(kernel, grid, fd::kThreads, 0, stream, P);
+  if (P.stages >= 2) {
+    auto kernel = fd_decode_staged_kernel<D, G>;
+    const int smem = fd_staged_smem<D, G>(P.stages);
+#ifndef PG_CUDA_HOST_SHIM
+    static SmemOptIn optin;  // one per instantiation: up to 4 · 16 KB + the static mask words
+    optin.ensure(reinterpret_cast<const void*>(kernel), smem);
+#endif
+    PG_FD_LAUNCH(kernel, grid, fd::kThreads, smem, stream, P);
+  } else {
+    auto kernel = fd_decode_kernel<D, G>;
+    PG_FD_LAUNCH(kernel, grid, fd::kThreads, 0, stream, P);
+  }
 }
 
 template <int D>
@@ -400,10 +582,9 @@ void fd_launch_d(const FdParams& P, cudaStream_t stream) {
   check_launch("attention_decode");
   if (P.n_splits > 1) {
     const int n_rh = P.a.n * P.a.n_head;
-    const dim3 grid(static_cast<unsigned>((n_rh + fd::kWarps - 1) / fd::kWarps));
     auto combine = fd_combine_kernel<D>;
-    PG_FD_LAUNCH(combine, grid, fd::kThreads, 0, stream, P.part_acc, P.part_ml, P.n_splits, n_rh, P.a.n_head, P.a.out,
-                 P.a.out_stride);
+    PG_FD_LAUNCH(combine, dim3(static_cast<unsigned>(n_rh)), 32 * kCombineWarps, 0, stream, P.part_acc, P.part_ml, P.n_splits, n_rh,
+                 P.a.n_head, P.a.out, P.a.out_stride);
     check_launch("attention_decode combine");
   }
 }
@@ -430,6 +611,11 @@ void attention_decode(const AttentionArgs& a, void* scratch, int n_sm, cudaStrea
   P.n_splits = pl.n_splits;
   P.target = pl.target;
   P.min_chunk = pl.min_chunk;
+  P.stages = a.fa_vec_stages <= 0 ? 0 : std::clamp(a.fa_vec_stages, 2, fd::kMaxStages);
+  P.bs_shift = -1;
+  if ((a.block_size & (a.block_size - 1)) == 0)
+    for (int sh = 0; sh < 31; ++sh)
+      if ((1 << sh) == a.block_size) P.bs_shift = sh;
   P.qscale = a.softcap > 0.0f ? a.scale : a.scale * kFdLog2e;
   if (P.n_splits > 1) {
     PG_CHECK(scratch != nullptr, "attention_decode: missing split scratch");

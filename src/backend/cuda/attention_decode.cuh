@@ -17,6 +17,7 @@ constexpr int kThreads = 32 * kWarps;  // 128
 constexpr int kMaxGroup = 8;           // query heads per KV head the kernel holds in registers (GQA ≤ 8)
 constexpr int kMaxRows = 8;            // batch rows per call routed here (decode of ≤ 8 sequences, short chains)
 constexpr int kMaxSplits = 64;         // key splits per row (the combine holds two splits' (m, l) per lane)
+constexpr int kMaxStages = 4;          // cp.async ring of the staged kernel (CudaOptions::fa_vec_stages): 2..4 tiles
 // Default smallest split chunk (CudaOptions::fa_vec_min_chunk): a split below this many keys costs more in
 // its fixed part and in the combine than its share of the KV read saves; contexts up to one chunk never split
 // (depth 0: one launch, no combine).

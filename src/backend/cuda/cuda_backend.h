@@ -132,6 +132,12 @@ struct CudaOptions {
   // for the combine. 64 won run 38's sweep (qwen3-8b, 1 row: d512 1.66×, d4096 1.29×, d32768 1.55× the
   // tensor-core route; 256 lost at d512). Environment: PEREGRINE_CUDA_FA_VEC_CHUNK=<n> (factory).
   int fa_vec_min_chunk = 64;
+  // Its K/V loads: 2..4 stage the split's keys in shared memory through a cp.async ring of that many tiles
+  // of 32 keys (head 128; fd_decode_staged_kernel), so a block requests its whole 64-key split at once; 0 loads
+  // them straight into registers, 4 keys per lane group per iteration (fd_decode_kernel: at depth 4096 each
+  // warp-iteration waited for a block-table load, then its K/V, twice per split; ncu run 40: 857 GB/s).
+  // Environment: PEREGRINE_CUDA_FA_VEC_STAGES=<n> (factory). Being measured (issue 11: tg at depth).
+  int fa_vec_stages = 3;
   // Calls of at most this many rows take it (1..8): above one row each block re-reads its KV head's keys for
   // its own row, where the tensor-core route reads them once for all rows. Environment:
   // PEREGRINE_CUDA_FA_VEC_ROWS=<n> (factory). 1: at 2 rows it ties at d32768 and loses at 4–8 rows (run 37).
