@@ -40,7 +40,7 @@ struct VecCase {
   int n_head, n_head_kv, head_dim, window;
   float softcap;
   int n_sm;  // the plan's SM count: with 1 the grid is "full" at once (no split), with 64 long rows split
-  int stages = 3;       // AttentionArgs::fa_vec_stages: 0 the register-load kernel, 2..4 the staged one's ring
+  int stages = 2;       // AttentionArgs::fa_vec_stages: the cp.async ring's tiles (2..4)
   int block_size = 16;  // cache cells per block: a power of two (shift) or not (division)
 };
 
@@ -249,30 +249,38 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaVecEmulated,
                                          VecCase{2, 2, 128, 0, 30.0f, 16},   // GQA 1, softcap
                                          VecCase{4, 1, 256, 37, 0.0f, 16},   // head 256, GQA 4, window
                                          VecCase{8, 1, 256, 200, 0.0f, 1},   // head 256, GQA 8 (U = 2), window 200 (the split bound)
-                                         VecCase{8, 2, 128, 0, 0.0f, 16, 0},       // the register-load kernel
-                                         VecCase{8, 1, 64, 50, 20.0f, 16, 0, 24},  // … with a block size of 24
-                                         VecCase{8, 2, 128, 0, 0.0f, 16, 2, 24},   // two stages, block size 24
+                                         VecCase{8, 1, 64, 50, 20.0f, 16, 3, 24},  // three stages, block size 24
                                          VecCase{2, 2, 128, 0, 30.0f, 16, 4}),     // four stages
                          vec_name);
 
 TEST(CudaFaVecPlan, SplitsCoverTheRangeOnce) {
   // For every length up to the bound, the non-empty splits cover [0, len) exactly once and in order, and
-  // never exceed the grid's n_splits — for the eager bound (len) and a graph bucket (4096).
-  for (int base : {1, 8, 64}) {
-    for (int len : {1, 255, 256, 257, 1000, 4096}) {
-      for (int bound : {len, 4096}) {
-        const cuda::fd::Plan pl = cuda::fd::split_plan(base, 4 * 132, bound);
-        ASSERT_GE(pl.n_splits, 1);
-        ASSERT_LE(pl.n_splits, cuda::fd::kMaxSplits);
-        int next = 0;
-        for (int z = 0; z < pl.n_splits; ++z) {
-          int lo = 0, hi = len;
-          cuda::fd::split_range(lo, hi, z, pl.n_splits, pl.target);
-          if (lo >= hi) continue;
-          EXPECT_EQ(lo, next) << "base " << base << " len " << len << " z " << z;
-          next = hi;
+  // never exceed the grid's n_splits — for the eager bound (len) and a graph bucket (4096), at the default
+  // smallest chunk (256) and the backend's (64, which rows of ≥ 2048 keys double).
+  for (int mc : {256, 64}) {
+    for (int base : {1, 8, 64}) {
+      for (int len : {1, 255, 256, 257, 1000, 2047, 2048, 4096}) {
+        for (int bound : {len, 4096}) {
+          const cuda::fd::Plan pl = cuda::fd::split_plan(base, 4 * 132, bound, mc);
+          ASSERT_GE(pl.n_splits, 1);
+          ASSERT_LE(pl.n_splits, cuda::fd::kMaxSplits);
+          int next = 0, used = 0;
+          for (int z = 0; z < pl.n_splits; ++z) {
+            int lo = 0, hi = len;
+            cuda::fd::split_range(lo, hi, z, pl.n_splits, pl.target, pl.min_chunk);
+            if (lo >= hi) continue;
+            EXPECT_EQ(lo, next) << "chunk " << mc << " base " << base << " len " << len << " z " << z;
+            next = hi, ++used;
+          }
+          EXPECT_EQ(next, len) << "chunk " << mc << " base " << base << " len " << len << " bound " << bound;
+          // qwen3-8b's one-row plan at depth 4096: 32 splits of 128 keys (the doubled chunk), not 64 of 64.
+          if (mc == 64 && base == 8 && len == 4096) {
+            EXPECT_EQ(used, 32);
+          }
+          if (mc == 64 && base == 8 && len == 1000 && bound == 1000) {
+            EXPECT_EQ(used, 16) << "64-key chunks below 2048 keys";
+          }
         }
-        EXPECT_EQ(next, len) << "base " << base << " len " << len << " bound " << bound;
       }
     }
   }

@@ -19,10 +19,8 @@
 // its 8 dims) per query head in FP32 registers, base 2. After the key loop the lane groups of a warp merge by
 // shuffles, then the 4 warps merge through shared memory with every thread taking (head, dim) entries.
 // Q is loaded once per block with float4 loads, pre-scaled (×log2 e too when there is no soft-cap).
-// K/V reach the lanes one of two ways (FdParams::stages): straight from the cache into registers
-// (fd_decode_kernel), or staged in shared memory by a cp.async ring of 2..4 tiles, each tile one
-// warp-iteration of every warp (fd_decode_staged_kernel, the default: the split's bytes are all requested
-// before the first score, not one warp-iteration's at a time).
+// K/V reach the lanes through shared memory: a cp.async ring of 2..4 tiles (FdParams::stages), each tile one
+// warp-iteration of every warp, so the split's bytes are requested before the first score.
 //
 // Splits: the host picks n_splits from the launch-shape bound (max_kv_len or the graph bucket, fd::split_plan)
 // so the grid fills the SMs; each split takes fd::split_range's share of its row's ACTUAL range (computed on
@@ -69,19 +67,13 @@ namespace {
 constexpr float kFdLog2e = 1.4426950408889634f;
 
 #ifdef PG_CUDA_HOST_SHIM
-inline uint4 fd_ld16(const void* p) {
-  uint4 r;
-  std::memcpy(&r, p, sizeof r);
-  return r;
-}
 inline float4 fd_ldf4(const float* p) {
   float4 r;
   std::memcpy(&r, p, sizeof r);
   return r;
 }
 #else
-// 16 bytes of the cache through the read-only path (the cache is not written during the kernel).
-__device__ __forceinline__ uint4 fd_ld16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+// q through the read-only path (not written during the kernel).
 __device__ __forceinline__ float4 fd_ldf4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
 __device__ __forceinline__ float2 unpack_h2(uint32_t u) { return __half22float2(*reinterpret_cast<const __half2*>(&u)); }
 #endif
@@ -95,7 +87,7 @@ __device__ __forceinline__ void fd_unpack8(const uint4& u, float (&f)[8]) {
 struct FdParams {
   AttentionArgs a;
   int n_splits, target, min_chunk;  // fd::split_plan
-  int stages;            // fd_decode_staged_kernel's cp.async ring (2..4 stages); 0: fd_decode_kernel (register loads)
+  int stages;            // the cp.async ring's tiles (2..4)
   int bs_shift;          // log2(block_size) when it is a power of two, else −1 (division)
   float qscale;          // scale, ×log2 e without a soft-cap (scores come out in base 2 directly)
   float* part_acc;       // (n_splits, n, n_head, D) unnormalised output of each split (n_splits > 1)
@@ -108,7 +100,7 @@ template <int G>
 constexpr int fd_unroll() {
   return G >= 8 ? 2 : 4;
 }
-// Keys of one staged tile (fd_decode_staged_kernel): one warp-iteration of every warp, so each warp takes
+// Keys of one staged tile: one warp-iteration of every warp, so each warp takes
 // its own KPW keys of the tile (4 warps × (32 / lanes per key) × U: 32 keys at D 128, U 4).
 template <int D, int G>
 constexpr int fd_tile_keys() {
@@ -294,74 +286,15 @@ __device__ __forceinline__ void fd_finish(const FdParams& P, int r, int kvh, int
 }
 
 // D: head_dim; G: register slots for the group (fd::group_slots(g) ≥ g). Grid (n, n_head_kv, n_splits),
-// fd::kThreads threads. Static shared memory: fd_merge_bytes (32 KB at D 256, G 8). K and V straight from the
-// cache into registers, U keys per lane group per iteration (FdParams::stages == 0).
-template <int D, int G>
-__global__ void __launch_bounds__(fd::kThreads) fd_decode_kernel(const FdParams P) {
-  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
-  grid_launch_dependents();
-  constexpr int L = fd::lanes_per_key(D);  // lanes per key
-  constexpr int NG = 32 / L;               // lane groups (keys at once) per warp
-  constexpr int U = fd_unroll<G>();
-  constexpr int KPW = NG * U;  // keys per warp-iteration
-  static_assert(L * NG == 32 && D % 64 == 0, "head_dim 64, 128 or 256");
-  const AttentionArgs& p = P.a;
-  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  const int grp = lane / L, sub = lane % L;  // this lane's key slot within the warp, and its 8 dims (8·sub..)
-  const int r = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y), z = static_cast<int>(blockIdx.z);
-  // The mask words in shared memory: tree_visible indexes them by a runtime word number, which in registers
-  // would put them on the stack (local memory).
-  __shared__ uint32_t mask[kAttnMaskWords];
-  int lo, end, hi;
-  fd_bounds(P, r, z, mask, tid, lo, end, hi);
-  const bool tree = p.tree_mask != nullptr;
-
-  float q[G][8];
-  fd_load_q<D, G>(P, r, kvh, sub, q);
-  float m[G], l[G], acc[G][8];
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    m[h] = -INFINITY, l[h] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
-  }
-  const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * D;  // halves per cache row
-  const auto* kc = static_cast<const uint16_t*>(p.k) + static_cast<int64_t>(kvh) * D + sub * 8;
-  const auto* vc = static_cast<const uint16_t*>(p.v) + static_cast<int64_t>(kvh) * D + sub * 8;
-  const int32_t* table = p.block_table + static_cast<int64_t>(p.seq[r]) * p.max_blocks;
-
-  // Warp w takes keys [base, base + KPW) for base = lo + KPW·(w + 4t): key base + u·NG + grp for lane group
-  // grp (consecutive lane groups read consecutive keys). The trip count differs between warps (no barrier
-  // inside); every lane of a warp runs the same iterations, so the shuffles see full warps.
-  for (int base = lo + warp * KPW; base < hi; base += fd::kWarps * KPW) {
-    uint4 kr[U], vr[U];
-    bool ok[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int kp = base + u * NG + grp;
-      ok[u] = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
-      if (ok[u]) {
-        const int64_t off = fd_cell(table, kp, p.block_size, P.bs_shift) * kv_w;
-        kr[u] = fd_ld16(kc + off);
-        vr[u] = fd_ld16(vc + off);
-      } else {
-        kr[u] = vr[u] = uint4{0u, 0u, 0u, 0u};
-      }
-    }
-    fd_keys<D, G, U>(q, m, l, acc, kr, vr, ok, p.softcap);
-  }
-  __shared__ __align__(16) float sm[fd_merge_bytes<D, G>() / 4];
-  fd_finish<D, G>(P, r, kvh, z, m, l, acc, sm);
-}
-
-// The same attention with the split's keys staged in shared memory by cp.async (FdParams::stages = S ≥ 2):
+// fd::kThreads threads. The split's keys are staged in shared memory by cp.async (FdParams::stages = S, 2..4):
 // tiles of fd_tile_keys keys (K rows, then V rows) in a ring of S, S − 1 tiles in flight ahead of the one
-// being computed. Why: in fd_decode_kernel each warp-iteration waits for a block-table load and then for its
-// own K/V loads, twice per 64-key split at depth 4096 (ncu, run 40: 19.7 µs per launch, 857 GB/s, 15 % of
-// warps active); here the whole split's bytes are requested at once and no registers hold loads in flight.
-// Each warp computes its own KPW keys of a tile with fd_keys (the same math and order per lane group as the
-// register kernel's iteration). Dynamic shared memory: max(S · fd_tile_bytes, fd_merge_bytes), the merge
-// reusing the ring after the last tile. Keys past hi and masked tree keys are zero-filled (ok is false).
+// being computed; each warp computes its own KPW keys of a tile with fd_keys. Why staged (it replaced a kernel
+// that loaded K/V straight into registers, run 41): there each warp-iteration waited for a block-table load
+// and then for its own K/V, twice per 64-key split at depth 4096 (ncu run 40: 19.7 µs per launch, 857 GB/s,
+// 15 % of warps active); staged, the split's bytes are all requested before the first score (16.6 µs, and
+// qwen3-8b tg128 +2.5 % / +4.3 % at depths 4096 / 32768 over the register kernel with the same combine).
+// Dynamic shared memory: max(S · fd_tile_bytes, fd_merge_bytes), the merge reusing the ring after the last
+// tile. Keys past hi and masked tree keys are zero-filled (ok is false).
 template <int D, int G>
 __global__ void __launch_bounds__(fd::kThreads) fd_decode_staged_kernel(const FdParams P) {
   grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
@@ -557,18 +490,13 @@ bool fd_supported(const AttentionArgs& a) {
 template <int D, int G>
 void fd_launch(const FdParams& P, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(P.a.n), static_cast<unsigned>(P.a.n_head_kv), static_cast<unsigned>(P.n_splits));
-  if (P.stages >= 2) {
-    auto kernel = fd_decode_staged_kernel<D, G>;
-    const int smem = fd_staged_smem<D, G>(P.stages);
+  auto kernel = fd_decode_staged_kernel<D, G>;
+  const int smem = fd_staged_smem<D, G>(P.stages);
 #ifndef PG_CUDA_HOST_SHIM
-    static SmemOptIn optin;  // one per instantiation: up to 4 · 16 KB + the static mask words
-    optin.ensure(reinterpret_cast<const void*>(kernel), smem);
+  static SmemOptIn optin;  // one per instantiation: up to 4 · 16 KB + the static mask words
+  optin.ensure(reinterpret_cast<const void*>(kernel), smem);
 #endif
-    PG_FD_LAUNCH(kernel, grid, fd::kThreads, smem, stream, P);
-  } else {
-    auto kernel = fd_decode_kernel<D, G>;
-    PG_FD_LAUNCH(kernel, grid, fd::kThreads, 0, stream, P);
-  }
+  PG_FD_LAUNCH(kernel, grid, fd::kThreads, smem, stream, P);
 }
 
 template <int D>
@@ -611,7 +539,7 @@ void attention_decode(const AttentionArgs& a, void* scratch, int n_sm, cudaStrea
   P.n_splits = pl.n_splits;
   P.target = pl.target;
   P.min_chunk = pl.min_chunk;
-  P.stages = a.fa_vec_stages <= 0 ? 0 : std::clamp(a.fa_vec_stages, 2, fd::kMaxStages);
+  P.stages = std::clamp(a.fa_vec_stages, 2, fd::kMaxStages);
   P.bs_shift = -1;
   if ((a.block_size & (a.block_size - 1)) == 0)
     for (int sh = 0; sh < 31; ++sh)

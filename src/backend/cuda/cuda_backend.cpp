@@ -97,7 +97,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC"); e && *e) opt.fa_vec = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) opt.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_CHUNK"); e && *e) opt.fa_vec_min_chunk = std::max(1, std::atoi(e));
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_STAGES"); e && *e) opt.fa_vec_stages = std::clamp(std::atoi(e), 0, 4);
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_STAGES"); e && *e) opt.fa_vec_stages = std::clamp(std::atoi(e), 2, 4);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_ROWS"); e && *e) opt.fa_vec_max_rows = std::clamp(std::atoi(e), 0, 8);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_HEAD_DIM"); e && *e) opt.fa_vec_max_head_dim = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) opt.kv_store_parallel = std::strcmp(e, "0") != 0;

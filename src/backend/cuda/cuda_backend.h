@@ -128,16 +128,15 @@ struct CudaOptions {
   // Its split plan's target: about this many blocks per SM (the key splits of a short grid). Environment:
   // PEREGRINE_CUDA_FA_VEC_BLOCKS=<n> (factory).
   int fa_vec_blocks_per_sm = 4;
-  // Its smallest key split in keys: fewer keys per split means more blocks in flight at depth, more partials
-  // for the combine. 64 won run 38's sweep (qwen3-8b, 1 row: d512 1.66×, d4096 1.29×, d32768 1.55× the
+  // Its smallest key split in keys (doubled for rows of ≥ 32 such chunks: fd::split_range): fewer keys per
+  // split means more blocks in flight at depth, more partials for the combine. 64 won run 38's sweep (qwen3-8b, 1 row: d512 1.66×, d4096 1.29×, d32768 1.55× the
   // tensor-core route; 256 lost at d512). Environment: PEREGRINE_CUDA_FA_VEC_CHUNK=<n> (factory).
   int fa_vec_min_chunk = 64;
-  // Its K/V loads: 2..4 stage the split's keys in shared memory through a cp.async ring of that many tiles
-  // of 32 keys (head 128; fd_decode_staged_kernel), so a block requests its whole 64-key split at once; 0 loads
-  // them straight into registers, 4 keys per lane group per iteration (fd_decode_kernel: at depth 4096 each
-  // warp-iteration waited for a block-table load, then its K/V, twice per split; ncu run 40: 857 GB/s).
-  // Environment: PEREGRINE_CUDA_FA_VEC_STAGES=<n> (factory). Being measured (issue 11: tg at depth).
-  int fa_vec_stages = 3;
+  // Its K/V staging: the split's keys go to shared memory through a cp.async ring of this many tiles (2..4;
+  // a tile is 32 keys at head 128), so a block requests them before its first score. Run 41 (qwen3-8b tg128
+  // d4096 / d32768): 2 and 3 tie (215.2 / 129.7, 216.3 / 129.2), 4 (64 KB, 3 blocks per SM) loses at 32768
+  // (114.3). Environment: PEREGRINE_CUDA_FA_VEC_STAGES=<n> (factory).
+  int fa_vec_stages = 2;
   // Calls of at most this many rows take it (1..8): above one row each block re-reads its KV head's keys for
   // its own row, where the tensor-core route reads them once for all rows. Environment:
   // PEREGRINE_CUDA_FA_VEC_ROWS=<n> (factory). 1: at 2 rows it ties at d32768 and loses at 4–8 rows (run 37).

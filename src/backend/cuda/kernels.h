@@ -241,9 +241,8 @@ struct AttentionArgs {
   // aims the grid at (CudaOptions::fa_vec_blocks_per_sm), and its smallest key split (fa_vec_min_chunk).
   int fa_vec_blocks_per_sm = 4;
   int fa_vec_min_chunk = 256;
-  // Its K/V staging (CudaOptions::fa_vec_stages): 0 loads K/V into registers, 2..4 stage tiles in shared
-  // memory through a cp.async ring of that many tiles.
-  int fa_vec_stages = 3;
+  // Its K/V staging (CudaOptions::fa_vec_stages): tiles of the cp.async ring in shared memory (2..4).
+  int fa_vec_stages = 2;
 };
 // Scratch for split-K partial results at this shape (0 when no split is needed).
 size_t attention_scratch_bytes(const AttentionArgs& a, int n_sm);
