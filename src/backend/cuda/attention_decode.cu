@@ -318,9 +318,8 @@ __global__ void __launch_bounds__(fd::kThreads) fd_decode_staged_kernel(const Fd
   const bool tree = p.tree_mask != nullptr;
   if (hi <= lo && P.n_splits > 1) {
     // A surplus split (the grid is sized for the bound; the actual range has fewer chunks): only its (m, l)
-    // = (−∞, 0), which the combine weighs 0 without reading its acc. Why not the full epilogue: at depth 4096
-    // half of qwen3-8b's 512 blocks are surplus (128-key chunks, grid for 64 splits) and ran it for ~6 µs
-    // of the launch (run 42: 20.5 µs against 14.8 with a grid of only the 33 real splits).
+    // = (−∞, 0), which the combine weighs 0 without reading its acc. Why not the full epilogue: surplus
+    // blocks ran it to no use (run 44: qwen3-32b's 64/8 heads at depth 4096 30.7 → 22.9 µs per call).
     const int g = p.n_head / p.n_head_kv;  // (block-uniform: every thread returns here)
     if (tid < g) {
       const int64_t slot = (static_cast<int64_t>(z) * p.n + r) * p.n_head + kvh * g + tid;

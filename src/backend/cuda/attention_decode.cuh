@@ -57,10 +57,12 @@ PG_FD_HD Plan split_plan(int base, int fill, int max_kv, int min_chunk = kMinChu
 // others get lo ≥ hi.
 PG_FD_HD void split_range(int& lo, int& hi, int z, int n_splits, int target, int min_chunk = kMinChunk) {
   if (n_splits <= 1 || hi <= lo) return;
-  // Ranges of ≥ 32 smallest chunks round to twice that: at depth 4096 (qwen3-8b, 64-key floor) 32 splits of
-  // 128 keys beat 64 of 64 (kernel alone 15 vs 21 µs, run 41; their fixed part and the combine's partials),
-  // while at 512 keys 8 splits of 64 beat 4 of 128 (9.4 vs 12.8 µs). Decided on the ACTUAL range, so a grid
-  // sized for a graph bucket cuts like the eager launch; the chunk count only shrinks, n_splits still bounds it.
+  // Ranges of ≥ 32 smallest chunks round to twice that: at depth 4096 (qwen3-8b, 64-key floor) 33 splits of
+  // 128 keys took 15 µs against 21 for 64 of 64 when the grid had 33 splits (2 blocks per SM, run 42), while
+  // at 512 keys 8 splits of 64 beat 4 of 128 (9.4 vs 12.8 µs). With the default grid (64 splits, half of them
+  // surplus) the same cut still takes 20.5 µs (runs 43–44): what the surplus blocks cost is not known yet.
+  // Decided on the ACTUAL range, so a grid sized for a graph bucket cuts like the eager launch; the chunk
+  // count only shrinks, n_splits still bounds it.
   if (hi - lo >= 32 * min_chunk) min_chunk *= 2;
   int chunk = ((hi - lo) + target - 1) / target;
   chunk = (chunk + min_chunk - 1) / min_chunk * min_chunk;
