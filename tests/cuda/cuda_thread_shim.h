@@ -129,36 +129,31 @@ inline int atomicAdd(int* p, int v) {
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
+namespace shim {
+// One warp-wide exchange: every lane publishes v and receives lane src's (0..31).
 template <class T>
-T __shfl_xor_sync(unsigned, T v, int off) {
+T exchange(T v, int src) {
   static_assert(sizeof(T) <= 8, "shuffle of ≤ 8 bytes");
-  shim::Warp& w = shim::warp();
-  const int l = shim::lane();
+  Warp& w = warp();
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  w.val[l] = bits;
-  w.bar.arrive_and_wait();
-  bits = w.val[l ^ off];
-  w.bar.arrive_and_wait();
-  T r;
-  std::memcpy(&r, &bits, sizeof(T));
-  return r;
-}
-// Indexed form (lane src of the warp; src in 0..31).
-template <class T>
-T __shfl_sync(unsigned, T v, int src) {
-  static_assert(sizeof(T) <= 8, "shuffle of ≤ 8 bytes");
-  shim::Warp& w = shim::warp();
-  const int l = shim::lane();
-  uint64_t bits = 0;
-  std::memcpy(&bits, &v, sizeof(T));
-  w.val[l] = bits;
+  w.val[lane()] = bits;
   w.bar.arrive_and_wait();
   bits = w.val[src & 31];
   w.bar.arrive_and_wait();
   T r;
   std::memcpy(&r, &bits, sizeof(T));
   return r;
+}
+}  // namespace shim
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int off) {
+  return shim::exchange(v, shim::lane() ^ off);
+}
+// Indexed form (lane src of the warp).
+template <class T>
+T __shfl_sync(unsigned, T v, int src) {
+  return shim::exchange(v, src);
 }
 inline bool __all_sync(unsigned, bool pred) {
   shim::Warp& w = shim::warp();

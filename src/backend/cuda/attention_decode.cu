@@ -34,6 +34,7 @@
 // Host emulation: with PG_CUDA_HOST_SHIM this file compiles against tests/cuda/cuda_thread_shim.h (one host
 // thread per CUDA thread), so tests/cuda/test_cuda_favec_emulated.cpp runs this kernel code on the CPU.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -571,10 +572,7 @@ void attention_decode(const AttentionArgs& a, void* scratch, int n_sm, cudaStrea
     const int base = a.n * a.n_head_kv, want = (a.fa_vec_grid_per_sm * std::max(1, n_sm) + base - 1) / base;
     P.grid_z = std::clamp(want, 1, P.n_splits);
   }
-  P.bs_shift = -1;
-  if ((a.block_size & (a.block_size - 1)) == 0)
-    for (int sh = 0; sh < 31; ++sh)
-      if ((1 << sh) == a.block_size) P.bs_shift = sh;
+  P.bs_shift = std::has_single_bit(static_cast<unsigned>(a.block_size)) ? std::countr_zero(static_cast<unsigned>(a.block_size)) : -1;
   P.qscale = a.softcap > 0.0f ? a.scale : a.scale * kFdLog2e;
   if (P.n_splits > 1) {
     PG_CHECK(scratch != nullptr, "attention_decode: missing split scratch");

@@ -160,6 +160,14 @@ struct K6 {
   }
 };
 
+// A 2-byte-aligned [d f16][W words] block (Q8_0, Q4_0): its scale bits and quant words.
+template <int W>
+__device__ __forceinline__ void ld_d_q(const uint8_t* b, uint32_t& d, uint32_t (&q)[W]) {
+#pragma unroll
+  for (int i = 0; i < W; ++i) q[i] = ldg32a2(b + 2 + 4 * i);
+  d = __ldg(reinterpret_cast<const uint16_t*>(b));
+}
+
 // Q8_0: 34 B = [d f16] [32 × int8]; one piece per block, 2-byte aligned.
 struct B8 {
   static constexpr int kBytes = 34, kPieces = 1, kAlign = 2;
@@ -167,11 +175,8 @@ struct B8 {
     uint32_t q[8], d;
   };
   __device__ static Raw load(const uint8_t* row, int pi) {
-    const uint8_t* b = row + static_cast<size_t>(pi) * kBytes;
     Raw r;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) r.q[i] = ldg32a2(b + 2 + 4 * i);
-    r.d = __ldg(reinterpret_cast<const uint16_t*>(b));
+    ld_d_q(row + static_cast<size_t>(pi) * kBytes, r.d, r.q);
     return r;
   }
   template <int NA>
@@ -194,11 +199,8 @@ struct B4 {
     uint32_t q[4], d;
   };
   __device__ static Raw load(const uint8_t* row, int pi) {
-    const uint8_t* b = row + static_cast<size_t>(pi) * kBytes;
     Raw r;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r.q[i] = ldg32a2(b + 2 + 4 * i);
-    r.d = __ldg(reinterpret_cast<const uint16_t*>(b));
+    ld_d_q(row + static_cast<size_t>(pi) * kBytes, r.d, r.q);
     return r;
   }
   template <int NA>
