@@ -95,7 +95,6 @@ int main(int argc, char** argv) {
     if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) vec.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
     if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_CHUNK"); e && *e) vec.fa_vec_min_chunk = std::max(1, std::atoi(e));
     if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_STAGES"); e && *e) vec.fa_vec_stages = std::clamp(std::atoi(e), 2, 4);
-    if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_GRID"); e && *e) vec.fa_vec_grid_per_sm = std::max(0, std::atoi(e));
     CudaBackend be(0, off);
     std::printf("device: %s, %d SMs, KV %s\n", be.device_name().c_str(), be.multiprocessor_count(), kv_type_name(kv_t).c_str());
     std::printf("| heads/kv × dim | rows | depth | FP32 kernel ms | TFLOP/s | KV GB/s | tensor-core ms | TFLOP/s | KV GB/s | speed-up | rel L2 diff | fa_decode route ms | KV GB/s | speed-up | fa_vec ms | KV GB/s | vs fa_decode | fa_vec rel diff |\n");

@@ -111,7 +111,7 @@ MOE_FUSED=${MOE_FUSED:-0}          # 1: MoE decode in 4 launches (PEREGRINE_CUDA
 FA_VEC=${FA_VEC:-0}                # 1: SIMT flash-decoding attention for ≤ 8-row calls (PEREGRINE_CUDA_FA_VEC=1): every CUDA test with it
                                    #    (tests-fa-vec.log), pg_cuda_attn_bench at rows 1/4/8, depths 0/512/4096/32768, qwen3-8b and
                                    #    head-256 shapes in graphs (kernels-attn-vec.log), tg128 at depths 0, 4096, 32768 off vs on, first model
-FA_VEC_SWEEP=${FA_VEC_SWEEP:-}      # "CHUNK:BLOCKS[:STAGES[:GRID]] ..." points of fa_vec (PEREGRINE_CUDA_FA_VEC_CHUNK / _BLOCKS / _STAGES / _GRID): per point the fa_vec
+FA_VEC_SWEEP=${FA_VEC_SWEEP:-}      # "CHUNK:BLOCKS[:STAGES] ..." points of fa_vec (PEREGRINE_CUDA_FA_VEC_CHUNK / _BLOCKS / _STAGES): per point the fa_vec
                                    #    and model/graph tests (tests-fa-vec-sweep.log), pg_cuda_attn_bench rows 1/2 (kernels-attn-sweep.log),
                                    #    tg128 at depths 0, 4096, 32768 with fa_vec on, first model (e.g. "64:4 128:8"); FA_VEC_SWEEP_TESTS
                                    #    (ctest -R regex) and FA_VEC_SWEEP_SHAPES (pg_cuda_attn_bench --shapes) narrow it
@@ -321,19 +321,19 @@ fi
 # fa_vec's split plan swept: smaller chunks / more blocks per SM keep more KV loads in flight at depth.
 if ((BUILD_OK)) && [ -n "$FA_VEC_SWEEP" ]; then
   for pt in $FA_VEC_SWEEP; do
-    IFS=: read -r ch bl st gr <<<"$pt"
-    st=${st:-2} gr=${gr:-0}
-    export PEREGRINE_CUDA_FA_VEC_STAGES=$st PEREGRINE_CUDA_FA_VEC_GRID=$gr
-    PEREGRINE_CUDA_FA_VEC=1 PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl run_step "fa_vec tests, chunk $ch, $bl blocks/SM, $st stages, grid $gr" \
+    IFS=: read -r ch bl st <<<"$pt"
+    st=${st:-2}
+    export PEREGRINE_CUDA_FA_VEC_STAGES=$st
+    PEREGRINE_CUDA_FA_VEC=1 PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl run_step "fa_vec tests, chunk $ch, $bl blocks/SM, $st stages" \
       "$OUT/tests-fa-vec-sweep.log" 200 ctest --test-dir "$BUILD" -L cuda -R "${FA_VEC_SWEEP_TESTS:-FaVec|CudaModel|CudaGraphs|CudaSpec}" -j 6 --timeout 190 --output-on-failure
     grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)" "$OUT/tests-fa-vec-sweep.log" | tail -3 >>"$SUMMARY"
     if [ -x "$BUILD/tests/cuda/pg_cuda_attn_bench" ]; then
-      echo "--- chunk $ch, $bl blocks/SM, $st stages, grid $gr" >>"$OUT/kernels-attn-sweep.log"
-      PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl run_step "attention alone, fa_vec chunk $ch, $bl blocks/SM, $st stages, grid $gr" \
+      echo "--- chunk $ch, $bl blocks/SM, $st stages" >>"$OUT/kernels-attn-sweep.log"
+      PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl run_step "attention alone, fa_vec chunk $ch, $bl blocks/SM, $st stages" \
         "$OUT/kernels-attn-sweep.log" 90 "$BUILD/tests/cuda/pg_cuda_attn_bench" --shapes ${FA_VEC_SWEEP_SHAPES:-32:8:128,24:4:256} --rows 1,2 \
         --depth 512,4096,32768 --reps 20 --graph 20
     fi
-    unset PEREGRINE_CUDA_FA_VEC_STAGES PEREGRINE_CUDA_FA_VEC_GRID
+    unset PEREGRINE_CUDA_FA_VEC_STAGES
   done
   grep -E "^\| [0-9]|^--- chunk" "$OUT/kernels-attn-sweep.log" | cut -d'|' -f2-4,13,16-18 >>"$SUMMARY"
 fi
@@ -572,10 +572,9 @@ if ((CLI_OK)); then
       fi
       if ((FIRST_MODEL)); then
         for pt in $FA_VEC_SWEEP; do
-          IFS=: read -r ch bl st gr <<<"$pt"
-          PEREGRINE_CUDA_FA_VEC=1 PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl PEREGRINE_CUDA_FA_VEC_STAGES=${st:-2} \
-            PEREGRINE_CUDA_FA_VEC_GRID=${gr:-0} bench_one "$LOG" \
-            "$preset $type tg128 at depths 0, 4096, 32768, fa_vec chunk $ch, $bl blocks/SM, ${st:-2} stages, grid ${gr:-0}" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 1
+          IFS=: read -r ch bl st <<<"$pt"
+          PEREGRINE_CUDA_FA_VEC=1 PEREGRINE_CUDA_FA_VEC_CHUNK=$ch PEREGRINE_CUDA_FA_VEC_BLOCKS=$bl PEREGRINE_CUDA_FA_VEC_STAGES=${st:-2} bench_one "$LOG" \
+            "$preset $type tg128 at depths 0, 4096, 32768, fa_vec chunk $ch, $bl blocks/SM, ${st:-2} stages" -m "$MODEL" -p 0 -n 128 -d 0,4096,32768 -r 1
         done
         for v in $FA_SPLIT; do
           PEREGRINE_CUDA_FA_SPLIT_BLOCKS=$v bench_one "$LOG" "$preset $type tg128 at depths 4096 and 32768, FA split blocks per SM $v" -m "$MODEL" -p 0 -n 128 -d 4096,32768 -r 1

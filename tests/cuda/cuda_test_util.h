@@ -184,7 +184,6 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) o.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_CHUNK"); e && *e) o.fa_vec_min_chunk = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_STAGES"); e && *e) o.fa_vec_stages = std::clamp(std::atoi(e), 2, 4);
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_GRID"); e && *e) o.fa_vec_grid_per_sm = std::max(0, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_ROWS"); e && *e) o.fa_vec_max_rows = std::clamp(std::atoi(e), 0, 8);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_HEAD_DIM"); e && *e) o.fa_vec_max_head_dim = std::atoi(e);
   if (!fa_prefill) o.fa_prefill_min_rows = 0, o.fa_decode = false;

@@ -46,7 +46,6 @@ CudaOptions vec_options(bool fa_vec) {
   o.fa_vec_max_head_dim = 256;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_CHUNK"); e && *e) o.fa_vec_min_chunk = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_STAGES"); e && *e) o.fa_vec_stages = std::clamp(std::atoi(e), 2, 4);
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_GRID"); e && *e) o.fa_vec_grid_per_sm = std::max(0, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::string(e) == "0") o.pdl = false;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) o.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
   return o;

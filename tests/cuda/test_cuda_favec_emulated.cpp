@@ -42,15 +42,14 @@ struct VecCase {
   int n_sm;  // the plan's SM count: with 1 the grid is "full" at once (no split), with 64 long rows split
   int stages = 2;       // AttentionArgs::fa_vec_stages: the cp.async ring's tiles (2..4)
   int block_size = 16;  // cache cells per block: a power of two (shift) or not (division)
-  int grid_per_sm = 0;  // AttentionArgs::fa_vec_grid_per_sm: 0 one block per split, N blocks looping over splits
 };
 
 class CudaFaVecEmulated : public testing::TestWithParam<VecCase> {};
 
 std::string vec_name(const testing::TestParamInfo<VecCase>& i) {
   char buf[128];
-  std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d_sm%d_st%d_bs%d_g%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim,
-                i.param.window, static_cast<int>(i.param.softcap), i.param.n_sm, i.param.stages, i.param.block_size, i.param.grid_per_sm);
+  std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d_sm%d_st%d_bs%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim, i.param.window,
+                static_cast<int>(i.param.softcap), i.param.n_sm, i.param.stages, i.param.block_size);
   return buf;
 }
 
@@ -189,7 +188,6 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
     a.out = out.data();
     a.out_stride = qw;
     a.fa_vec_stages = c.stages;
-    a.fa_vec_grid_per_sm = c.grid_per_sm;
     a.fa_vec_min_chunk = 64;
     if (!bt.kv_len.empty()) {
       a.kv_len = b.kv_len.as<int32_t>();
@@ -252,8 +250,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaVecEmulated,
                                          VecCase{4, 1, 256, 37, 0.0f, 16},   // head 256, GQA 4, window
                                          VecCase{8, 1, 256, 200, 0.0f, 1},   // head 256, GQA 8 (U = 2), window 200 (the split bound)
                                          VecCase{8, 1, 64, 50, 20.0f, 16, 3, 24},  // three stages, block size 24
-                                         VecCase{2, 2, 128, 0, 30.0f, 16, 4},      // four stages
-                                         VecCase{8, 2, 128, 0, 0.0f, 16, 2, 16, 1}),  // 1 block/SM: blocks loop over splits
+                                         VecCase{2, 2, 128, 0, 30.0f, 16, 4}),     // four stages
                          vec_name);
 
 TEST(CudaFaVecPlan, SplitsCoverTheRangeOnce) {

@@ -89,7 +89,6 @@ struct FdParams {
   AttentionArgs a;
   int n_splits, target, min_chunk;  // fd::split_plan
   int stages;            // the cp.async ring's tiles (2..4)
-  int grid_z;            // blocks in z (1..n_splits): each takes splits z, z + grid_z, …
   int bs_shift;          // log2(block_size) when it is a power of two, else −1 (division)
   float qscale;          // scale, ×log2 e without a soft-cap (scores come out in base 2 directly)
   float* part_acc;       // (n_splits, n, n_head, D) unnormalised output of each split (n_splits > 1)
@@ -287,8 +286,8 @@ __device__ __forceinline__ void fd_finish(const FdParams& P, int r, int kvh, int
   }
 }
 
-// One split z of row r, KV head kvh, by the whole block (fd_decode_staged_kernel below). D: head_dim; G:
-// register slots for the group (fd::group_slots(g) ≥ g); fd::kThreads threads. The split's keys are staged in shared memory by cp.async (FdParams::stages = S, 2..4):
+// D: head_dim; G: register slots for the group (fd::group_slots(g) ≥ g). Grid (n, n_head_kv, n_splits),
+// fd::kThreads threads. The split's keys are staged in shared memory by cp.async (FdParams::stages = S, 2..4):
 // tiles of fd_tile_keys keys (K rows, then V rows) in a ring of S, S − 1 tiles in flight ahead of the one
 // being computed; each warp computes its own KPW keys of a tile with fd_keys. Why staged (it replaced a kernel
 // that loaded K/V straight into registers, run 41): there each warp-iteration waited for a block-table load
@@ -297,8 +296,19 @@ __device__ __forceinline__ void fd_finish(const FdParams& P, int r, int kvh, int
 // qwen3-8b tg128 +2.5 % / +4.3 % at depths 4096 / 32768 over the register kernel with the same combine).
 // Dynamic shared memory: max(S · fd_tile_bytes, fd_merge_bytes), the merge reusing the ring after the last
 // tile. Keys past hi and masked tree keys are zero-filled (ok is false).
+//
+// Register budget (D ≤ 128): G = 4 in ≤ 128 registers (4 blocks per SM, the default fa_vec_blocks_per_sm),
+// G = 2 in ≤ 102 (5), G = 1 in ≤ 64 (8), what the compiler chose unbounded. Why bounded: at 166 registers (a
+// loop over splits, since removed) only 3 blocks of G = 4 fit, a 512-block grid at depth 32768 ran in two
+// waves and the kernel fell from 63.7 to 98 µs (run 46); a bound makes such a change a compile-time fact.
 template <int D, int G>
-__device__ __forceinline__ void fd_split(const FdParams& P, int r, int kvh, int z, uint32_t* mask, uint16_t* ring) {
+constexpr int fd_min_blocks() {
+  return D > 128 || G > 4 ? 1 : G == 4 ? 4 : G == 2 ? 5 : 8;
+}
+template <int D, int G>
+__global__ void __launch_bounds__(fd::kThreads, fd_min_blocks<D, G>()) fd_decode_staged_kernel(const FdParams P) {
+  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
+  grid_launch_dependents();
   constexpr int L = fd::lanes_per_key(D);
   constexpr int NG = 32 / L;
   constexpr int U = fd_unroll<G>();
@@ -311,6 +321,8 @@ __device__ __forceinline__ void fd_split(const FdParams& P, int r, int kvh, int 
   const AttentionArgs& p = P.a;
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int grp = lane / L, sub = lane % L;
+  const int r = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y), z = static_cast<int>(blockIdx.z);
+  __shared__ uint32_t mask[kAttnMaskWords];
   int lo, end, hi;
   fd_bounds(P, r, z, mask, tid, lo, end, hi);
   const bool tree = p.tree_mask != nullptr;
@@ -325,6 +337,11 @@ __device__ __forceinline__ void fd_split(const FdParams& P, int r, int kvh, int 
     }
     return;
   }
+#ifdef PG_CUDA_HOST_SHIM
+  uint16_t* const ring = shim::dynamic_smem<uint16_t>();
+#else
+  extern __shared__ __align__(16) uint16_t ring[];  // (S, 2, TK, D): tile t's K rows, then its V rows
+#endif
   const int S = P.stages;
   const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * D;
   const int32_t* table = p.block_table + static_cast<int64_t>(p.seq[r]) * p.max_blocks;
@@ -384,26 +401,6 @@ __device__ __forceinline__ void fd_split(const FdParams& P, int r, int kvh, int 
   cp_async_wait<0>();
   __syncthreads();  // the ring is free for the merge
   fd_finish<D, G>(P, r, kvh, z, m, l, acc, reinterpret_cast<float*>(ring));
-}
-
-// The kernel: block (r, kvh, bz) computes splits z = bz, bz + gridDim.z, … < n_splits (FdParams::grid_z ≤
-// n_splits blocks in z; one split per block by default). Each split is computed whole by one block, so which
-// block takes it changes no bit.
-template <int D, int G>
-__global__ void __launch_bounds__(fd::kThreads) fd_decode_staged_kernel(const FdParams P) {
-  grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
-  grid_launch_dependents();
-  __shared__ uint32_t mask[kAttnMaskWords];
-#ifdef PG_CUDA_HOST_SHIM
-  uint16_t* const ring = shim::dynamic_smem<uint16_t>();
-#else
-  extern __shared__ __align__(16) uint16_t ring[];  // (S, 2, TK, D): tile t's K rows, then its V rows
-#endif
-  const int r = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y);
-  for (int z = static_cast<int>(blockIdx.z); z < P.n_splits; z += static_cast<int>(gridDim.z)) {
-    fd_split<D, G>(P, r, kvh, z, mask, ring);
-    __syncthreads();  // every thread is done with the mask words and the ring before the next split rewrites them
-  }
 }
 
 // Dynamic shared bytes of fd_decode_staged_kernel<D, G> with S stages.
@@ -516,7 +513,7 @@ bool fd_supported(const AttentionArgs& a) {
 
 template <int D, int G>
 void fd_launch(const FdParams& P, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(P.a.n), static_cast<unsigned>(P.a.n_head_kv), static_cast<unsigned>(P.grid_z));
+  const dim3 grid(static_cast<unsigned>(P.a.n), static_cast<unsigned>(P.a.n_head_kv), static_cast<unsigned>(P.n_splits));
   auto kernel = fd_decode_staged_kernel<D, G>;
   const int smem = fd_staged_smem<D, G>(P.stages);
 #ifndef PG_CUDA_HOST_SHIM
@@ -567,11 +564,6 @@ void attention_decode(const AttentionArgs& a, void* scratch, int n_sm, cudaStrea
   P.target = pl.target;
   P.min_chunk = pl.min_chunk;
   P.stages = std::clamp(a.fa_vec_stages, 2, fd::kMaxStages);
-  P.grid_z = P.n_splits;
-  if (a.fa_vec_grid_per_sm > 0 && P.n_splits > 1) {
-    const int base = a.n * a.n_head_kv, want = (a.fa_vec_grid_per_sm * std::max(1, n_sm) + base - 1) / base;
-    P.grid_z = std::clamp(want, 1, P.n_splits);
-  }
   P.bs_shift = std::has_single_bit(static_cast<unsigned>(a.block_size)) ? std::countr_zero(static_cast<unsigned>(a.block_size)) : -1;
   P.qscale = a.softcap > 0.0f ? a.scale : a.scale * kFdLog2e;
   if (P.n_splits > 1) {

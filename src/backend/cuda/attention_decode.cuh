@@ -60,7 +60,8 @@ PG_FD_HD void split_range(int& lo, int& hi, int z, int n_splits, int target, int
   // Ranges of ≥ 32 smallest chunks round to twice that: at depth 4096 (qwen3-8b, 64-key floor) 33 splits of
   // 128 keys took 15 µs against 21 for 64 of 64 when the grid had 33 splits (2 blocks per SM, run 42), while
   // at 512 keys 8 splits of 64 beat 4 of 128 (9.4 vs 12.8 µs). With the default grid (64 splits, half of them
-  // surplus) the same cut still takes 20.5 µs (runs 43–44): what the surplus blocks cost is not known yet.
+  // surplus) the same cut takes 20.5 µs alone (runs 43–44), but those are L2-resident figures (one layer's
+  // 16.9 MB replayed): in the model, fewer blocks did not help (run 46).
   // Decided on the ACTUAL range, so a grid sized for a graph bucket cuts like the eager launch; the chunk
   // count only shrinks, n_splits still bounds it.
   if (hi - lo >= 32 * min_chunk) min_chunk *= 2;

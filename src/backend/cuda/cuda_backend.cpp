@@ -98,7 +98,6 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) opt.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_CHUNK"); e && *e) opt.fa_vec_min_chunk = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_STAGES"); e && *e) opt.fa_vec_stages = std::clamp(std::atoi(e), 2, 4);
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_GRID"); e && *e) opt.fa_vec_grid_per_sm = std::max(0, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_ROWS"); e && *e) opt.fa_vec_max_rows = std::clamp(std::atoi(e), 0, 8);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_HEAD_DIM"); e && *e) opt.fa_vec_max_head_dim = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) opt.kv_store_parallel = std::strcmp(e, "0") != 0;
@@ -1008,7 +1007,6 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   a.fa_vec_blocks_per_sm = opt_.fa_vec_blocks_per_sm;
   a.fa_vec_min_chunk = opt_.fa_vec_min_chunk;
   a.fa_vec_stages = opt_.fa_vec_stages;
-  a.fa_vec_grid_per_sm = opt_.fa_vec_grid_per_sm;
   if (!opt_.exact_f32 && opt_.fa_vec && a.n <= opt_.fa_vec_max_rows && a.head_dim <= opt_.fa_vec_max_head_dim &&
       cuda::attention_decode_supported(a)) {
     const size_t vb = cuda::attention_decode_scratch_bytes(a, n_sm_);

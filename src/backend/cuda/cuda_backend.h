@@ -137,12 +137,6 @@ struct CudaOptions {
   // d4096 / d32768): 2 and 3 tie (215.2 / 129.7, 216.3 / 129.2), 4 (64 KB, 3 blocks per SM) loses at 32768
   // (114.3). Environment: PEREGRINE_CUDA_FA_VEC_STAGES=<n> (factory).
   int fa_vec_stages = 2;
-  // Its grid: 0 launches one block per split (the plan's n_splits, sized for the launch-shape bound, so at
-  // depth 4096 under a graph bucket of 8192 half of qwen3-8b's 64 splits are surplus); N > 0 launches about N
-  // blocks per SM, each looping over splits z, z + grid, … (same partials, same bits). For the open question
-  // of runs 43–44: a 33-split grid took 14.8 µs where the 64-split one with the same cut takes 20.5.
-  // Environment: PEREGRINE_CUDA_FA_VEC_GRID=<n> (factory). Not yet run on a GPU: 0.
-  int fa_vec_grid_per_sm = 0;
   // Calls of at most this many rows take it (1..8): above one row each block re-reads its KV head's keys for
   // its own row, where the tensor-core route reads them once for all rows. Environment:
   // PEREGRINE_CUDA_FA_VEC_ROWS=<n> (factory). 1: at 2 rows it ties at d32768 and loses at 4–8 rows (run 37).

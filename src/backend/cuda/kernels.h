@@ -243,9 +243,6 @@ struct AttentionArgs {
   int fa_vec_min_chunk = 256;
   // Its K/V staging (CudaOptions::fa_vec_stages): tiles of the cp.async ring in shared memory (2..4).
   int fa_vec_stages = 2;
-  // Its grid in splits (CudaOptions::fa_vec_grid_per_sm): 0 one block per split; N > 0 about N blocks per SM,
-  // each block looping over the splits z, z + grid, … (the same partials).
-  int fa_vec_grid_per_sm = 0;
 };
 // Scratch for split-K partial results at this shape (0 when no split is needed).
 size_t attention_scratch_bytes(const AttentionArgs& a, int n_sm);
