@@ -100,6 +100,10 @@ NCU_KERNELS=${NCU_KERNELS:-rw2_kernel|fa_prefill_kernel|fa_combine}  # ncu --ker
 NCU_SOURCE=${NCU_SOURCE:-0}        # 1: source-level ncu (stall samples per SASS/CUDA line) of NCU_SOURCE_KERNELS' decode launches
 NCU_SOURCE_KERNELS=${NCU_SOURCE_KERNELS:-fa_prefill_kernel fa_combine_kernel}  # one ncu run per name (regex) and depth
 NCU_SOURCE_DEPTHS=${NCU_SOURCE_DEPTHS:-0 4096}
+DEPTH_DIAG=${DEPTH_DIAG:-0}        # 1: the history-dependent decode slowdown of runs 48-51, first model: tg128 at depths 0/64/1024 with the
+                                   #    depth filled by 512-row and by one-row forwards (-b 512 / -b 1; bench prints each test's host /
+                                   #    device split), then ncu per-kernel GPU time of decode steps after a d64 fill of each kind
+                                   #    (graphs off; ncu-diag-b*.txt, tools/ncu_sum.py) → model-*.log, summary
 PDL_ALL=${PDL_ALL:-0}              # 1: PDL for every decode-path kernel (PEREGRINE_CUDA_PDL_ALL=1): the CUDA tests with it (tests-pdl-all.log)
                                    #    and, per model, tg128 at depths 0 and 4096 with it
 FA_FUSED_COMBINE=${FA_FUSED_COMBINE:-0}  # 1: the attention's split combine inside the kernel (PEREGRINE_CUDA_FA_FUSED_COMBINE=1): the CUDA
@@ -498,6 +502,27 @@ if ((CLI_OK)); then
           --section SchedulerStats --log-file "$OUT/ncu-kernels.txt" "$PG" bench -m "$MODEL" -p 0 -n 8 -d 4096 -r 1 --device cuda
       elif ((NCU && FIRST_MODEL)); then
         note "SKIP  ncu (not on the PATH)"
+      fi
+      if ((DEPTH_DIAG && FIRST_MODEL)); then
+        for bs in 512 1; do
+          bench_one "$LOG" "$preset $type tg128 at depths 0, 64, 1024, depth filled by $bs-row forwards" -m "$MODEL" -p 0 -n 128 -d 0,64,1024 -r 2 -b $bs
+        done
+        { echo "depth diagnosis $preset $type (tg128; -b 512 then -b 1)"; grep -E "^\| tg128|^host / device" "$LOG" | tail -12; } >>"$SUMMARY"
+        if command -v ncu >/dev/null 2>&1; then
+          # bench -p 0 -n 64 -d 64 -r 1: two runs of (fill + 64 decode steps) of ~350-470 launches each (graphs off); the
+          # window starts inside the second run's decode for either fill: -b 1 fills with 64 forwards (second decode
+          # from ~84K launches), -b 512 with one (from ~28K). tools/ncu_sum.py keeps the last 1 600 and counts steps by argmax.
+          for bs in 512 1; do
+            skip=$((bs == 1 ? 90000 : 40000))
+            run_step "ncu $preset $type decode kernels at depth 64 after a -b $bs fill" "$OUT/ncu-run.log" 240 env PEREGRINE_CUDA_GRAPHS=0 ncu \
+              --clock-control none --cache-control none --launch-skip $skip --launch-count 3000 --csv --print-units base \
+              --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
+              --log-file "$OUT/ncu-diag-b$bs.csv" "$PG" bench -m "$MODEL" -p 0 -n 64 -d 64 -r 1 -b $bs --device cuda
+            python3 "$ROOT/tools/ncu_sum.py" "$OUT/ncu-diag-b$bs.csv" 1600 >"$OUT/ncu-diag-b$bs.txt" 2>&1
+            rm -f "$OUT/ncu-diag-b$bs.csv"
+            { echo "ncu: decode kernels at depth 64 after a -b $bs fill (GPU time, graphs off)"; head -24 "$OUT/ncu-diag-b$bs.txt"; } >>"$SUMMARY"
+          done
+        fi
       fi
       if ((NCU_SOURCE && FIRST_MODEL)) && command -v ncu >/dev/null 2>&1; then
         # Source-level counters (warp-stall samples and instructions per SASS line, -lineinfo gives the CUDA

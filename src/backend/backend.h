@@ -262,6 +262,11 @@ class Backend {
     double ms = 0.0;    // device time between the events around the op, summed over the calls
   };
   virtual std::vector<OpTime> profile_take() { return {}; }
+  // Seconds the host spent blocked on the device (a download or synchronize waiting for queued work) since
+  // the last call, drained. A step's wall time less this is host work (and launch), the rest the device time
+  // the host had to wait for: `peregrine bench` prints both, so a slow step says which side it is slow on.
+  // 0 on backends that run ops on the calling thread.
+  virtual double wait_take() { return 0.0; }
 
   // ---- step graphs ----
   // A device with a command queue may record the ops of a step once and replay them (CUDA graphs). Between

@@ -293,9 +293,10 @@ int cmd_bench(int argc, char** argv) {
     }
     for (const int n_gen : n_gens) {
       if (n_gen == 0) continue;
-      std::vector<double> tps;
+      std::vector<double> tps, waits;  // waits: per rep, host seconds blocked on the device (Backend::wait_take)
       for (int r = 0; r < reps + 1; ++r) {
         fill_depth(depth);
+        lm.backend->wait_take();  // the fill's waits are not part of the test
         auto t0 = clock::now();
         int32_t next = tok(rng);
         // Greedy decoding as the engine does it: the token is picked on the backend.
@@ -311,7 +312,8 @@ int cmd_bench(int argc, char** argv) {
           next = greedy;
         }
         const double s = std::chrono::duration<double>(clock::now() - t0).count();
-        if (r > 0) tps.push_back(n_gen / s);
+        const double wait = lm.backend->wait_take();
+        if (r > 0) tps.push_back(n_gen / s), waits.push_back(wait / n_gen);
         if (r > 0) prof_add();
       }
       prof_table("tg" + std::to_string(n_gen) + " @ " + std::to_string(depth), static_cast<double>(n_gen) * reps);
@@ -335,6 +337,14 @@ int cmd_bench(int argc, char** argv) {
         std::snprintf(line, sizeof line, "bytes per generated token (tg%d @ %d): %.0f (weights %zu + KV %.0f)", n_gen, depth, per_tok,
                       bytes.per_token, kv);
       notes.push_back(line);
+      // Where a step's time goes: the host's own work (batch set-up, uploads, launches or graph replay) and
+      // the device time it then waited for. Only a backend with a queue reports waits (CUDA).
+      if (const double w = median(waits); w > 0.0) {
+        const double ms = 1000.0 / t, wait_ms = 1000.0 * w;
+        std::snprintf(line, sizeof line, "host / device (tg%d @ %d): %.3f ms/token waiting for the device, %.3f ms/token on the host", n_gen, depth,
+                      wait_ms, std::max(0.0, ms - wait_ms));
+        notes.push_back(line);
+      }
     }
   }
   for (const std::string& n : notes) std::printf("%s\n", n.c_str());

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -413,14 +414,20 @@ void CudaBackend::download(const Tensor& src, void* dst, size_t bytes, size_t of
   if (bytes > 0)
     check(cudaMemcpyAsync(dst, static_cast<const uint8_t*>(src.data) + off, bytes, cudaMemcpyDeviceToHost, as_stream(stream_)),
           "download (copy)");
-  check(cudaStreamSynchronize(as_stream(stream_)), "download (a kernel before it failed)");
+  sync_timed("download (a kernel before it failed)");
   if (!prof_pending_.empty()) prof_resolve();
+}
+
+void CudaBackend::sync_timed(const char* what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check(cudaStreamSynchronize(as_stream(stream_)), what);
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void CudaBackend::synchronize() {
   activate(device_);
   check_not_capturing("synchronize");
-  check(cudaStreamSynchronize(as_stream(stream_)), "synchronize (a kernel failed)");
+  sync_timed("synchronize (a kernel failed)");
   if (!prof_pending_.empty()) prof_resolve();
 }
 

@@ -279,6 +279,11 @@ class CudaBackend final : public Backend {
   // Executable graphs currently held (recorded and not dropped): lets tests check that a forward replayed.
   int graph_count() const;
   std::vector<OpTime> profile_take() override;
+  double wait_take() override {
+    const double s = wait_s_;
+    wait_s_ = 0.0;
+    return s;
+  }
   void begin_graph() override { begin_capture(); }
   int end_graph() override { return end_capture(); }
   void abort_graph() override;
@@ -345,6 +350,7 @@ class CudaBackend final : public Backend {
   mutable int64_t norm_q8_hits_ = 0;
   int64_t moe_fused_hits_ = 0;
   void check_own(const Tensor& t, const char* op) const;
+  void sync_timed(const char* what);  // cudaStreamSynchronize, its wait added to wait_s_
   void check_not_capturing(const char* what) const;
 
   int device_ = 0;
@@ -360,6 +366,7 @@ class CudaBackend final : public Backend {
   std::vector<CUevent_st*> stage_events_;  // one per segment of the ring: last copy out of it
   int stage_segment_ = 0;
   bool capturing_ = false;
+  double wait_s_ = 0.0;  // wait_take(): host seconds blocked in download/synchronize
   int attn_kv_capacity_ = 0;
   static constexpr int64_t kFaCounters = 65536;  // attention split counters: row tiles × KV heads per call, at most
   int* fa_counters_ = nullptr;                    // (kFaCounters) zero between launches (fa_fused_combine)
