@@ -100,10 +100,10 @@ NCU_KERNELS=${NCU_KERNELS:-rw2_kernel|fa_prefill_kernel|fa_combine}  # ncu --ker
 NCU_SOURCE=${NCU_SOURCE:-0}        # 1: source-level ncu (stall samples per SASS/CUDA line) of NCU_SOURCE_KERNELS' decode launches
 NCU_SOURCE_KERNELS=${NCU_SOURCE_KERNELS:-fa_prefill_kernel fa_combine_kernel}  # one ncu run per name (regex) and depth
 NCU_SOURCE_DEPTHS=${NCU_SOURCE_DEPTHS:-0 4096}
-DEPTH_DIAG=${DEPTH_DIAG:-0}        # 1: the history-dependent decode slowdown of runs 48-51, first model: tg128 at depths 0/64/1024 with the
-                                   #    depth filled by 512-row and by one-row forwards (-b 512 / -b 1; bench prints each test's host /
-                                   #    device split), then ncu per-kernel GPU time of decode steps after a d64 fill of each kind
-                                   #    (graphs off; ncu-diag-b*.txt, tools/ncu_sum.py) → model-*.log, summary
+DEPTH_DIAG=${DEPTH_DIAG:-0}        # 1: the check of the depth-fill fix (runs 48-51 timed the fill's queued tail), first model: tg128 at
+                                   #    depths 0/64/1024 with the depth filled by 512-row and by one-row forwards (-b 512 / -b 1: they
+                                   #    must agree now; bench prints each test's host / device split), then ncu per-kernel GPU time of
+                                   #    decode steps after a d64 fill of each kind (graphs off; ncu-diag-b*.txt) → model-*.log, summary
 PDL_ALL=${PDL_ALL:-0}              # 1: PDL for every decode-path kernel (PEREGRINE_CUDA_PDL_ALL=1): the CUDA tests with it (tests-pdl-all.log)
                                    #    and, per model, tg128 at depths 0 and 4096 with it
 FA_FUSED_COMBINE=${FA_FUSED_COMBINE:-0}  # 1: the attention's split combine inside the kernel (PEREGRINE_CUDA_FA_FUSED_COMBINE=1): the CUDA

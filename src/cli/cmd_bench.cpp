@@ -235,6 +235,11 @@ int cmd_bench(int argc, char** argv) {
       for (int p = p0; p < std::min(depth, p0 + mf.batch); ++p) b.add(tok(rng), p, 0, false);
       lm.model->forward(b, *cache, logits);
     }
+    // A forward with no output rows returns with its work still queued (the engine overlaps the next chunk's
+    // set-up with it), so without this wait the test timed next would include the fill's last prefill chunk:
+    // until 2026-12-04 every tg and pp figure at a depth > 0 on the GPU did (qwen3-8b tg128 at depth 4096: the
+    // 512-row chunk at depth 3584, ~90 ms, spread over the 128 tokens, ~0.7 ms each). llama-bench waits here too.
+    lm.backend->synchronize();
     lm.backend->profile_take();  // op profiling (PEREGRINE_CUDA_PROFILE=1): the fill is not part of a test
   };
   // Op profiling: the measured runs' ops, summed over the repetitions, printed per token after the test.
