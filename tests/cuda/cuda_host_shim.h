@@ -24,6 +24,9 @@ struct alignas(8) uint2 {
 struct alignas(16) float4 {
   float x, y, z, w;
 };
+struct alignas(16) int4 {
+  int32_t x, y, z, w;
+};
 #endif
 
 struct pg_host_half {
@@ -76,6 +79,20 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
   uint32_t r = 0;
   for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
   return r;
+}
+
+// For backend/cuda/quant_dot.cuh (tests/cuda/test_cuda_quant_dot.cpp): a read-only load is a plain load; the
+// low word of {hi:lo} >> (shift mod 32); four signed byte products summed into c.
+template <typename T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t shift) {
+  return static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> (shift & 31));
+}
+inline int __dp4a(int a, int b, int c) {
+  for (int i = 0; i < 4; ++i) c += static_cast<int8_t>(static_cast<uint32_t>(a) >> (8 * i)) * static_cast<int8_t>(static_cast<uint32_t>(b) >> (8 * i));
+  return c;
 }
 
 // Warp shuffles have no host meaning; declared so the header parses (never called on the host).
