@@ -47,11 +47,13 @@ void check_words(uint32_t seed) {
   Buf buf(64, seed);
   for (int off = 0; off < 16; off += 2) {
     const uint8_t* p = buf.base + off;
-    uint32_t got[W];
-    ldg_words_a2<W>(p, got);
+    uint32_t got[W], got_shared[W];
+    ld_words_a2<W>(p, got);
+    ld_words_a2<W, false>(p, got_shared);  // the shared-memory form (gemv_pipe.cuh)
     for (int i = 0; i < W; ++i) {
       EXPECT_EQ(got[i], le32(p + 4 * i)) << "W " << W << " offset " << off << " word " << i;
       EXPECT_EQ(got[i], ldg32a2(p + 4 * i)) << "W " << W << " offset " << off << " word " << i;
+      EXPECT_EQ(got_shared[i], le32(p + 4 * i)) << "W " << W << " offset " << off << " word " << i;
     }
   }
 }

@@ -346,7 +346,7 @@ Tensor CudaBackend::alloc(DType t, int64_t cols, int64_t rows, int64_t ne2) {
   x.ne[1] = rows;
   x.ne[2] = ne2;
   x.backend = this;
-  // 16 bytes of slack past the end: the weight decoders' aligned word loads (quant_dot.cuh ldg_words_a2) may
+  // 16 bytes of slack past the end: the weight decoders' aligned word loads (quant_dot.cuh ld_words_a2) may
   // read up to 2 bytes past the last block of a tensor whose size is not a multiple of 4.
   const size_t bytes = x.nbytes() + 16;
   void* p = nullptr;

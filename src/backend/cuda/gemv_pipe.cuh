@@ -85,19 +85,7 @@ __device__ __forceinline__ void pipe_wait_pending(int n) {  // cp.async.wait_gro
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ uint32_t lds16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
-// N consecutive 32-bit words starting at a 2-byte-aligned shared address p (the little-endian value
-// ldg32a2 assembles from two 16-bit loads), from N + 1 aligned words and funnel shifts.
-template <int N>
-__device__ __forceinline__ void lds32_a2(const uint8_t* p, uint32_t (&out)[N]) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uint32_t* base = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
-  const uint32_t sh = static_cast<uint32_t>(a & 3) * 8;  // 0 or 16
-  uint32_t w[N + 1];
-#pragma unroll
-  for (int i = 0; i <= N; ++i) w[i] = base[i];
-#pragma unroll
-  for (int i = 0; i < N; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
-}
+// Words at a 2-byte-aligned shared address: quant_dot.cuh's ld_words_a2<N, false>.
 
 // The Raw value T::load(row, pi) returns, read from a copy of the row's bytes in shared memory: blk =
 // the copy of the block (superblock) holding piece pi, p = pi % T::kPieces. Same bytes, so dot() gives
@@ -117,8 +105,8 @@ struct PipeLds<K6> {
   __device__ static K6::Raw load(const uint8_t* blk, int p) {
     const int hf = p >> 2, pair = (p >> 1) & 1, lq = p & 1;
     K6::Raw r;
-    lds32_a2<4>(blk + 16 * p, r.ql);
-    lds32_a2<4>(blk + 128 + 32 * hf + 16 * lq, r.qh);
+    ld_words_a2<4, false>(blk + 16 * p, r.ql);
+    ld_words_a2<4, false>(blk + 128 + 32 * hf + 16 * lq, r.qh);
     const int s = 8 * hf + lq + 2 * pair;
     r.sc = static_cast<uint32_t>(blk[192 + s]) | (static_cast<uint32_t>(blk[196 + s]) << 8);
     r.d = lds16(blk + 208);
@@ -129,7 +117,7 @@ template <>
 struct PipeLds<B8> {
   __device__ static B8::Raw load(const uint8_t* blk, int) {
     B8::Raw r;
-    lds32_a2<8>(blk + 2, r.q);
+    ld_words_a2<8, false>(blk + 2, r.q);
     r.d = lds16(blk);
     return r;
   }

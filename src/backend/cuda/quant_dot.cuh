@@ -21,18 +21,19 @@ __device__ __forceinline__ uint32_t ldg32a2(const uint8_t* p) {
 }
 __device__ __forceinline__ uint4 ldg128(const uint8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 // W consecutive 32-bit words from a 2-byte-aligned address p: the little-endian words ldg32a2 assembles from
-// two 16-bit loads each, here from the W + 1 aligned words that hold them and a funnel shift by p % 4 bytes.
+// two 16-bit loads each, here from the W + 1 aligned words that hold them and a funnel shift by p % 4 bytes;
+// GLOBAL: p is global memory (read-only path), else shared (gemv_pipe.cuh's copies of the rows).
 // Why: the 2-byte-aligned block types (Q6_K 210 B, Q8_0 34 B, Q4_0 18 B) took two load instructions per word
-// (35 per Q6_K piece: W + 1 now). The aligned words may reach 2 bytes before p and 2 past p + 4W: inside the
+// (19 per Q6_K piece: 13 now). The aligned words may reach 2 bytes before p and 2 past p + 4W: inside the
 // block row, or within the 16 bytes of slack every device buffer has (CudaBackend::alloc).
-template <int W>
-__device__ __forceinline__ void ldg_words_a2(const uint8_t* p, uint32_t (&out)[W]) {
+template <int W, bool GLOBAL = true>
+__device__ __forceinline__ void ld_words_a2(const uint8_t* p, uint32_t (&out)[W]) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   const uint32_t* base = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
   const uint32_t sh = static_cast<uint32_t>(a & 2) * 8;  // 0 or 16
   uint32_t w[W + 1];
 #pragma unroll
-  for (int i = 0; i <= W; ++i) w[i] = __ldg(base + i);
+  for (int i = 0; i <= W; ++i) w[i] = GLOBAL ? __ldg(base + i) : base[i];
 #pragma unroll
   for (int i = 0; i < W; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
 }
@@ -144,8 +145,8 @@ struct K6 {
     const uint8_t* b = row + static_cast<size_t>(pi >> 3) * kBytes;
     const int p = pi & 7, hf = p >> 2, pair = (p >> 1) & 1, lq = p & 1;
     Raw r;
-    ldg_words_a2<4>(b + 16 * p, r.ql);
-    ldg_words_a2<4>(b + 128 + 32 * hf + 16 * lq, r.qh);
+    ld_words_a2<4>(b + 16 * p, r.ql);
+    ld_words_a2<4>(b + 128 + 32 * hf + 16 * lq, r.qh);
     const int s = 8 * hf + lq + 2 * pair;
     r.sc = static_cast<uint32_t>(__ldg(b + 192 + s)) | (static_cast<uint32_t>(__ldg(b + 196 + s)) << 8);
     r.d = __ldg(reinterpret_cast<const uint16_t*>(b + 208));
@@ -176,7 +177,7 @@ struct K6 {
 // A 2-byte-aligned [d f16][W words] block (Q8_0, Q4_0): its scale bits and quant words.
 template <int W>
 __device__ __forceinline__ void ld_d_q(const uint8_t* b, uint32_t& d, uint32_t (&q)[W]) {
-  ldg_words_a2<W>(b + 2, q);
+  ld_words_a2<W>(b + 2, q);
   d = __ldg(reinterpret_cast<const uint16_t*>(b));
 }
 
