@@ -1,7 +1,7 @@
 // Micro-benchmark of the CUDA matmul kernels on 8B-model shapes (target pg_cuda_bench).
 //
 //   pg_cuda_bench [--types q4_k,q8_0,...] [--reps N] [--quick] [--shapes MxK,...] [--kernels k1,k2,...]
-//                 [--pipe-stages N] [--pipe-bps N]
+//                 [--pipe-stages N] [--pipe-bps N] [--rows n1,n2,...]
 //
 // For every weight type and shape (M × K = out × in: 4096×4096 attention, 12288×4096 FFN gate/up,
 // 4096×12288 FFN down, 151936×4096 output) it times the decode GEMV (n = 1) and prints µs, GB/s and
@@ -14,7 +14,8 @@
 // The persistent pipelined one-row GEMV (CudaOptions::gemv_pipe) is timed as pipe+pdl (plain), glu/pipe+pdl
 // and qkv/pipe+pdl beside the kernels it would replace (fast/rw2+pdl, glu/fused+pdl, qkv/grouped+pdl) where
 // it applies, with --pipe-stages ring stages (default 4) and --pipe-bps blocks per SM (0: as many as fit).
-// --shapes replaces the shape list (M×K = out×in), --kernels keeps only the named kernels; the last
+// --shapes replaces the shape list (M×K = out×in), --kernels keeps only the named kernels, --rows the
+// activation row counts timed on every shape (default: 1, 8, 22, 64; the FFN shape 1..64 and 512); the last
 // column is the GB/s as a fraction of the H200's 4.3 TB/s HBM3e peak.
 #include <cuda_runtime.h>
 
@@ -119,6 +120,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Shape> custom_shapes;
   std::vector<std::string> only_kernels;  // empty: all
+  std::vector<int> only_rows;             // empty: every row count of the shape
   auto split = [](const std::string& s) {
     std::vector<std::string> out;
     size_t p = 0;
@@ -141,6 +143,15 @@ int main(int argc, char** argv) {
       pipe_bps = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--kernels" && i + 1 < argc) {
       only_kernels = split(argv[++i]);
+    } else if (a == "--rows" && i + 1 < argc) {
+      for (const std::string& e : split(argv[++i])) {
+        const int n = std::atoi(e.c_str());
+        if (n <= 0) {
+          std::fprintf(stderr, "bad row count '%s'\n", e.c_str());
+          return 2;
+        }
+        only_rows.push_back(n);
+      }
     } else if (a == "--shapes" && i + 1 < argc) {
       for (const std::string& e : split(argv[++i])) {
         const size_t x = e.find('x');
@@ -167,7 +178,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--types q4_k,q8_0,...] [--reps N] [--quick] [--shapes MxK,...] [--kernels k1,k2,...] [--pipe-stages N] "
-                   "[--pipe-bps N]\n",
+                   "[--pipe-bps N] [--rows n1,n2,...]\n",
                    argv[0]);
       return 2;
     }
@@ -206,6 +217,7 @@ int main(int argc, char** argv) {
         // Decode rows (1), several sequences or a speculative verification batch (2..64: MMQ), prefill (512).
         std::vector<int> ns = {1, 8, 22, 64};
         if (ffn) ns = {1, 2, 4, 8, 16, 22, 32, 64, 512};
+        if (!only_rows.empty()) ns = only_rows;  // --rows: these counts on every shape
         const int nmax = *std::max_element(ns.begin(), ns.end());
         float *x = nullptr, *y = nullptr;
         void* scratch = nullptr;

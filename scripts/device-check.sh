@@ -100,6 +100,10 @@ NCU_KERNELS=${NCU_KERNELS:-rw2_kernel|fa_prefill_kernel|fa_combine}  # ncu --ker
 NCU_SOURCE=${NCU_SOURCE:-0}        # 1: source-level ncu (stall samples per SASS/CUDA line) of NCU_SOURCE_KERNELS' decode launches
 NCU_SOURCE_KERNELS=${NCU_SOURCE_KERNELS:-fa_prefill_kernel fa_combine_kernel}  # one ncu run per name (regex) and depth
 NCU_SOURCE_DEPTHS=${NCU_SOURCE_DEPTHS:-0 4096}
+NCU_BENCH=${NCU_BENCH:-}           # "type:MxK:rows ..." (e.g. "q4_k:12288x4096:22"): Nsight Compute sections and source-level stall
+                                   # samples of one pg_cuda_bench launch of NCU_BENCH_KERNEL (kernel name regex) per entry → $OUT/ncu-bench.txt
+NCU_BENCH_KERNEL=${NCU_BENCH_KERNEL:-mmq_kernel}
+NCU_BENCH_KERNELS=${NCU_BENCH_KERNELS:-mmq}  # pg_cuda_bench --kernels of those runs
 DEPTH_DIAG=${DEPTH_DIAG:-0}        # 1: the check of the depth-fill fix (runs 48-51 timed the fill's queued tail), first model: tg128 at
                                    #    depths 0/64/1024 with the depth filled by 512-row and by one-row forwards (-b 512 / -b 1: they
                                    #    must agree now; bench prints each test's host / device split), then ncu per-kernel GPU time of
@@ -386,6 +390,24 @@ fi
 if ((BUILD_OK && KERNELS)); then
   run_step "pg_cuda_bench" "$OUT/kernels.log" 180 "$BUILD/src/backend/cuda/pg_cuda_bench" --reps 20 --types "$KERNEL_TYPES"
   grep -E "^\||device:" "$OUT/kernels.log" >>"$SUMMARY"
+fi
+# Nsight Compute on single kernel-bench launches (NCU_BENCH): sections, then the source page ranked by tools/ncu_source.py.
+# pg_cuda_bench times after 3 warm-up calls: --launch-skip 3 takes the first timed launch of the kernel.
+if ((BUILD_OK)) && [[ -n $NCU_BENCH ]] && command -v ncu >/dev/null 2>&1; then
+  for e in $NCU_BENCH; do
+    IFS=: read -r ty shp rows <<<"$e"
+    rep=/tmp/ncu-bench-$ty-$shp-$rows
+    bargs=(--types "$ty" --shapes "$shp" --rows "$rows" --kernels "$NCU_BENCH_KERNELS" --reps 3)
+    run_step "ncu sections $e" "$OUT/ncu-bench.txt" 120 ncu --kernel-name "regex:$NCU_BENCH_KERNEL" --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+      --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
+      "$BUILD/src/backend/cuda/pg_cuda_bench" "${bargs[@]}"
+    run_step "ncu source $e" "$OUT/ncu-run.log" 120 ncu --kernel-name "regex:$NCU_BENCH_KERNEL" --launch-skip 3 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --import-source yes -f -o "$rep" "$BUILD/src/backend/cuda/pg_cuda_bench" "${bargs[@]}" &&
+      ncu -i "$rep.ncu-rep" --page source --csv --print-source cuda,sass >"$rep.csv" 2>"$rep.err" &&
+      { echo "=== ncu source: $e"; python3 "$ROOT/tools/ncu_source.py" "$rep.csv" 30 2>&1; } >>"$OUT/ncu-bench.txt"
+  done
+  { echo "ncu bench: $NCU_BENCH"; grep -E "^  *(Duration|Memory Throughput|DRAM Throughput|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued)" "$OUT/ncu-bench.txt"; } >>"$SUMMARY"
 fi
 # The pipelined one-row GEMV against the kernels it replaces, on qwen3-8b's decode shapes.
 if ((BUILD_OK && GEMV_PIPE)); then
