@@ -266,7 +266,9 @@ int main(int argc, char** argv) {
             }
             kernels.push_back("fp32");
           }
-          if (n >= 2 && n <= pg::cuda::kMmqMaxRows && pg::cuda::mmq_supported(a)) kernels.push_back("mmq");
+          // mmq: the default (activations staged in shared memory); mmq/global: every warp reads them from
+          // global memory (CudaOptions::mmq_staged = false).
+          if (n >= 2 && n <= pg::cuda::kMmqMaxRows && pg::cuda::mmq_supported(a)) kernels.insert(kernels.end(), {"mmq", "mmq/global"});
           if (gemm) kernels.push_back("mma");
           keep_wanted(kernels);
           if (kernels.empty()) continue;
@@ -275,8 +277,11 @@ int main(int argc, char** argv) {
               a.w = w[static_cast<size_t>(i) % w.size()];
               if (kernel == "mma")
                 pg::cuda::gemm(a, nullptr, nullptr, scratch, stream);
-              else if (kernel == "mmq")
+              else if (kernel == "mmq" || kernel == "mmq/global") {
+                a.mmq_staged = kernel == "mmq";
                 pg::cuda::mmq(a, scratch, part, prop.multiProcessorCount, stream);
+                a.mmq_staged = true;
+              }
               else if (kernel == "pipe+pdl") {
                 a.pdl = true;
                 a.rows_per_warp = 2;

@@ -1620,6 +1620,56 @@ TEST(CudaGemvPipe, PlainBitIdentical) {
   gpu->set_options(base);
 }
 
+// CudaOptions::mmq_staged: MMQ with the activations staged in shared memory against the kernel that reads
+// them from global memory, bit for bit, for every MMQ type and row-tile count (1..8 n8 tiles, ragged last
+// tiles), on shapes whose K splits hold 1, 2, 4, 6 and 16 superblocks (the 2-stage ring runs short and long:
+// 12288×4096 splits in 3, 3000×2048 in 2, 20000×1024 and 151936×4096 not at all) and a ragged last block of
+// rows (M % 64 ≠ 0).
+TEST(CudaOps, MmqStagedBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  const CudaOptions base = gpu->options();
+  const std::pair<int64_t, int64_t> shapes[] = {{12288, 4096}, {3000, 2048}, {20000, 1024}, {67, 4096}, {300, 1280}, {151936, 4096}};  // (M, K)
+  const int ns[] = {2, 8, 9, 17, 22, 33, 48, 64};
+  int checked = 0;
+  for (const DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) {
+    for (const auto& [M, K] : shapes) {
+      if (M == 151936 && t != DType::Q4_K && t != DType::Q6_K) continue;  // the output shape: the types it has
+      const auto wb = make_weights_tiled(t, K, M, 71u + static_cast<uint32_t>(M + K));
+      Tensor w = make_weight(*gpu, t, K, M, 1, wb);
+      for (const int n : ns) {
+        if ((t == DType::Q8_0 || t == DType::Q4_0) && n < 9) continue;  // the GEMV below 9 rows (use_mmq)
+        auto xv = randn(static_cast<size_t>(n * K), 72u + static_cast<uint32_t>(n + K));
+        xv[0] = 5.0f, xv[1] = -5.0f;
+        Tensor x = make_tensor(*gpu, DType::F32, K, n, xv.data());
+        Tensor y = gpu->alloc(DType::F32, M, n);
+        SCOPED_TRACE(std::string(dtype_name(t)) + " M=" + std::to_string(M) + " K=" + std::to_string(K) + " n=" + std::to_string(n));
+        CudaOptions o = base;
+        o.mmq_min_rows = 2;
+        o.mmq_staged = false;
+        gpu->set_options(o);
+        gpu->matmul(w, x, y);
+        const auto ref = fetch(*gpu, y);
+        o.mmq_staged = true;
+        gpu->set_options(o);
+        std::vector<float> junk(ref.size(), -555.0f);
+        gpu->upload(y, junk.data(), junk.size() * sizeof(float));  // every output must be written again
+        gpu->matmul(w, x, y);
+        const auto got = fetch(*gpu, y);
+        ASSERT_EQ(got.size(), ref.size());
+        EXPECT_EQ(max_abs_diff(got, ref), 0.0f);
+        EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0);
+        gpu->free(x);
+        gpu->free(y);
+        ++checked;
+      }
+      gpu->free(w);
+    }
+  }
+  gpu->set_options(base);
+  EXPECT_EQ(checked, 8 * (3 * 5 + 2) + 6 * 2 * 5);  // K-quants every n (Q4_K/Q6_K also 151936), legacy from 9 rows
+}
+
 // matmul_glu (fuse_glu) with gemv_pipe against the existing fused kernel: bit-identical, SiLU and GELU,
 // the FFN gate/up shape, odd row counts and widths, two ring depths.
 TEST(CudaGemvPipe, GluBitIdentical) {

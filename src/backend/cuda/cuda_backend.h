@@ -52,6 +52,11 @@ struct CudaOptions {
   // whatever this says (slower than the GEMV below). 0 turns MMQ off. Environment:
   // PEREGRINE_MMQ_MIN_ROWS (factory).
   int mmq_min_rows = 2;
+  // MMQ stages each superblock's activation slice in shared memory once per block (mmq_staged_kernel,
+  // gemv_q8.cu) instead of every warp reading its fragments from global memory: Nsight showed the old
+  // kernel L1-bound (L1/TEX 79 %, DRAM 17 % at 22 rows). Bit-identical (CudaOps.MmqStagedBitIdentical).
+  // Environment: PEREGRINE_CUDA_MMQ_STAGED=0 turns it off (factory).
+  bool mmq_staged = true;
   // Programmatic dependent launch for the decode GEMV (compute capability ≥ 9.0; ignored below): the
   // GEMV's blocks are scheduled while the kernel before it (activation quantization, or the previous
   // GEMV sharing its activations) drains, issue their first weight loads — weights are never written

@@ -521,15 +521,54 @@ struct MmqAcc {
   float f[NT][4];
 };
 
+// Where a superblock's activation operands come from. row: activation row 0..8·NT−1; off: byte offset
+// inside the superblock's 256 values; j: its 32-value group (q8_0 scale index; q8_K repeats one scale).
+// Global: the q8 scratch through L1, rows clamped to n − 1 (mmq_kernel). Stage: the block's shared-memory
+// copy of the superblock (mmq_staged_kernel), whose rows past n − 1 hold row n − 1's bytes — the same
+// values, so both sources give the same bits.
+struct MmqGlobalSrc {
+  const MmqParams& p;
+  int sb;
+  __device__ int64_t row(int r) const { return min(r, p.n - 1); }
+  __device__ uint2 b64(int r, int off) const { return ldg64(reinterpret_cast<const uint8_t*>(p.xq + row(r) * p.K + sb * 256 + off)); }
+  __device__ uint32_t b32(int r, int off) const { return __ldg(reinterpret_cast<const uint32_t*>(p.xq + row(r) * p.K + sb * 256 + off)); }
+  __device__ float xd(int r, int j) const { return __ldg(p.xd + row(r) * (p.K / 32) + sb * 8 + j); }
+  __device__ uint4 split(int r) const { return __ldg(p.xsplit + row(r) * (p.K / 256) + sb); }
+};
+// One stage: q (8·NT, RS) int8 (256 values of each row, then padding), d (8·NT, 8) FP32, s (8·NT) uint4.
+// RS is chosen so the fragment reads are free of bank conflicts: 8-byte reads (lanes g·RS + 8t + 32u, a
+// half-warp g = 0..3 × t = 0..3) need RS ≡ 32 (mod 128), 288; Q6_K's 4-byte reads (a warp, g = 0..7 ×
+// t = 0..3, at g·RS + 4t) need RS ≡ 16 (mod 128), 272.
+template <int RS>
+struct MmqStageSrc {
+  const uint8_t* q;
+  const float* d;
+  const uint4* s;
+  __device__ uint2 b64(int r, int off) const { return *reinterpret_cast<const uint2*>(q + r * RS + off); }
+  __device__ uint32_t b32(int r, int off) const { return *reinterpret_cast<const uint32_t*>(q + r * RS + off); }
+  __device__ float xd(int r, int j) const { return d[r * 8 + j]; }
+  __device__ uint4 split(int r) const { return s[r]; }
+};
+
+// Weights of one superblock of a thread's two rows (g and g + 8 of its warp's m16 tile), loaded by
+// mmq_load_* before they are used by mmq_sb_* (the staged kernel issues them before its barrier).
+template <class T>
+struct MmqWK {
+  typename T::Raw r0, r1;
+};
+template <class T>
+__device__ __forceinline__ MmqWK<T> mmq_load_kquant(const uint8_t* w0, const uint8_t* w1, int sb, int t) {
+  return {T::load(w0 + static_cast<size_t>(sb) * T::kBytes, t), T::load(w1 + static_cast<size_t>(sb) * T::kBytes, t)};
+}
+
 // Q4_K / Q5_K: acc += xd·(d·Σ_u sc_u·c_u − dmin·Σ_u m_u·xsum_u) per superblock (xd is per superblock: q8_K).
 // The 6-bit scales and mins of all 8 groups are unpacked as bytes with a few word operations; the min
 // term Σ_u m_u·xsum_u is itself an integer matrix product (16 rows × 8 groups · 8 groups × 8 columns),
 // done by two more mma with the block sums split as 64·h + l (scratch_split) so both operands fit int8.
-template <class T, int NT>
-__device__ __forceinline__ void mmq_sb_kquant(const MmqParams& p, const uint8_t* w0, const uint8_t* w1, int sb, int g, int t,
-                                              MmqAcc<NT>& acc) {
-  const typename T::Raw r0 = T::load(w0 + static_cast<size_t>(sb) * T::kBytes, t);
-  const typename T::Raw r1 = T::load(w1 + static_cast<size_t>(sb) * T::kBytes, t);
+template <class T, int NT, class Src>
+__device__ __forceinline__ void mmq_sb_kquant(const MmqWK<T>& w, const Src& src, int g, int t, MmqAcc<NT>& acc) {
+  const typename T::Raw& r0 = w.r0;
+  const typename T::Raw& r1 = w.r1;
   // Bytes j of sc[0] / sc[1]: scales of groups j / 4 + j; m[0] / m[1] the mins (get_scale_min_k4).
   auto unpack = [](const uint4& hd, uint32_t (&sc)[2], uint32_t (&m)[2]) {
     sc[0] = hd.y & 0x3f3f3f3fu;
@@ -551,8 +590,7 @@ __device__ __forceinline__ void mmq_sb_kquant(const MmqParams& p, const uint8_t*
     const uint32_t a00 = T::a(r0, u, 0), a10 = T::a(r1, u, 0), a01 = T::a(r0, u, 1), a11 = T::a(r1, u, 1);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int arow = min(8 * nt + g, p.n - 1);
-      const uint2 b = ldg64(reinterpret_cast<const uint8_t*>(p.xq + static_cast<int64_t>(arow) * p.K + sb * 256 + 32 * u + 8 * t));
+      const uint2 b = src.b64(8 * nt + g, 32 * u + 8 * t);
       int c[4] = {0, 0, 0, 0};
       mma_s8(c, a00, a10, b.x);
       mma_s8(c, a01, a11, b.y);
@@ -562,16 +600,13 @@ __device__ __forceinline__ void mmq_sb_kquant(const MmqParams& p, const uint8_t*
   // Min terms: A = the mins (k = group: t = 0 holds groups 0..3, t = 1 groups 4..7, t ≥ 2 zero padding).
   const uint32_t am0 = t < 2 ? m0[t] : 0u, am1 = t < 2 ? m1[t] : 0u;
   const float d0 = T::d(r0), d1 = T::d(r1), n0 = T::dmin(r0), n1 = T::dmin(r1);
-  const int64_t nb32 = p.K / 32, nsb = p.K / 256;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int arow = min(8 * nt + g, p.n - 1);
-    const uint4 sp = __ldg(p.xsplit + arow * nsb + sb);
+    const uint4 sp = src.split(8 * nt + g);
     int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
     mma_s8(ch, am0, am1, t == 0 ? sp.x : t == 1 ? sp.y : 0u);
     mma_s8(cl, am0, am1, t == 0 ? sp.z : t == 1 ? sp.w : 0u);
-    const int c0 = min(8 * nt + 2 * t, p.n - 1), c1 = min(8 * nt + 2 * t + 1, p.n - 1);
-    const float x0 = __ldg(p.xd + c0 * nb32 + sb * 8), x1 = __ldg(p.xd + c1 * nb32 + sb * 8);
+    const float x0 = src.xd(8 * nt + 2 * t, 0), x1 = src.xd(8 * nt + 2 * t + 1, 0);
     acc.f[nt][0] += x0 * (d0 * static_cast<float>(isum[nt][0]) - n0 * static_cast<float>(64 * ch[0] + cl[0]));
     acc.f[nt][1] += x1 * (d0 * static_cast<float>(isum[nt][1]) - n0 * static_cast<float>(64 * ch[1] + cl[1]));
     acc.f[nt][2] += x0 * (d1 * static_cast<float>(isum[nt][2]) - n1 * static_cast<float>(64 * ch[2] + cl[2]));
@@ -582,27 +617,34 @@ __device__ __forceinline__ void mmq_sb_kquant(const MmqParams& p, const uint8_t*
 // Q6_K: 16-value scale groups, so the standard k order (step s = values 16s + 4t..) with 4-byte loads.
 // Group u (32 values) = half hf = u/4, w = u%4: ql bytes 64hf + 32(w&1) + l (nibble w>>1), qh bytes
 // 32hf + l (bits 2w), scale sc[8hf + 2w + s]; values q − 32.
-template <int NT>
-__device__ __forceinline__ void mmq_sb_q6k(const MmqParams& p, const uint8_t* w0, const uint8_t* w1, int sb, int g, int t, MmqAcc<NT>& acc) {
+struct MmqW6 {
+  uint32_t ql[2][2][2][2], qh[2][2][2];  // [row][hf][w&1][s], [row][hf][s]
+  uint32_t scw0[4], scw1[4];
+  float d0, d1;
+};
+__device__ __forceinline__ MmqW6 mmq_load_q6k(const uint8_t* w0, const uint8_t* w1, int sb, int t) {
   const uint8_t* b0 = w0 + static_cast<size_t>(sb) * 210;
   const uint8_t* b1 = w1 + static_cast<size_t>(sb) * 210;
-  uint32_t ql[2][2][2][2], qh[2][2][2];  // [row][hf][w&1][s], [row][hf][s]
+  MmqW6 w;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
 #pragma unroll
       for (int lo = 0; lo < 2; ++lo) {
-        ql[0][hf][lo][s] = ldg32a2(b0 + 64 * hf + 32 * lo + 16 * s + 4 * t);
-        ql[1][hf][lo][s] = ldg32a2(b1 + 64 * hf + 32 * lo + 16 * s + 4 * t);
+        w.ql[0][hf][lo][s] = ldg32a2(b0 + 64 * hf + 32 * lo + 16 * s + 4 * t);
+        w.ql[1][hf][lo][s] = ldg32a2(b1 + 64 * hf + 32 * lo + 16 * s + 4 * t);
       }
-      qh[0][hf][s] = ldg32a2(b0 + 128 + 32 * hf + 16 * s + 4 * t);
-      qh[1][hf][s] = ldg32a2(b1 + 128 + 32 * hf + 16 * s + 4 * t);
+      w.qh[0][hf][s] = ldg32a2(b0 + 128 + 32 * hf + 16 * s + 4 * t);
+      w.qh[1][hf][s] = ldg32a2(b1 + 128 + 32 * hf + 16 * s + 4 * t);
     }
-  uint32_t scw0[4], scw1[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) scw0[i] = ldg32a2(b0 + 192 + 4 * i), scw1[i] = ldg32a2(b1 + 192 + 4 * i);
-  const float d0 = h2f(__ldg(reinterpret_cast<const uint16_t*>(b0 + 208))), d1 = h2f(__ldg(reinterpret_cast<const uint16_t*>(b1 + 208)));
+  for (int i = 0; i < 4; ++i) w.scw0[i] = ldg32a2(b0 + 192 + 4 * i), w.scw1[i] = ldg32a2(b1 + 192 + 4 * i);
+  w.d0 = h2f(__ldg(reinterpret_cast<const uint16_t*>(b0 + 208))), w.d1 = h2f(__ldg(reinterpret_cast<const uint16_t*>(b1 + 208)));
+  return w;
+}
+template <int NT, class Src>
+__device__ __forceinline__ void mmq_sb_q6k(const MmqW6& w, const Src& src, int g, int t, MmqAcc<NT>& acc) {
   int isum[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -610,75 +652,76 @@ __device__ __forceinline__ void mmq_sb_q6k(const MmqParams& p, const uint8_t* w0
     for (int i = 0; i < 4; ++i) isum[nt][i] = 0;
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
-    const int hf = u >> 2, w = u & 3;
+    const int hf = u >> 2, q = u & 3;
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-      const int si = 8 * hf + 2 * w + s;
-      const int sc0 = static_cast<int8_t>((scw0[si >> 2] >> (8 * (si & 3))) & 0xff);
-      const int sc1 = static_cast<int8_t>((scw1[si >> 2] >> (8 * (si & 3))) & 0xff);
-      const uint32_t a0 = __vsub4(((ql[0][hf][w & 1][s] >> (4 * (w >> 1))) & 0x0F0F0F0Fu) | (((qh[0][hf][s] >> (2 * w)) & 0x03030303u) << 4), 0x20202020u);
-      const uint32_t a1 = __vsub4(((ql[1][hf][w & 1][s] >> (4 * (w >> 1))) & 0x0F0F0F0Fu) | (((qh[1][hf][s] >> (2 * w)) & 0x03030303u) << 4), 0x20202020u);
+      const int si = 8 * hf + 2 * q + s;
+      const int sc0 = static_cast<int8_t>((w.scw0[si >> 2] >> (8 * (si & 3))) & 0xff);
+      const int sc1 = static_cast<int8_t>((w.scw1[si >> 2] >> (8 * (si & 3))) & 0xff);
+      const uint32_t a0 = __vsub4(((w.ql[0][hf][q & 1][s] >> (4 * (q >> 1))) & 0x0F0F0F0Fu) | (((w.qh[0][hf][s] >> (2 * q)) & 0x03030303u) << 4), 0x20202020u);
+      const uint32_t a1 = __vsub4(((w.ql[1][hf][q & 1][s] >> (4 * (q >> 1))) & 0x0F0F0F0Fu) | (((w.qh[1][hf][s] >> (2 * q)) & 0x03030303u) << 4), 0x20202020u);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const int arow = min(8 * nt + g, p.n - 1);
-        const uint32_t b = __ldg(reinterpret_cast<const uint32_t*>(p.xq + static_cast<int64_t>(arow) * p.K + sb * 256 + 32 * u + 16 * s + 4 * t));
+        const uint32_t b = src.b32(8 * nt + g, 32 * u + 16 * s + 4 * t);
         int c[4] = {0, 0, 0, 0};
         mma_s8(c, a0, a1, b);
         isum[nt][0] += sc0 * c[0], isum[nt][1] += sc0 * c[1], isum[nt][2] += sc1 * c[2], isum[nt][3] += sc1 * c[3];
       }
     }
   }
-  const int64_t nb32 = p.K / 32;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int c0 = min(8 * nt + 2 * t, p.n - 1), c1 = min(8 * nt + 2 * t + 1, p.n - 1);
-    const float x0 = __ldg(p.xd + c0 * nb32 + sb * 8), x1 = __ldg(p.xd + c1 * nb32 + sb * 8);
-    acc.f[nt][0] += x0 * d0 * static_cast<float>(isum[nt][0]);
-    acc.f[nt][1] += x1 * d0 * static_cast<float>(isum[nt][1]);
-    acc.f[nt][2] += x0 * d1 * static_cast<float>(isum[nt][2]);
-    acc.f[nt][3] += x1 * d1 * static_cast<float>(isum[nt][3]);
+    const float x0 = src.xd(8 * nt + 2 * t, 0), x1 = src.xd(8 * nt + 2 * t + 1, 0);
+    acc.f[nt][0] += x0 * w.d0 * static_cast<float>(isum[nt][0]);
+    acc.f[nt][1] += x1 * w.d0 * static_cast<float>(isum[nt][1]);
+    acc.f[nt][2] += x0 * w.d1 * static_cast<float>(isum[nt][2]);
+    acc.f[nt][3] += x1 * w.d1 * static_cast<float>(isum[nt][3]);
   }
 }
 
 // Q8_0 / Q4_0 (32-value blocks, FP16 scale each; activations q8_0, scale per 32): acc += d_w·d_x·c per block.
 // Q8_0 thread t: qs bytes [8t, +8) of the block; Q4_0: nibbles of qs bytes [8(t&1), +8), low (values
 // 0..15) for t < 2, high (16..31) for t ≥ 2, minus 8.
-template <bool Q4, int NT>
-__device__ __forceinline__ void mmq_sb_legacy(const MmqParams& p, const uint8_t* w0, const uint8_t* w1, int sb, int g, int t, MmqAcc<NT>& acc) {
-  constexpr int kB = Q4 ? 18 : 34;
+struct MmqWL {
   uint2 q[2][8];
   uint32_t dh[2][8];
+};
+template <bool Q4>
+__device__ __forceinline__ MmqWL mmq_load_legacy(const uint8_t* w0, const uint8_t* w1, int sb, int t) {
+  constexpr int kB = Q4 ? 18 : 34;
+  MmqWL w;
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
     const uint8_t* b0 = w0 + (static_cast<size_t>(sb) * 8 + u) * kB;
     const uint8_t* b1 = w1 + (static_cast<size_t>(sb) * 8 + u) * kB;
     const int off = Q4 ? 2 + 8 * (t & 1) : 2 + 8 * t;
-    q[0][u] = ldg64a2(b0 + off), q[1][u] = ldg64a2(b1 + off);
-    dh[0][u] = __ldg(reinterpret_cast<const uint16_t*>(b0)), dh[1][u] = __ldg(reinterpret_cast<const uint16_t*>(b1));
+    w.q[0][u] = ldg64a2(b0 + off), w.q[1][u] = ldg64a2(b1 + off);
+    w.dh[0][u] = __ldg(reinterpret_cast<const uint16_t*>(b0)), w.dh[1][u] = __ldg(reinterpret_cast<const uint16_t*>(b1));
   }
-  const int64_t nb32 = p.K / 32;
+  return w;
+}
+template <bool Q4, int NT, class Src>
+__device__ __forceinline__ void mmq_sb_legacy(const MmqWL& w, const Src& src, int g, int t, MmqAcc<NT>& acc) {
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
     uint32_t a[2][2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      a[r][0] = q[r][u].x, a[r][1] = q[r][u].y;
+      a[r][0] = w.q[r][u].x, a[r][1] = w.q[r][u].y;
       if constexpr (Q4) {
         const int sh = 4 * (t >> 1);
         a[r][0] = __vsub4((a[r][0] >> sh) & 0x0F0F0F0Fu, 0x08080808u);
         a[r][1] = __vsub4((a[r][1] >> sh) & 0x0F0F0F0Fu, 0x08080808u);
       }
     }
-    const float dw0 = h2f(dh[0][u]), dw1 = h2f(dh[1][u]);
+    const float dw0 = h2f(w.dh[0][u]), dw1 = h2f(w.dh[1][u]);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int arow = min(8 * nt + g, p.n - 1);
-      const uint2 b = ldg64(reinterpret_cast<const uint8_t*>(p.xq + static_cast<int64_t>(arow) * p.K + sb * 256 + 32 * u + 8 * t));
+      const uint2 b = src.b64(8 * nt + g, 32 * u + 8 * t);
       int c[4] = {0, 0, 0, 0};
       mma_s8(c, a[0][0], a[1][0], b.x);
       mma_s8(c, a[0][1], a[1][1], b.y);
-      const int c0 = min(8 * nt + 2 * t, p.n - 1), c1 = min(8 * nt + 2 * t + 1, p.n - 1);
-      const float x0 = __ldg(p.xd + c0 * nb32 + sb * 8 + u), x1 = __ldg(p.xd + c1 * nb32 + sb * 8 + u);
+      const float x0 = src.xd(8 * nt + 2 * t, u), x1 = src.xd(8 * nt + 2 * t + 1, u);
       acc.f[nt][0] += (dw0 * x0) * static_cast<float>(c[0]);
       acc.f[nt][1] += (dw0 * x1) * static_cast<float>(c[1]);
       acc.f[nt][2] += (dw1 * x0) * static_cast<float>(c[2]);
@@ -688,6 +731,40 @@ __device__ __forceinline__ void mmq_sb_legacy(const MmqParams& p, const uint8_t*
 }
 
 enum MmqType { kMqQ4K, kMqQ5K, kMqQ6K, kMqQ8_0, kMqQ4_0 };
+
+// One type's weight load and superblock product, for both kernels.
+template <int TY>
+__device__ __forceinline__ auto mmq_load(const uint8_t* w0, const uint8_t* w1, int sb, int t) {
+  if constexpr (TY == kMqQ4K) return mmq_load_kquant<MqK4>(w0, w1, sb, t);
+  else if constexpr (TY == kMqQ5K) return mmq_load_kquant<MqK5>(w0, w1, sb, t);
+  else if constexpr (TY == kMqQ6K) return mmq_load_q6k(w0, w1, sb, t);
+  else return mmq_load_legacy<TY == kMqQ4_0>(w0, w1, sb, t);
+}
+template <int TY, int NT, class W, class Src>
+__device__ __forceinline__ void mmq_superblock(const W& w, const Src& src, int g, int t, MmqAcc<NT>& acc) {
+  if constexpr (TY == kMqQ4K) mmq_sb_kquant<MqK4, NT>(w, src, g, t, acc);
+  else if constexpr (TY == kMqQ5K) mmq_sb_kquant<MqK5, NT>(w, src, g, t, acc);
+  else if constexpr (TY == kMqQ6K) mmq_sb_q6k<NT>(w, src, g, t, acc);
+  else mmq_sb_legacy<TY == kMqQ4_0, NT>(w, src, g, t, acc);
+}
+
+// Stores a warp's 16 rows × 8·NT columns: into y when the K range is whole, else into its partial slice.
+template <int NT>
+__device__ __forceinline__ void mmq_store(const MmqParams& p, const MmqAcc<NT>& acc, int64_t m0, int g, int t) {
+  const int z = static_cast<int>(blockIdx.y);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t m = m0 + g + 8 * (i >> 1);
+      const int a = 8 * nt + 2 * t + (i & 1);
+      if (m >= p.M || a >= p.n) continue;
+      if (gridDim.y == 1)
+        p.y[static_cast<int64_t>(a) * p.y_stride + m] = acc.f[nt][i];
+      else
+        p.part[(static_cast<int64_t>(z) * p.n + a) * p.M + m] = acc.f[nt][i];
+    }
+}
 
 template <int TY, int NT>
 __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(const MmqParams p) {
@@ -705,24 +782,87 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(const MmqParams p) 
     for (int i = 0; i < 4; ++i) acc.f[nt][i] = 0.0f;
   const int z = static_cast<int>(blockIdx.y);
   const int sb0 = z * p.sb_per_split, sb1 = min(p.n_sb, sb0 + p.sb_per_split);
-  for (int sb = sb0; sb < sb1; ++sb) {
-    if constexpr (TY == kMqQ4K) mmq_sb_kquant<MqK4, NT>(p, w0, w1, sb, g, t, acc);
-    else if constexpr (TY == kMqQ5K) mmq_sb_kquant<MqK5, NT>(p, w0, w1, sb, g, t, acc);
-    else if constexpr (TY == kMqQ6K) mmq_sb_q6k<NT>(p, w0, w1, sb, g, t, acc);
-    else mmq_sb_legacy<TY == kMqQ4_0, NT>(p, w0, w1, sb, g, t, acc);
+  for (int sb = sb0; sb < sb1; ++sb) mmq_superblock<TY, NT>(mmq_load<TY>(w0, w1, sb, t), MmqGlobalSrc{p, sb}, g, t, acc);
+  mmq_store<NT>(p, acc, m0, g, t);
+}
+
+// ---- MMQ with the activations staged in shared memory (MatmulArgs::mmq_staged, CudaOptions::mmq_staged) ----
+//
+// mmq_kernel has every warp read its B fragments (the activation rows, 8 of them × 8 bytes per load) from
+// global memory: each warp-wide load touches 8 cache lines, the same bytes again for each of the block's 4
+// warps. Nsight (2026-12-04, H200, Q4_K 12288×4096, 22 rows): L1/TEX throughput 79 %, DRAM 17 %, 0.36 issued
+// warps per scheduler, the top stalls waiting on L1TEX for the weights and the activations. Here the block
+// copies each superblock's activation slice — 8·NT rows × 256 int8, their scales and (q8_K) split sums —
+// into shared memory once (cp.async, a 2-stage ring: superblock sb + 1 streams in while sb is computed),
+// and the warps read their fragments from there without bank conflicts (MmqStageSrc). A thread's weights
+// of superblock sb are requested before the barrier that makes its stage visible, so their latency
+// overlaps the wait. Same loads of the same bytes, same arithmetic in the same order: bit-identical to
+// mmq_kernel (CudaOps.MmqStagedBitIdentical).
+constexpr int kMmqStages = 2;
+template <int TY>
+constexpr int mmq_stage_rs() { return TY == kMqQ6K ? 272 : 288; }
+template <int TY, int NT>
+constexpr int mmq_stage_bytes() { return 8 * NT * (mmq_stage_rs<TY>() + 32 + 16); }
+
+// Issues the cp.async copies of superblock sb's activation slice into stage st (all threads of the block).
+// Rows ≥ n copy row n − 1. Sources are 16-byte aligned: the scratch is, K % 256 == 0, and d / split start
+// at 16-byte boundaries (scratch_d / scratch_split).
+template <int TY, int NT>
+__device__ __forceinline__ void mmq_fill_stage(const MmqParams& p, uint8_t* st, int sb) {
+  constexpr int NR = 8 * NT, RS = mmq_stage_rs<TY>();
+  constexpr bool kq = TY == kMqQ4K || TY == kMqQ5K;  // q8_K activations: the split sums of the min term
+  constexpr int kChunks = NR * (16 + 2 + (kq ? 1 : 0));
+  const int64_t nb32 = p.K / 32, nsb = p.K / 256;
+  for (int c = static_cast<int>(threadIdx.x); c < kChunks; c += kMmqWarps * 32) {
+    if (c < NR * 16) {
+      const int r = c >> 4, k = c & 15;
+      const int64_t src = min(r, p.n - 1);
+      cp_async16(st + r * RS + 16 * k, p.xq + src * p.K + sb * 256 + 16 * k);
+    } else if (c < NR * 18) {
+      const int r = (c - NR * 16) >> 1, k = (c - NR * 16) & 1;
+      const int64_t src = min(r, p.n - 1);
+      cp_async16(st + NR * RS + r * 32 + 16 * k, p.xd + src * nb32 + sb * 8 + 4 * k);
+    } else {
+      const int r = c - NR * 18;
+      const int64_t src = min(r, p.n - 1);
+      cp_async16(st + NR * RS + NR * 32 + r * 16, p.xsplit + src * nsb + sb);
+    }
   }
+}
+
+template <int TY, int NT>
+__global__ void __launch_bounds__(kMmqWarps * 32) mmq_staged_kernel(const MmqParams p) {
+  extern __shared__ uint4 mmq_smem[];  // kMmqStages × mmq_stage_bytes<TY, NT>()
+  constexpr int NR = 8 * NT, RS = mmq_stage_rs<TY>(), SB = mmq_stage_bytes<TY, NT>();
+  uint8_t* sm = reinterpret_cast<uint8_t*>(mmq_smem);
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  const int g = lane >> 2, t = lane & 3;
+  // No early exit: every thread copies stages and meets the barriers; rows past M compute garbage, never stored.
+  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) * kMmqWarps + warp) * 16;
+  const int64_t r0 = min(m0 + g, p.M - 1), r1 = min(m0 + g + 8, p.M - 1);
+  const uint8_t* w0 = p.w + static_cast<size_t>(r0) * p.row_bytes;
+  const uint8_t* w1 = p.w + static_cast<size_t>(r1) * p.row_bytes;
+  MmqAcc<NT> acc;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t m = m0 + g + 8 * (i >> 1);
-      const int a = 8 * nt + 2 * t + (i & 1);
-      if (m >= p.M || a >= p.n) continue;
-      if (gridDim.y == 1)
-        p.y[static_cast<int64_t>(a) * p.y_stride + m] = acc.f[nt][i];
-      else
-        p.part[(static_cast<int64_t>(z) * p.n + a) * p.M + m] = acc.f[nt][i];
-    }
+    for (int i = 0; i < 4; ++i) acc.f[nt][i] = 0.0f;
+  const int z = static_cast<int>(blockIdx.y);
+  const int sb0 = z * p.sb_per_split, sb1 = min(p.n_sb, sb0 + p.sb_per_split);
+  mmq_fill_stage<TY, NT>(p, sm, sb0);
+  cp_async_commit();
+  for (int sb = sb0, i = 0; sb < sb1; ++sb, ++i) {
+    const auto w = mmq_load<TY>(w0, w1, sb, t);  // in flight across the wait below
+    if (sb + 1 < sb1) mmq_fill_stage<TY, NT>(p, sm + ((i + 1) % kMmqStages) * SB, sb + 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // stage i has landed (this thread's copies) ...
+    __syncthreads();     // ... and everyone's
+    const uint8_t* st = sm + (i % kMmqStages) * SB;
+    mmq_superblock<TY, NT>(w, MmqStageSrc<RS>{st, reinterpret_cast<const float*>(st + NR * RS), reinterpret_cast<const uint4*>(st + NR * RS + NR * 32)},
+                           g, t, acc);
+    __syncthreads();  // stage i is read before iteration i + 1 refills it
+  }
+  if (m0 < p.M) mmq_store<NT>(p, acc, m0, g, t);
 }
 
 // y (n, M) = Σ_z part[z] in slice order (deterministic).
@@ -758,16 +898,23 @@ MmqPlan mmq_plan(const MatmulArgs& a, int n_sm) {
   return pl;
 }
 
+template <int TY, int NT>
+void mmq_launch_nt(const MmqParams& p, dim3 grid, cudaStream_t stream, bool staged) {
+  if (staged)
+    mmq_staged_kernel<TY, NT><<<grid, kMmqWarps * 32, kMmqStages * mmq_stage_bytes<TY, NT>(), stream>>>(p);
+  else
+    mmq_kernel<TY, NT><<<grid, kMmqWarps * 32, 0, stream>>>(p);
+}
 template <int TY>
-void mmq_launch_t(const MmqParams& p, int nt, dim3 grid, cudaStream_t stream) {
+void mmq_launch_t(const MmqParams& p, int nt, dim3 grid, cudaStream_t stream, bool staged) {
   switch (nt) {
-    case 1: mmq_kernel<TY, 1><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
-    case 2: mmq_kernel<TY, 2><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
-    case 3: mmq_kernel<TY, 3><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
-    case 4: mmq_kernel<TY, 4><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
+    case 1: mmq_launch_nt<TY, 1>(p, grid, stream, staged); break;
+    case 2: mmq_launch_nt<TY, 2>(p, grid, stream, staged); break;
+    case 3: mmq_launch_nt<TY, 3>(p, grid, stream, staged); break;
+    case 4: mmq_launch_nt<TY, 4>(p, grid, stream, staged); break;
     case 5:
-    case 6: mmq_kernel<TY, 6><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
-    default: mmq_kernel<TY, 8><<<grid, kMmqWarps * 32, 0, stream>>>(p); break;
+    case 6: mmq_launch_nt<TY, 6>(p, grid, stream, staged); break;
+    default: mmq_launch_nt<TY, 8>(p, grid, stream, staged); break;
   }
 }
 
@@ -1081,11 +1228,11 @@ void mmq(const MatmulArgs& a, void* scratch, void* part, int n_sm, cudaStream_t 
   const dim3 grid(static_cast<unsigned>(pl.blocks_x), static_cast<unsigned>(pl.splits));
   const int nt = ceil_div(a.n, 8);
   switch (mmq_type(a.type)) {
-    case kMqQ4K: mmq_launch_t<kMqQ4K>(p, nt, grid, stream); break;
-    case kMqQ5K: mmq_launch_t<kMqQ5K>(p, nt, grid, stream); break;
-    case kMqQ6K: mmq_launch_t<kMqQ6K>(p, nt, grid, stream); break;
-    case kMqQ8_0: mmq_launch_t<kMqQ8_0>(p, nt, grid, stream); break;
-    default: mmq_launch_t<kMqQ4_0>(p, nt, grid, stream); break;
+    case kMqQ4K: mmq_launch_t<kMqQ4K>(p, nt, grid, stream, a.mmq_staged); break;
+    case kMqQ5K: mmq_launch_t<kMqQ5K>(p, nt, grid, stream, a.mmq_staged); break;
+    case kMqQ6K: mmq_launch_t<kMqQ6K>(p, nt, grid, stream, a.mmq_staged); break;
+    case kMqQ8_0: mmq_launch_t<kMqQ8_0>(p, nt, grid, stream, a.mmq_staged); break;
+    default: mmq_launch_t<kMqQ4_0>(p, nt, grid, stream, a.mmq_staged); break;
   }
   check_launch("mmq");
   if (pl.splits > 1) {

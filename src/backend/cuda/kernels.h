@@ -57,6 +57,10 @@ struct MatmulArgs {
   // (Q4_K, Q5_K, Q6_K, Q8_0, 32 lanes, 16-byte-aligned matrix); 0 = off. Bit-identical results.
   int pipe_stages = 0;
   int pipe_bps = 0;  // its blocks per SM (0: as many as fit, at most 8)
+  // MMQ (2..64 rows): the block stages each superblock's activation slice in shared memory and the warps
+  // read their fragments from there (mmq_staged_kernel) instead of each from global memory (mmq_kernel).
+  // Bit-identical results (CudaOptions::mmq_staged).
+  bool mmq_staged = true;
 };
 
 bool gemv_supported(DType t);
