@@ -266,10 +266,9 @@ int main(int argc, char** argv) {
             }
             kernels.push_back("fp32");
           }
-          // mmq: the default (Q4_K/Q5_K: weights and activations pipelined through shared memory; others:
-          // activations staged there); mmq/staged: activations staged only (CudaOptions::mmq_pipe = false);
-          // mmq/global: every warp reads both from global memory (mmq_staged = false too).
-          if (n >= 2 && n <= pg::cuda::kMmqMaxRows && pg::cuda::mmq_supported(a)) kernels.insert(kernels.end(), {"mmq", "mmq/staged", "mmq/global"});
+          // mmq: the default (activations staged in shared memory); mmq/global: every warp reads them from
+          // global memory (CudaOptions::mmq_staged = false).
+          if (n >= 2 && n <= pg::cuda::kMmqMaxRows && pg::cuda::mmq_supported(a)) kernels.insert(kernels.end(), {"mmq", "mmq/global"});
           if (gemm) kernels.push_back("mma");
           keep_wanted(kernels);
           if (kernels.empty()) continue;
@@ -278,11 +277,10 @@ int main(int argc, char** argv) {
               a.w = w[static_cast<size_t>(i) % w.size()];
               if (kernel == "mma")
                 pg::cuda::gemm(a, nullptr, nullptr, scratch, stream);
-              else if (kernel.rfind("mmq", 0) == 0) {
-                a.mmq_staged = kernel != "mmq/global";
-                a.mmq_pipe = kernel == "mmq";
+              else if (kernel == "mmq" || kernel == "mmq/global") {
+                a.mmq_staged = kernel == "mmq";
                 pg::cuda::mmq(a, scratch, part, prop.multiProcessorCount, stream);
-                a.mmq_staged = a.mmq_pipe = true;
+                a.mmq_staged = true;
               }
               else if (kernel == "pipe+pdl") {
                 a.pdl = true;

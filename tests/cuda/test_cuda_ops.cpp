@@ -1620,8 +1620,8 @@ TEST(CudaGemvPipe, PlainBitIdentical) {
   gpu->set_options(base);
 }
 
-// CudaOptions::mmq_staged / mmq_pipe: MMQ with the activations staged in shared memory, and with weights and
-// activations pipelined through it, against the kernel that reads both from global memory, bit for bit, for every MMQ type and row-tile count (1..8 n8 tiles, ragged last
+// CudaOptions::mmq_staged: MMQ with the activations staged in shared memory against the kernel that reads
+// them from global memory, bit for bit, for every MMQ type and row-tile count (1..8 n8 tiles, ragged last
 // tiles), on shapes whose K splits hold 1, 2, 4, 6 and 16 superblocks (the 2-stage ring runs short and long:
 // 12288×4096 splits in 3, 3000×2048 in 2, 20000×1024 and 151936×4096 not at all) and a ragged last block of
 // rows (M % 64 ≠ 0).
@@ -1647,23 +1647,18 @@ TEST(CudaOps, MmqStagedBitIdentical) {
         CudaOptions o = base;
         o.mmq_min_rows = 2;
         o.mmq_staged = false;
-        o.mmq_pipe = false;
         gpu->set_options(o);
         gpu->matmul(w, x, y);
         const auto ref = fetch(*gpu, y);
-        for (const bool pipe : {false, true}) {  // the staged kernel, then the pipelined one (Q4_K/Q5_K; others: staged)
-          SCOPED_TRACE(pipe ? "mmq_pipe" : "mmq_staged");
-          o.mmq_staged = true;
-          o.mmq_pipe = pipe;
-          gpu->set_options(o);
-          std::vector<float> junk(ref.size(), -555.0f);
-          gpu->upload(y, junk.data(), junk.size() * sizeof(float));  // every output must be written again
-          gpu->matmul(w, x, y);
-          const auto got = fetch(*gpu, y);
-          ASSERT_EQ(got.size(), ref.size());
-          EXPECT_EQ(max_abs_diff(got, ref), 0.0f);
-          EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0);
-        }
+        o.mmq_staged = true;
+        gpu->set_options(o);
+        std::vector<float> junk(ref.size(), -555.0f);
+        gpu->upload(y, junk.data(), junk.size() * sizeof(float));  // every output must be written again
+        gpu->matmul(w, x, y);
+        const auto got = fetch(*gpu, y);
+        ASSERT_EQ(got.size(), ref.size());
+        EXPECT_EQ(max_abs_diff(got, ref), 0.0f);
+        EXPECT_EQ(std::memcmp(got.data(), ref.data(), ref.size() * sizeof(float)), 0);
         gpu->free(x);
         gpu->free(y);
         ++checked;

@@ -87,7 +87,6 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_MMQ_STAGED"); e && *e) opt.mmq_staged = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_MMQ_PIPE"); e && *e) opt.mmq_pipe = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL_ALL"); e && *e) opt.pdl_all = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) opt.gemv_rows_per_warp = std::atoi(e);
@@ -585,7 +584,6 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& w, const Tensor& x, Tens
   a.pdl = opt_.pdl && pdl_capable_;
   a.rows_per_warp = opt_.gemv_rows_per_warp;
   a.mmq_staged = opt_.mmq_staged;
-  a.mmq_pipe = opt_.mmq_pipe;
   a.pipe_stages = opt_.gemv_pipe ? opt_.gemv_pipe_stages : 0;
   a.pipe_bps = opt_.gemv_pipe_bps;
   return a;
@@ -599,12 +597,7 @@ bool CudaBackend::use_mmq(const cuda::MatmulArgs& a) const {
   return a.n >= (legacy ? std::max(opt_.mmq_min_rows, 9) : opt_.mmq_min_rows);
 }
 
-void CudaBackend::mmq(const cuda::MatmulArgs& args, bool x_quantized, void* xs) {
-  cuda::MatmulArgs a = args;
-  // The staged kernel holds a superblock of weights in registers beside its stage: at 2 rows (one n8 tile)
-  // it lost to the global-memory kernel (2026-12-04, H200: Q4_K 151936×4096 204.6 vs 169.5 µs; qwen3-8b
-  // 2-row forward 5.08 vs 4.96 ms) and won from 4 rows (5.05 vs 5.17 ms).
-  a.mmq_staged = a.mmq_staged && a.n >= 3;
+void CudaBackend::mmq(const cuda::MatmulArgs& a, bool x_quantized, void* xs) {
   if (!xs) xs = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
   const size_t pb = cuda::mmq_part_bytes(a, n_sm_);
   cuda::mmq(a, xs, pb ? scratch(kSlotMmqPart, pb) : nullptr, n_sm_, as_stream(stream_), x_quantized);

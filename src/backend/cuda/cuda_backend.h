@@ -57,10 +57,6 @@ struct CudaOptions {
   // kernel L1-bound (L1/TEX 79 %, DRAM 17 % at 22 rows). Bit-identical (CudaOps.MmqStagedBitIdentical).
   // Environment: PEREGRINE_CUDA_MMQ_STAGED=0 turns it off (factory).
   bool mmq_staged = true;
-  // MMQ of Q4_K / Q5_K: weights and activations both pipelined through shared memory (mmq_pipe_kernel),
-  // S − 1 superblocks of the block's weights in flight instead of one per thread in registers.
-  // Bit-identical. Environment: PEREGRINE_CUDA_MMQ_PIPE=0 turns it off (factory).
-  bool mmq_pipe = true;
   // Programmatic dependent launch for the decode GEMV (compute capability ≥ 9.0; ignored below): the
   // GEMV's blocks are scheduled while the kernel before it (activation quantization, or the previous
   // GEMV sharing its activations) drains, issue their first weight loads — weights are never written

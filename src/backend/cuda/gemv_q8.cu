@@ -469,17 +469,6 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
 }
 __device__ __forceinline__ uint2 ldg64(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
 __device__ __forceinline__ uint2 ldg64a2(const uint8_t* p) { return make_uint2(ldg32a2(p), ldg32a2(p + 4)); }
-// 16- / 8-byte loads from global memory (SMEM false: through the read-only path) or shared memory.
-template <bool SMEM>
-__device__ __forceinline__ uint4 ld128(const uint8_t* p) {
-  if constexpr (SMEM) return *reinterpret_cast<const uint4*>(p);
-  else return ldg128(p);
-}
-template <bool SMEM>
-__device__ __forceinline__ uint2 ld64(const uint8_t* p) {
-  if constexpr (SMEM) return *reinterpret_cast<const uint2*>(p);
-  else return ldg64(p);
-}
 
 // Q4_K/Q5_K: kBytes of one 256-value superblock; load(block, t) fetches a thread's quants of one
 // superblock of one weight row (alignment: 16, checked by mmq_supported through gemv_fast_q8); a(raw, u,
@@ -490,12 +479,11 @@ struct MqK4 {  // Q4_K, group u = sub-block u; thread t: values 8t..8t+7 of the 
     uint4 hd;
     uint2 q[4];  // qs bytes [32p + 8t, +8): low nibbles group 2p, high nibbles group 2p+1
   };
-  template <bool SMEM = false>
   __device__ static Raw load(const uint8_t* b, int t) {
     Raw r;
-    r.hd = ld128<SMEM>(b);
+    r.hd = ldg128(b);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) r.q[p] = ld64<SMEM>(b + 16 + 32 * p + 8 * t);
+    for (int p = 0; p < 4; ++p) r.q[p] = ldg64(b + 16 + 32 * p + 8 * t);
     return r;
   }
   __device__ static uint32_t a(const Raw& r, int u, int s) {
@@ -512,13 +500,12 @@ struct MqK5 {  // Q5_K: as Q4_K plus the 5th bit of value l of group u in bit u 
     uint2 qh;    // qh bytes [8t, +8)
     uint2 q[4];  // qs bytes [32p + 8t, +8)
   };
-  template <bool SMEM = false>
   __device__ static Raw load(const uint8_t* b, int t) {
     Raw r;
-    r.hd = ld128<SMEM>(b);
-    r.qh = ld64<SMEM>(b + 16 + 8 * t);
+    r.hd = ldg128(b);
+    r.qh = ldg64(b + 16 + 8 * t);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) r.q[p] = ld64<SMEM>(b + 48 + 32 * p + 8 * t);
+    for (int p = 0; p < 4; ++p) r.q[p] = ldg64(b + 48 + 32 * p + 8 * t);
     return r;
   }
   __device__ static uint32_t a(const Raw& r, int u, int s) {
@@ -878,75 +865,6 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_staged_kernel(const MmqPar
   if (m0 < p.M) mmq_store<NT>(p, acc, m0, g, t);
 }
 
-// ---- MMQ with weights and activations pipelined through shared memory (MatmulArgs::mmq_pipe; Q4_K, Q5_K) ----
-//
-// The staged kernel still holds one superblock of weights per thread in registers while it waits, so a warp
-// has ~3 KB in flight and the block walks its K range in lockstep. Here the block copies the weights of
-// its 64 rows for superblock sb + S − 1 with cp.async (16-byte chunks: Q4_K/Q5_K superblocks and rows are
-// multiples of 16 bytes) into an S-stage ring, beside that superblock's activation slice (mmq_fill_stage),
-// while the warps compute on superblock sb from shared memory: S − 1 superblocks of the block's weights
-// (9–11 KB each) are in flight at all times, and no register holds a weight that has not arrived. A
-// thread reads its Raw from the stage with the same layout and offsets as from global memory (slot stride
-// WS = 160 / 224 bytes: ≡ 32 / 96 mod 128, so the 8-byte quant reads of a half-warp hit distinct banks),
-// then runs the same mmq_superblock: bit-identical to mmq_kernel (CudaOps.MmqStagedBitIdentical).
-template <int TY>
-constexpr int mmq_pipe_ws() { return TY == kMqQ4K ? 160 : 224; }
-template <int TY>
-constexpr int mmq_pipe_kbytes() { return TY == kMqQ4K ? 144 : 176; }
-template <int NT>
-constexpr int mmq_pipe_depth() { return NT <= 4 ? 3 : 2; }  // ring stages: 3, or 2 where 8·NT activation rows fill the stage
-template <int TY, int NT>
-constexpr int mmq_pipe_stage_bytes() { return kMmqWarps * 16 * mmq_pipe_ws<TY>() + mmq_stage_bytes<TY, NT>(); }
-template <int TY, int NT>
-constexpr int mmq_pipe_smem() { return mmq_pipe_depth<NT>() * mmq_pipe_stage_bytes<TY, NT>(); }
-
-template <int TY, int NT>
-__global__ void __launch_bounds__(kMmqWarps * 32) mmq_pipe_kernel(const MmqParams p) {
-  static_assert(TY == kMqQ4K || TY == kMqQ5K, "mmq_pipe_kernel: Q4_K / Q5_K");
-  using T = std::conditional_t<TY == kMqQ4K, MqK4, MqK5>;
-  extern __shared__ uint4 mmq_smem[];  // S stages × (64 weight slots of WS bytes, then mmq_fill_stage's activation slice)
-  constexpr int S = mmq_pipe_depth<NT>(), WS = mmq_pipe_ws<TY>(), KB = mmq_pipe_kbytes<TY>(), C = KB / 16;
-  constexpr int NR = 8 * NT, RS = mmq_stage_rs<TY>(), SB = mmq_pipe_stage_bytes<TY, NT>(), ROWS = kMmqWarps * 16;
-  uint8_t* sm = reinterpret_cast<uint8_t*>(mmq_smem);
-  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int g = lane >> 2, t = lane & 3;
-  const int64_t bm0 = static_cast<int64_t>(blockIdx.x) * ROWS, m0 = bm0 + 16 * warp;  // no early exit (barriers)
-  MmqAcc<NT> acc;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc.f[nt][i] = 0.0f;
-  const int z = static_cast<int>(blockIdx.y);
-  const int sb0 = z * p.sb_per_split, sb1 = min(p.n_sb, sb0 + p.sb_per_split);
-  auto fill = [&](int stage, int sb) {
-    uint8_t* st = sm + stage * SB;
-    for (int c = static_cast<int>(threadIdx.x); c < ROWS * C; c += kMmqWarps * 32) {
-      const int r = c / C, k = c - r * C;
-      const int64_t row = min(bm0 + r, p.M - 1);  // rows past M copy the last row: computed, never stored
-      cp_async16(st + r * WS + 16 * k, p.w + static_cast<size_t>(row) * p.row_bytes + static_cast<size_t>(sb) * KB + 16 * k);
-    }
-    mmq_fill_stage<TY, NT>(p, st + ROWS * WS, sb);
-  };
-#pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    if (sb0 + s < sb1) fill(s, sb0 + s);
-    cp_async_commit();
-  }
-  for (int sb = sb0, i = 0; sb < sb1; ++sb, ++i) {
-    if (sb + S - 1 < sb1) fill((i + S - 1) % S, sb + S - 1);  // the stage read in iteration i − 1
-    cp_async_commit();
-    cp_async_wait<S - 1>();  // superblock sb's group has landed (this thread's copies) ...
-    __syncthreads();         // ... and everyone's
-    const uint8_t* st = sm + (i % S) * SB;
-    const uint8_t* x = st + ROWS * WS;
-    const MmqWK<T> w{T::template load<true>(st + (16 * warp + g) * WS, t), T::template load<true>(st + (16 * warp + g + 8) * WS, t)};
-    mmq_superblock<TY, NT>(w, MmqStageSrc<RS>{x, reinterpret_cast<const float*>(x + NR * RS), reinterpret_cast<const uint4*>(x + NR * RS + NR * 32)}, g, t,
-                           acc);
-    __syncthreads();  // stage i % S is read before iteration i + 1 refills it
-  }
-  if (m0 < p.M) mmq_store<NT>(p, acc, m0, g, t);
-}
-
 // y (n, M) = Σ_z part[z] in slice order (deterministic).
 __global__ void mmq_reduce_kernel(const float* __restrict__ part, int splits, int n, int64_t M, float* __restrict__ y, int64_t y_stride) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -980,36 +898,23 @@ MmqPlan mmq_plan(const MatmulArgs& a, int n_sm) {
   return pl;
 }
 
-// kind: 0 mmq_kernel, 1 mmq_staged_kernel, 2 mmq_pipe_kernel (Q4_K / Q5_K only; mmq() checks).
 template <int TY, int NT>
-void mmq_launch_nt(const MmqParams& p, dim3 grid, cudaStream_t stream, int kind) {
-  if constexpr (TY == kMqQ4K || TY == kMqQ5K) {
-    if (kind == 2) {
-      constexpr int smem = mmq_pipe_smem<TY, NT>();
-      static const bool attr = [] {  // above the default 48 KB: opt in once per instantiation
-        check(cudaFuncSetAttribute(mmq_pipe_kernel<TY, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "mmq_pipe smem");
-        return true;
-      }();
-      (void)attr;
-      mmq_pipe_kernel<TY, NT><<<grid, kMmqWarps * 32, smem, stream>>>(p);
-      return;
-    }
-  }
-  if (kind >= 1)
+void mmq_launch_nt(const MmqParams& p, dim3 grid, cudaStream_t stream, bool staged) {
+  if (staged)
     mmq_staged_kernel<TY, NT><<<grid, kMmqWarps * 32, kMmqStages * mmq_stage_bytes<TY, NT>(), stream>>>(p);
   else
     mmq_kernel<TY, NT><<<grid, kMmqWarps * 32, 0, stream>>>(p);
 }
 template <int TY>
-void mmq_launch_t(const MmqParams& p, int nt, dim3 grid, cudaStream_t stream, int kind) {
+void mmq_launch_t(const MmqParams& p, int nt, dim3 grid, cudaStream_t stream, bool staged) {
   switch (nt) {
-    case 1: mmq_launch_nt<TY, 1>(p, grid, stream, kind); break;
-    case 2: mmq_launch_nt<TY, 2>(p, grid, stream, kind); break;
-    case 3: mmq_launch_nt<TY, 3>(p, grid, stream, kind); break;
-    case 4: mmq_launch_nt<TY, 4>(p, grid, stream, kind); break;
+    case 1: mmq_launch_nt<TY, 1>(p, grid, stream, staged); break;
+    case 2: mmq_launch_nt<TY, 2>(p, grid, stream, staged); break;
+    case 3: mmq_launch_nt<TY, 3>(p, grid, stream, staged); break;
+    case 4: mmq_launch_nt<TY, 4>(p, grid, stream, staged); break;
     case 5:
-    case 6: mmq_launch_nt<TY, 6>(p, grid, stream, kind); break;
-    default: mmq_launch_nt<TY, 8>(p, grid, stream, kind); break;
+    case 6: mmq_launch_nt<TY, 6>(p, grid, stream, staged); break;
+    default: mmq_launch_nt<TY, 8>(p, grid, stream, staged); break;
   }
 }
 
@@ -1322,16 +1227,12 @@ void mmq(const MatmulArgs& a, void* scratch, void* part, int n_sm, cudaStream_t 
   p.part = static_cast<float*>(part);
   const dim3 grid(static_cast<unsigned>(pl.blocks_x), static_cast<unsigned>(pl.splits));
   const int nt = ceil_div(a.n, 8);
-  const int ty = mmq_type(a.type);
-  // The pipelined kernel copies whole superblocks in 16-byte chunks: Q4_K / Q5_K, 16-byte-aligned weights.
-  const bool pipe_ok = (ty == kMqQ4K || ty == kMqQ5K) && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && a.row_bytes % 16 == 0;
-  const int kind = a.mmq_pipe && pipe_ok ? 2 : a.mmq_staged ? 1 : 0;
-  switch (ty) {
-    case kMqQ4K: mmq_launch_t<kMqQ4K>(p, nt, grid, stream, kind); break;
-    case kMqQ5K: mmq_launch_t<kMqQ5K>(p, nt, grid, stream, kind); break;
-    case kMqQ6K: mmq_launch_t<kMqQ6K>(p, nt, grid, stream, kind); break;
-    case kMqQ8_0: mmq_launch_t<kMqQ8_0>(p, nt, grid, stream, kind); break;
-    default: mmq_launch_t<kMqQ4_0>(p, nt, grid, stream, kind); break;
+  switch (mmq_type(a.type)) {
+    case kMqQ4K: mmq_launch_t<kMqQ4K>(p, nt, grid, stream, a.mmq_staged); break;
+    case kMqQ5K: mmq_launch_t<kMqQ5K>(p, nt, grid, stream, a.mmq_staged); break;
+    case kMqQ6K: mmq_launch_t<kMqQ6K>(p, nt, grid, stream, a.mmq_staged); break;
+    case kMqQ8_0: mmq_launch_t<kMqQ8_0>(p, nt, grid, stream, a.mmq_staged); break;
+    default: mmq_launch_t<kMqQ4_0>(p, nt, grid, stream, a.mmq_staged); break;
   }
   check_launch("mmq");
   if (pl.splits > 1) {

@@ -61,9 +61,6 @@ struct MatmulArgs {
   // read their fragments from there (mmq_staged_kernel) instead of each from global memory (mmq_kernel).
   // Bit-identical results (CudaOptions::mmq_staged).
   bool mmq_staged = true;
-  // MMQ of Q4_K / Q5_K with 16-byte-aligned weights: weights and activations both pipelined through
-  // shared memory (mmq_pipe_kernel); other types take mmq_staged_kernel. Bit-identical (CudaOptions::mmq_pipe).
-  bool mmq_pipe = true;
 };
 
 bool gemv_supported(DType t);
