@@ -597,7 +597,12 @@ bool CudaBackend::use_mmq(const cuda::MatmulArgs& a) const {
   return a.n >= (legacy ? std::max(opt_.mmq_min_rows, 9) : opt_.mmq_min_rows);
 }
 
-void CudaBackend::mmq(const cuda::MatmulArgs& a, bool x_quantized, void* xs) {
+void CudaBackend::mmq(const cuda::MatmulArgs& args, bool x_quantized, void* xs) {
+  cuda::MatmulArgs a = args;
+  // The staged kernel holds a superblock of weights in registers beside its stage: at 2 rows (one n8 tile)
+  // it lost to the global-memory kernel (2026-12-04, H200: Q4_K 151936×4096 204.6 vs 169.5 µs; qwen3-8b
+  // 2-row forward 5.08 vs 4.96 ms) and won from 4 rows (5.05 vs 5.17 ms).
+  a.mmq_staged = a.mmq_staged && a.n >= 3;
   if (!xs) xs = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a));
   const size_t pb = cuda::mmq_part_bytes(a, n_sm_);
   cuda::mmq(a, xs, pb ? scratch(kSlotMmqPart, pb) : nullptr, n_sm_, as_stream(stream_), x_quantized);
