@@ -1624,7 +1624,8 @@ TEST(CudaGemvPipe, PlainBitIdentical) {
 // them from global memory, bit for bit, for every MMQ type and row-tile count (1..8 n8 tiles, ragged last
 // tiles), on shapes whose K splits hold 1, 2, 4, 6 and 16 superblocks (the 2-stage ring runs short and long:
 // 12288×4096 splits in 3, 3000×2048 in 2, 20000×1024 and 151936×4096 not at all) and a ragged last block of
-// rows (M % 64 ≠ 0).
+// rows (M % 64 ≠ 0). At 2 rows CudaBackend::mmq keeps the global-memory kernel (faster there), so n = 2
+// compares that kernel with itself.
 TEST(CudaOps, MmqStagedBitIdentical) {
   PG_REQUIRE_GPU();
   auto gpu = test::make_cuda(false);
