@@ -10,6 +10,9 @@
 #include "core/fp16.h"
 
 #define __device__
+#ifndef __host__
+#define __host__
+#endif
 #define __forceinline__ inline
 
 // Vector types with CUDA's alignment (the decoders load through them). A file that already has the
@@ -26,6 +29,9 @@ struct alignas(16) float4 {
 };
 struct alignas(16) int4 {
   int32_t x, y, z, w;
+};
+struct alignas(8) int2 {
+  int32_t x, y;
 };
 #endif
 

@@ -111,7 +111,7 @@ TEST(CudaQuantDot, Q8_0AndQ4_0LoadsFollowTheBlockLayout) {
 // 32) equals Σ w·x with w from core's dequantize_row, to FP32 rounding: the decoders' bit layout and
 // scale arithmetic, for every weight type, at a 2-byte-misaligned row start where the type allows one.
 template <class T>
-void check_dot(DType t, int64_t k, int off) {
+void check_dot(DType t, int64_t k, int off, bool act_q8_k) {
   SCOPED_TRACE(std::string(dtype_name(t)) + " offset " + std::to_string(off));
   std::mt19937 rng(static_cast<uint32_t>(t) * 7 + static_cast<uint32_t>(off));
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -125,17 +125,24 @@ void check_dot(DType t, int64_t k, int off) {
   dequantize_row(t, row, wd.data(), k);
   std::vector<int8_t> xq(static_cast<size_t>(k));
   std::vector<float> xd(static_cast<size_t>(k / 32));
+  std::vector<int32_t> xs(static_cast<size_t>(k / 32));
   std::uniform_int_distribution<int> qd(-127, 127);
   for (auto& q : xq) q = static_cast<int8_t>(qd(rng));
-  for (auto& d : xd) d = 0.01f + 0.02f * std::abs(nd(rng));
+  // The scratch layout of act_quant.cuh: one scale per 32 (q8_0) or per 256 repeated 8 times (q8_K, the
+  // K-quants' and IQ4_XS's rounding), Σq per 32.
+  const int per = act_q8_k ? 8 : 1;
+  for (size_t b = 0; b < xd.size(); ++b) xd[b] = b % per == 0 ? 0.01f + 0.02f * std::abs(nd(rng)) : xd[b - 1];
+  for (size_t b = 0; b < xs.size(); ++b)
+    for (int i = 0; i < 32; ++i) xs[b] += xq[32 * b + static_cast<size_t>(i)];
   // 16-byte aligned activations, as the scratch buffers are (ld_q8x16 loads 16 bytes).
   Buf xbuf(static_cast<size_t>(k), 5);
   std::memcpy(xbuf.base, xq.data(), xq.size());
   ActRows<1> x;
   x.q[0] = reinterpret_cast<const int8_t*>(xbuf.base);
   x.d[0] = xd.data();
+  x.s[0] = xs.data();
   float acc[1] = {0.0f};
-  const int n_pieces = static_cast<int>(k / 32);
+  const int n_pieces = pieces<T>(static_cast<int>(k / 32));
   for (int pi = 0; pi < n_pieces; ++pi) T::template dot<1>(T::load(row, pi), pi, x, acc);
   double ref = 0.0, mag = 0.0;
   for (int64_t i = 0; i < k; ++i) {
@@ -148,13 +155,13 @@ void check_dot(DType t, int64_t k, int off) {
 
 TEST(CudaQuantDot, PieceDotsMatchDequantizedWeights) {
   for (int off : {0, 2, 6, 14}) {
-    check_dot<K6>(DType::Q6_K, 1024, off);
-    check_dot<B8>(DType::Q8_0, 1024, off);
-    check_dot<B4>(DType::Q4_0, 1024, off);
+    check_dot<K6>(DType::Q6_K, 1024, off, true);
+    check_dot<B8>(DType::Q8_0, 1024, off, false);
+    check_dot<B4>(DType::Q4_0, 1024, off, false);
   }
-  check_dot<K4>(DType::Q4_K, 1024, 0);  // 16-byte aligned types
-  check_dot<K5>(DType::Q5_K, 1024, 0);
-  check_dot<XS4>(DType::IQ4_XS, 1024, 0);
+  check_dot<K4>(DType::Q4_K, 1024, 0, true);  // 16-byte aligned types
+  check_dot<K5>(DType::Q5_K, 1024, 0, true);
+  check_dot<XS4>(DType::IQ4_XS, 1024, 0, true);
 }
 
 }  // namespace

@@ -1217,6 +1217,7 @@ void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weig
     pg.n_pieces = static_cast<int>(d / 32);
     pg.xq = xs.q;
     pg.xd = xs.d;
+    pg.xs = xs.s;
     pg.G = G;
     cuda::moe_gate_up(gate_exps.type, pg, act == Activation::Silu ? 0 : 1, pdl, st);
     cuda::MatmulArgs b = mat(down_exps, G, ff, d, T, down_bytes);
@@ -1237,6 +1238,7 @@ void CudaBackend::moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& weig
     pd.n_pieces = static_cast<int>(ff / 32);
     pd.gq = gsq.q;
     pd.gd = gsq.d;
+    pd.gs = gsq.s;
     pd.out = out.as<float>();
     cuda::moe_down_combine(down_exps.type, pd, pdl, st);
     ++moe_fused_hits_;

@@ -93,10 +93,6 @@ __device__ __forceinline__ uint32_t lds16(const uint8_t* p) { return *reinterpre
 template <class T>
 struct PipeLds;
 template <>
-struct PipeLds<K4> {
-  __device__ static K4::Raw load(const uint8_t* blk, int p) { return {lds128(blk + 16 + 16 * p), lds128(blk)}; }
-};
-template <>
 struct PipeLds<K5> {
   __device__ static K5::Raw load(const uint8_t* blk, int p) { return {lds128(blk + 48 + 16 * p), lds128(blk), lds128(blk + 16 + 16 * (p & 1))}; }
 };
@@ -229,6 +225,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_pipe_kernel(const Pip
   ActRows<1> x;
   x.q[0] = xs_q;
   x.d[0] = xs_d;
+  x.s[0] = nullptr;  // read by K4 only, which this kernel does not take
   // Consume cursor.
   int64_t ci = 0;
   int ck = 0;
@@ -299,14 +296,21 @@ PipeDevice pipe_device() {
   return d;
 }
 
-// Whether the pipelined kernel takes a (one row, not grouped, 32 lanes, Q4_K/Q5_K/Q6_K/Q8_0, the 8-bit
+// The weight types the pipelined kernel has (the others keep the existing kernels). Not Q4_K: its
+// 64-weight pieces (quant_dot.cuh) do not fit this kernel's 32-weight rounds, and the pipe lost on Q4_K
+// (docs/benchmarks.md run 38).
+template <class T>
+constexpr bool kPipeType = std::is_same_v<T, K5> || std::is_same_v<T, K6> || std::is_same_v<T, B8>;
+
+// Whether the pipelined kernel takes a (one row, not grouped, 32 lanes, Q5_K/Q6_K/Q8_0, the 8-bit
 // kernel's layout rules, a 16-byte-aligned matrix, shared memory that fits).
 bool pipe_supported(const MatmulArgs& a) {
   if (a.pipe_stages <= 0 || a.n != 1 || a.expert_ids || a.lanes != 32 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;
   bool ok = false;
   wq::dispatch<wq::WqSet::kKQuantsQ8>(a.type, [&]<class T>() {
-    ok = a.K % (32 * T::kPieces) == 0 && aligned(a, T::kAlign) &&
-         pipe_smem_bytes<T>(a.K, pipe_stages(a)) <= static_cast<size_t>(pipe_device().smem_optin);
+    if constexpr (kPipeType<T>)
+      ok = a.K % (T::kWeights * T::kPieces) == 0 && aligned(a, T::kAlign) &&
+           pipe_smem_bytes<T>(a.K, pipe_stages(a)) <= static_cast<size_t>(pipe_device().smem_optin);
   });
   return ok;
 }
@@ -331,9 +335,6 @@ void pipe_launch(const PipeParams& p, int bps, bool pdl, cudaStream_t stream) {
   check_launch("gemv_pipe");
 }
 
-// The weight types the pipelined kernel has (the others keep the existing kernels).
-template <class T>
-constexpr bool kPipeType = std::is_same_v<T, K4> || std::is_same_v<T, K5> || std::is_same_v<T, K6> || std::is_same_v<T, B8>;
 
 // Whether a takes the pipelined kernel as weight type T (T known at the call site).
 template <class T>

@@ -39,15 +39,19 @@ namespace pg::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 4;  // one warp per weight row
-constexpr int kUnroll = 4;        // pieces per lane with loads in flight
+constexpr int kUnroll = 4;        // 32-weight units per lane with loads in flight
+// Pieces of decoder T per lane with loads in flight (kUnroll units: Q4_K's 64-weight pieces count two).
+template <class T>
+constexpr int kUnrollOf = kUnroll * 32 / T::kWeights;
 
 struct FastParams {
   const uint8_t* w;
   size_t row_bytes;
   int64_t M, K;
-  int n_pieces;       // pieces per row
+  int n_pieces;       // K/32 (8-bit kernels: 32-weight units, pieces<T>() of them are pieces); K/8 (F16/BF16)
   const int8_t* xq;   // (x_rows, K) quantized activations (8-bit kernels)
   const float* xd;    // (x_rows, K/32) their scales
+  const int32_t* xs;  // (x_rows, K/32) their sums per 32 values
   const float* x;     // (x_rows, x_stride) FP32 activations (F16/BF16 kernels)
   int64_t x_stride;
   float* y;
@@ -92,7 +96,7 @@ __device__ __forceinline__ const uint8_t* warp_row(const FastParams& p, int64_t 
 // (CudaOptions::gemv_lanes selects one).
 template <class T, int NA, int LPR>
 __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastParams p) {
-  constexpr int kRowsPerWarp = 32 / LPR, U = kUnroll * kRowsPerWarp;
+  constexpr int kRowsPerWarp = 32 / LPR, U = kUnrollOf<T> * kRowsPerWarp;
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int sub = lane % LPR;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp) * kRowsPerWarp + lane / LPR;
@@ -115,11 +119,12 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
     const int64_t xr = p.expert_ids ? xr0 : min(xr0 + a, p.n - 1);
     x.q[a] = p.xq + xr * p.K;
     x.d[a] = p.xd + xr * nd;
+    x.s[a] = p.xs + xr * nd;
   }
   float acc[NA];
 #pragma unroll
   for (int a = 0; a < NA; ++a) acc[a] = 0.0f;
-  const int np = active ? p.n_pieces : 0;
+  const int np = active ? pieces<T>(p.n_pieces) : 0;
   typename T::Raw r[U];
   int base = sub;
 #pragma unroll
@@ -156,16 +161,17 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
 // compiler) and twice the weight bytes are in flight per lane. Each row's sum is formed in the same order
 // as gemv_q8_kernel<T, NA, 32>: results are bit-identical to it.
 //
-// rw2_sums is that loop for any two rows w0, w1 (n_pieces np each) of one weight type against the same
+// rw2_sums is that loop for any two rows w0, w1 (k32 = K/32 weight units each) of one weight type against the same
 // activations: the two-row kernel gives it adjacent rows of one matrix, the fused GLU kernel row i of
 // gate and row i of up, the grouped kernel two rows of one of several matrices. Because every caller runs
 // this one function, each row's per-lane partial sums acc0/acc1 (reduced by the caller with warp_sum)
 // are formed in the same order everywhere. It issues the first round of weight loads, then grid_wait()
 // (PDL: every thread of the warp must reach it; activations are only read after it).
 template <class T, int NA>
-__device__ __forceinline__ void rw2_sums(const uint8_t* w0, const uint8_t* w1, const ActRows<NA>& x, int np, int lane,
+__device__ __forceinline__ void rw2_sums(const uint8_t* w0, const uint8_t* w1, const ActRows<NA>& x, int k32, int lane,
                                          float (&acc0)[NA], float (&acc1)[NA]) {
-  constexpr int U = kUnroll;
+  constexpr int U = kUnrollOf<T>;
+  const int np = pieces<T>(k32);
 #pragma unroll
   for (int a = 0; a < NA; ++a) acc0[a] = acc1[a] = 0.0f;
   typename T::Raw r0[U], r1[U];
@@ -210,6 +216,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_rw2_kernel(const F
     const int64_t xr = min(xr0 + a, p.n - 1);
     x.q[a] = p.xq + xr * p.K;
     x.d[a] = p.xd + xr * nd;
+    x.s[a] = p.xs + xr * nd;
   }
   float acc0[NA], acc1[NA];
   rw2_sums<T, NA>(w0, w1, x, p.n_pieces, lane, acc0, acc1);
@@ -237,6 +244,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_glu_kernel(const F
   ActRows<1> x;
   x.q[0] = p.xq;
   x.d[0] = p.xd;
+  x.s[0] = p.xs;
   float acc_g[1], acc_u[1];
   rw2_sums<T, 1>(p.w + static_cast<size_t>(row) * p.row_bytes, w_up + static_cast<size_t>(row) * p.row_bytes, x, p.n_pieces, lane,
                  acc_g, acc_u);
@@ -256,9 +264,10 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_glu_kernel(const F
 //  - PDL as gemv_q8_rw2_kernel.
 constexpr int kMultiMax = 4;
 struct MultiParams {
-  const int8_t* xq;  // (K)
-  const float* xd;   // (K/32)
-  int n_pieces;      // K/32
+  const int8_t* xq;   // (K)
+  const float* xd;    // (K/32)
+  const int32_t* xs;  // (K/32) Σq per 32
+  int n_pieces;       // K/32
   int count;         // matrices, 1..kMultiMax
   const uint8_t* w[kMultiMax];    // (M_j, row_bytes_j) bytes
   size_t row_bytes[kMultiMax];
@@ -294,6 +303,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_multi_kernel(const
   ActRows<1> x;
   x.q[0] = p.xq;
   x.d[0] = p.xd;
+  x.s[0] = p.xs;
   float acc0[1], acc1[1];
   rw2_sums<T, 1>(w0, w1, x, p.n_pieces, lane, acc0, acc1);
   const float s0 = warp_sum(acc0[0]), s1 = warp_sum(acc1[0]);
@@ -1042,7 +1052,7 @@ Q8Scratch q8_scratch(void* scratch, int64_t rows, int64_t K) {
 bool gemv_fast_q8(const MatmulArgs& a) {
   if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.x_stride % 4 != 0) return false;
   bool ok = false;
-  wq::dispatch(a.type, [&]<class T>() { ok = a.K % (32 * T::kPieces) == 0 && aligned(a, T::kAlign); });
+  wq::dispatch(a.type, [&]<class T>() { ok = a.K % (T::kWeights * T::kPieces) == 0 && aligned(a, T::kAlign); });
   return ok;
 }
 
@@ -1104,6 +1114,7 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
     p.n_pieces = static_cast<int>(a.K / 32);
     p.xq = scratch_q(scratch);
     p.xd = scratch_d(a, scratch);
+    p.xs = scratch_s(a, scratch);
     if (pipe_ok<T>(a)) {
       const MatmulArgs* one = &a;
       pipe_rows<T>(&one, 1, p.xq, p.xd, stream);
@@ -1138,6 +1149,7 @@ void gemv_glu(const MatmulArgs& g, const MatmulArgs& u, int act, void* scratch, 
     p.n_pieces = static_cast<int>(g.K / 32);
     p.xq = scratch_q(scratch);
     p.xd = scratch_d(g, scratch);
+    p.xs = scratch_s(g, scratch);
     if (pipe_ok<T>(g) && pipe_ok<T>(u)) {
       pipe_glu<T>(g, u, act, p.xq, p.xd, stream);
       return;
@@ -1173,6 +1185,7 @@ void gemv_multi(const MatmulArgs* const* a, int count, void* scratch, cudaStream
       MultiParams p{};
       p.xq = scratch_q(scratch);
       p.xd = scratch_d(*a[0], scratch);
+      p.xs = scratch_s(*a[0], scratch);
       p.n_pieces = static_cast<int>(a[0]->K / 32);
       p.count = std::min(kMultiMax, count - j0);
       p.pdl = a[0]->pdl;

@@ -22,16 +22,19 @@ namespace pg::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 4;  // one warp per output row, as gemv_q8.cu
-constexpr int kUnroll = 4;        // pieces per lane with loads in flight, as gemv_q8.cu
+constexpr int kUnroll = 4;        // 32-weight units per lane with loads in flight, as gemv_q8.cu
+template <class T>
+constexpr int kUnrollOf = kUnroll * 32 / T::kWeights;  // pieces of T (gemv_q8.cu's kUnrollOf)
 constexpr int kMaxK = 32;
 constexpr int kDownBatch = 4;  // moe_down_combine_kernel: entries whose weight loads are in flight together
 
 using namespace wq;  // the weight decoders, shared with gemv_q8.cu (quant_dot.cuh)
 
 // One row's dot against one activation row, in gemv_q8_kernel<T, 1, 32>'s order; returns the warp sum in
-// every lane. w: the row (n_pieces pieces); x: its 8-bit activations.
+// every lane. w: the row (np pieces of T); x: its 8-bit activations.
 template <class T>
 __device__ __forceinline__ float row_dot(const uint8_t* w, const ActRows<1>& x, int np, int lane) {
+  constexpr int kUnroll = kUnrollOf<T>;
   float acc[1] = {0.0f};
   typename T::Raw r[kUnroll];
   int base = lane;
@@ -70,7 +73,9 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) moe_gate_up_kernel(const M
   const int64_t xr = g / p.k;
   x.q[0] = p.xq + xr * p.K;
   x.d[0] = p.xd + xr * (p.K / 32);
-  const int np = p.n_pieces;
+  x.s[0] = p.xs + xr * (p.K / 32);
+  const int np = pieces<T>(p.n_pieces);
+  constexpr int kUnroll = kUnrollOf<T>;
   float ag[1] = {0.0f}, au[1] = {0.0f};
   typename T::Raw rg[kUnroll], ru[kUnroll];
   int base = lane;
@@ -121,11 +126,12 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, 5) moe_down_combine_kernel
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
   if (row >= p.d) return;
   float s = 0.0f;
-  if (p.n_pieces <= 32) {
-    // Rows of at most 32 pieces (qwen3-30b-a3b: ff 768 = 24 pieces): one piece per lane per entry, so the
+  const int np = pieces<T>(p.n_pieces);
+  if (np <= 32) {
+    // Rows of at most 32 pieces (qwen3-30b-a3b: ff 768 = 24 pieces, 12 of Q4_K): one piece per lane per entry, so the
     // single loop of row_dot would serialize k load latencies. Issue the loads of kDownBatch entries first,
     // then form each dot exactly as row_dot does (acc from 0.0f, one dot call, warp_sum).
-    const bool live = lane < p.n_pieces;
+    const bool live = lane < np;
     for (int j0 = 0; j0 < p.k; j0 += kDownBatch) {
       typename T::Raw r[kDownBatch];
 #pragma unroll
@@ -140,6 +146,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, 5) moe_down_combine_kernel
         ActRows<1> x;
         x.q[0] = p.gq + ent * p.ff;
         x.d[0] = p.gd + ent * (p.ff / 32);
+        x.s[0] = p.gs + ent * (p.ff / 32);
         float acc[1] = {0.0f};
         if (live) T::template dot<1>(r[b], lane, x, acc);
         const float dv = warp_sum(acc[0]);
@@ -156,7 +163,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, 5) moe_down_combine_kernel
     ActRows<1> x;
     x.q[0] = p.gq + ent * p.ff;
     x.d[0] = p.gd + ent * (p.ff / 32);
-    const float dv = row_dot<T>(w, x, p.n_pieces, lane);
+    x.s[0] = p.gs + ent * (p.ff / 32);
+    const float dv = row_dot<T>(w, x, np, lane);
     s += wts[jj] * dv;
   }
   if (lane == 0) p.out[static_cast<int64_t>(t) * p.d + row] = s;
@@ -172,7 +180,7 @@ void moe_gate_up(DType type, const MoeGateUpParams& p, int act, bool pdl, cudaSt
   if (p.E <= 0 || p.ff <= 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(p.ff, int64_t{kRowsPerBlock})), static_cast<unsigned>(p.E));
   const bool ok = wq::dispatch<wq::WqSet::kKQuantsQ8>(type, [&]<class T>() {
-    PG_CHECK(p.K % (32 * T::kPieces) == 0 && reinterpret_cast<uintptr_t>(p.gate) % T::kAlign == 0 && p.row_bytes % T::kAlign == 0,
+    PG_CHECK(p.K % (T::kWeights * T::kPieces) == 0 && reinterpret_cast<uintptr_t>(p.gate) % T::kAlign == 0 && p.row_bytes % T::kAlign == 0,
              "moe_gate_up: layout unsupported");
     if (act == 0)
       launch_pdl(pdl, moe_gate_up_kernel<T, 0>, grid, dim3(kRowsPerBlock * 32), 0, stream, p);
@@ -189,7 +197,7 @@ void moe_down_combine(DType type, const MoeDownParams& p, bool pdl, cudaStream_t
   if (p.n <= 0 || p.d <= 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(p.d, int64_t{kRowsPerBlock})), static_cast<unsigned>(p.n));
   const bool ok = wq::dispatch<wq::WqSet::kKQuantsQ8>(type, [&]<class T>() {
-    PG_CHECK(p.ff % (32 * T::kPieces) == 0 && reinterpret_cast<uintptr_t>(p.down) % T::kAlign == 0 && p.row_bytes % T::kAlign == 0,
+    PG_CHECK(p.ff % (T::kWeights * T::kPieces) == 0 && reinterpret_cast<uintptr_t>(p.down) % T::kAlign == 0 && p.row_bytes % T::kAlign == 0,
              "moe_down_combine: layout unsupported");
     launch_pdl(pdl, moe_down_combine_kernel<T>, grid, dim3(kRowsPerBlock * 32), 0, stream, p); });
   PG_CHECK(ok, "moe_down_combine: unsupported type");

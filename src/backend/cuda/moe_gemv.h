@@ -22,6 +22,7 @@ struct MoeGateUpParams {
   int n_pieces = 0;               // K/32
   const int8_t* xq = nullptr;     // (n, K) x quantized by quantize_q8
   const float* xd = nullptr;      // (n, K/32) its scales
+  const int32_t* xs = nullptr;    // (n, K/32) its sums per 32 values
   float* G = nullptr;             // (E, ff) out: act(gate)·up
 };
 
@@ -35,6 +36,7 @@ struct MoeDownParams {
   int n_pieces = 0;                // ff/32
   const int8_t* gq = nullptr;      // (E, ff) G quantized by quantize_q8
   const float* gd = nullptr;       // (E, ff/32) its scales
+  const int32_t* gs = nullptr;     // (E, ff/32) its sums per 32 values
   float* out = nullptr;            // (n, d)
 };
 

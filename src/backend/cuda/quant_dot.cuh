@@ -3,9 +3,10 @@
 // weights) and dot() (Σ w·x of the piece against NA rows of q8 activations, dp4a). One copy, so the MoE
 // kernels' bit-identity with the default grouped GEMV (summation order, rounding) holds by construction.
 //
-// Every weight type: kBytes per block of kPieces pieces (32 weights each), kAlign = the alignment its loads
-// need of the row start, row_bytes and expert_bytes. Activations: q8_0 per 32 values for the 32-value block
-// types, q8_K per 256 for the K-quants (act_quant.cuh), as in the CPU backend's default mode.
+// Every weight type: kBytes per block of kPieces pieces of kWeights weights each (32, or 64 for Q4_K), kAlign =
+// the alignment its loads need of the row start, row_bytes and expert_bytes. Activations: q8_0 per 32 values
+// for the 32-value block types, q8_K per 256 for the K-quants (act_quant.cuh), as in the CPU backend's default
+// mode. The kernels' n_pieces parameters count 32-weight units (K/32); pieces<T>() converts.
 #pragma once
 
 #include <cstdint>
@@ -44,63 +45,83 @@ __device__ __forceinline__ int sum4(const int4& v) {
 __device__ __forceinline__ int dot16(const uint32_t (&q)[4], const int4& x) {
   return dp4(q[3], x.w, dp4(q[2], x.z, dp4(q[1], x.y, dp4(q[0], x.x, 0))));
 }
+// Σ of the 4 products of a's bytes read as unsigned (0..255) with b's as signed, plus c (PTX dp4a.u32.s32).
+// Why: Q4_K's high nibbles enter masked in place (q & 0xF0F0F0F0 = 16·nibble) with no shift per word.
+__device__ __forceinline__ int dp4us(uint32_t a, int b, int c) {
+#ifdef PG_CUDA_HOST_SHIM
+  for (int i = 0; i < 4; ++i) c += static_cast<int>((a >> (8 * i)) & 0xffu) * static_cast<int8_t>(static_cast<uint32_t>(b) >> (8 * i));
+  return c;
+#else
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#endif
+}
 
-// Activation pointers of the NA rows a warp serves.
+// Activation pointers of the NA rows a warp serves (the quantize_q8 scratch layout, act_quant.cuh).
 template <int NA>
 struct ActRows {
-  const int8_t* q[NA];  // (K)
-  const float* d[NA];   // (K/32)
+  const int8_t* q[NA];   // (K)
+  const float* d[NA];    // (K/32)
+  const int32_t* s[NA];  // (K/32) Σq per 32 values (read by K4 only)
 };
 
-// Q4_K: 144 B = [d, dmin (f16), scales (12 B, 6-bit sc/m per 32)] [qs 128 B]. Piece p (0..7) is qs bytes
-// [16p, 16p+16): low nibbles = sub-block 2j positions 16h.., high nibbles = sub-block 2j+1 (j=p/2, h=p%2).
+// A row of k32 = K/32 weight units holds pieces<T>(k32) pieces of decoder T.
+template <class T>
+__host__ __device__ constexpr int pieces(int k32) {
+  return k32 / (T::kWeights / 32);
+}
+
+// Q4_K: 144 B = [d, dmin (f16)] [scales: 12 B, 6-bit scale and min per 32-value sub-block] [qs 128 B]. Piece p
+// (0..3) is qs bytes [32p, 32p+32): low nibbles = sub-block 2p (weights 64p..64p+31), high nibbles = sub-block
+// 2p+1 (64p+32..64p+63), the layout of dequantize_row_q4_K. Its dot: the two integer sums Σq·x, scaled and
+// offset in integers (sc0·Σ0 + sc1·Σ1, m0·Σx0 + m1·Σx1 with Σx from the activations' per-32 sums), then one
+// float expression; the q8_K scale is one per 256, so d[e/32] serves both sub-blocks.
+// Why 64-weight pieces: a 32-weight piece decoded each scale pair, converted four integers and ran the 8
+// dp4a of Σx itself for half as many weights (~3.9 PTX instructions per weight in the fused GLU kernel: the
+// one-row GEMV was issue-bound, at ~60 % of the copy bandwidth on a 340 MB matrix).
 struct K4 {
-  static constexpr int kBytes = 144, kPieces = 8, kAlign = 16;
+  static constexpr int kBytes = 144, kPieces = 4, kWeights = 64, kAlign = 16;
   struct Raw {
-    uint4 q, hd;
+    uint4 q0, q1, hd;
   };
   __device__ static Raw load(const uint8_t* row, int pi) {
-    const uint8_t* b = row + static_cast<size_t>(pi >> 3) * kBytes;
-    return {ldg128(b + 16 + 16 * (pi & 7)), ldg128(b)};
+    const uint8_t* b = row + static_cast<size_t>(pi >> 2) * kBytes;
+    const int p = pi & 3;
+    return {ldg128(b + 16 + 32 * p), ldg128(b + 32 + 32 * p), ldg128(b)};
   }
-  // 6-bit scale and min of sub-block is (0..7) from the 12 scale bytes.
-  __device__ static void scale_min(const uint4& hd, int is, int& sc, int& m) {
-    const uint32_t s0 = hd.y, s1 = hd.z, s2 = hd.w;
-    if (is < 4) {
-      sc = static_cast<int>(byte12(s0, s1, s2, is) & 63);
-      m = static_cast<int>(byte12(s0, s1, s2, is + 4) & 63);
-    } else {
-      sc = static_cast<int>((byte12(s0, s1, s2, is + 4) & 0xF) | ((byte12(s0, s1, s2, is - 4) >> 6) << 4));
-      m = static_cast<int>((byte12(s0, s1, s2, is + 4) >> 4) | ((byte12(s0, s1, s2, is) >> 6) << 4));
-    }
+  // Bytes [sc0, sc1, m0, m1]: the 6-bit scales and mins of sub-blocks 2p and 2p+1 (get_scale_min_k4), from the
+  // 12 scale bytes s0..s2 = hd.y..hd.w. Sub-blocks 0..3: sc = s0 byte & 63, m = s1 byte & 63; 4..7: low 4
+  // bits from s2's byte (sc: low nibble, m: high nibble), bits 4..5 from bits 6..7 of s0's (sc) / s1's (m).
+  __device__ static uint32_t scales(const uint4& hd, int p) {
+    const uint32_t b = 2u * static_cast<uint32_t>(p & 1);
+    const uint32_t h = __byte_perm(hd.y, hd.z, b | (b + 1) << 4 | (b + 4) << 8 | (b + 5) << 12);  // [s0.b s0.b+1 s1.b s1.b+1]
+    const uint32_t l = __byte_perm(hd.w, 0u, b | (b + 1) << 4 | b << 8 | (b + 1) << 12);        // [s2.b s2.b+1 s2.b s2.b+1]
+    return p < 2 ? (h & 0x3f3f3f3fu) : ((l & 0x0f0fu) | ((l >> 4) & 0x0f0f0000u) | ((h >> 2) & 0x30303030u));
   }
   template <int NA>
   __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
-    const int p = pi & 7, j = p >> 1;
-    const int64_t e = static_cast<int64_t>(pi >> 3) * 256 + 64 * j + 16 * (p & 1);  // first activation
-    uint32_t lo[4], hi[4];
-    const uint32_t q[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+    const int p = pi & 3;
+    const int64_t e = static_cast<int64_t>(pi >> 2) * 256 + 64 * p;  // first activation
+    const uint32_t q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+    uint32_t lo[8], hi[8];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) lo[i] = q[i] & 0x0F0F0F0Fu, hi[i] = (q[i] >> 4) & 0x0F0F0F0Fu;
-    pair_dot<NA>(lo, hi, r.hd, j, e, x, acc);
-  }
-  // The piece's two 16-value runs: lo of sub-block 2j, hi of sub-block 2j+1 (quants 0..31, unsigned),
-  // each scaled as d·sc·Σq·x − dmin·m·Σx. Shared by Q4_K and Q5_K (same header layout).
-  template <int NA>
-  __device__ static void pair_dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const uint4& hd, int j, int64_t e,
-                                  const ActRows<NA>& x, float (&acc)[NA]) {
-    int sc0, m0, sc1, m1;
-    scale_min(hd, 2 * j, sc0, m0);
-    scale_min(hd, 2 * j + 1, sc1, m1);
-    const float d = h2f(hd.x), dmin = h2f(hd.x >> 16);
-    const float a0 = d * static_cast<float>(sc0), b0 = dmin * static_cast<float>(m0);
-    const float a1 = d * static_cast<float>(sc1), b1 = dmin * static_cast<float>(m1);
+    for (int i = 0; i < 8; ++i) lo[i] = q[i] & 0x0F0F0F0Fu, hi[i] = q[i] & 0xF0F0F0F0u;
+    const uint32_t w = scales(r.hd, p);
+    const int sc0 = static_cast<int>(w & 0xff), sc1 = static_cast<int>((w >> 8) & 0xff);
+    const int m0 = static_cast<int>((w >> 16) & 0xff), m1 = static_cast<int>(w >> 24);
+    const float d = h2f(r.hd.x), dmin = h2f(r.hd.x >> 16);
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
-      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 32);
-      const float da = x.d[a][e >> 5], db = x.d[a][(e >> 5) + 1];
-      acc[a] += da * (a0 * static_cast<float>(dot16(lo, xa)) - b0 * static_cast<float>(sum4(xa))) +
-                db * (a1 * static_cast<float>(dot16(hi, xb)) - b1 * static_cast<float>(sum4(xb)));
+      const int8_t* xq = x.q[a] + e;
+      const int4 x0 = ld_q8x16(xq), x1 = ld_q8x16(xq + 16), x2 = ld_q8x16(xq + 32), x3 = ld_q8x16(xq + 48);
+      int s0 = dp4(lo[3], x0.w, dp4(lo[2], x0.z, dp4(lo[1], x0.y, dp4(lo[0], x0.x, 0))));
+      s0 = dp4(lo[7], x1.w, dp4(lo[6], x1.z, dp4(lo[5], x1.y, dp4(lo[4], x1.x, s0))));
+      int s1 = dp4us(hi[3], x2.w, dp4us(hi[2], x2.z, dp4us(hi[1], x2.y, dp4us(hi[0], x2.x, 0))));
+      s1 = dp4us(hi[7], x3.w, dp4us(hi[6], x3.z, dp4us(hi[5], x3.y, dp4us(hi[4], x3.x, s1))));
+      const int2 xs = *reinterpret_cast<const int2*>(x.s[a] + (e >> 5));  // Σx of the two sub-blocks
+      const int t1 = sc0 * s0 + sc1 * (s1 >> 4), t2 = m0 * xs.x + m1 * xs.y;  // |t1| < 2^23: exact in FP32
+      acc[a] += x.d[a][e >> 5] * (d * static_cast<float>(t1) - dmin * static_cast<float>(t2));
     }
   }
 };
@@ -108,7 +129,7 @@ struct K4 {
 // Q5_K: 176 B = [d, dmin, scales (12 B)] [qh 32 B] [qs 128 B]; as Q4_K plus the 5th bit of position l of
 // sub-block s in bit s of qh[l].
 struct K5 {
-  static constexpr int kBytes = 176, kPieces = 8, kAlign = 16;
+  static constexpr int kBytes = 176, kPieces = 8, kWeights = 32, kAlign = 16;
   struct Raw {
     uint4 q, hd, qh;
   };
@@ -128,7 +149,37 @@ struct K5 {
       lo[i] = (q[i] & 0x0F0F0F0Fu) | (((h[i] >> (2 * j)) & 0x01010101u) << 4);
       hi[i] = ((q[i] >> 4) & 0x0F0F0F0Fu) | (((h[i] >> (2 * j + 1)) & 0x01010101u) << 4);
     }
-    K4::pair_dot<NA>(lo, hi, r.hd, j, e, x, acc);
+    pair_dot<NA>(lo, hi, r.hd, j, e, x, acc);
+  }
+  // 6-bit scale and min of sub-block is (0..7) from the 12 scale bytes.
+  __device__ static void scale_min(const uint4& hd, int is, int& sc, int& m) {
+    const uint32_t s0 = hd.y, s1 = hd.z, s2 = hd.w;
+    if (is < 4) {
+      sc = static_cast<int>(byte12(s0, s1, s2, is) & 63);
+      m = static_cast<int>(byte12(s0, s1, s2, is + 4) & 63);
+    } else {
+      sc = static_cast<int>((byte12(s0, s1, s2, is + 4) & 0xF) | ((byte12(s0, s1, s2, is - 4) >> 6) << 4));
+      m = static_cast<int>((byte12(s0, s1, s2, is + 4) >> 4) | ((byte12(s0, s1, s2, is) >> 6) << 4));
+    }
+  }
+  // The piece's two 16-value runs: lo of sub-block 2j, hi of sub-block 2j+1 (quants 0..31, unsigned),
+  // each scaled as d·sc·Σq·x − dmin·m·Σx.
+  template <int NA>
+  __device__ static void pair_dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const uint4& hd, int j, int64_t e,
+                                  const ActRows<NA>& x, float (&acc)[NA]) {
+    int sc0, m0, sc1, m1;
+    scale_min(hd, 2 * j, sc0, m0);
+    scale_min(hd, 2 * j + 1, sc1, m1);
+    const float d = h2f(hd.x), dmin = h2f(hd.x >> 16);
+    const float a0 = d * static_cast<float>(sc0), b0 = dmin * static_cast<float>(m0);
+    const float a1 = d * static_cast<float>(sc1), b1 = dmin * static_cast<float>(m1);
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 32);
+      const float da = x.d[a][e >> 5], db = x.d[a][(e >> 5) + 1];
+      acc[a] += da * (a0 * static_cast<float>(dot16(lo, xa)) - b0 * static_cast<float>(sum4(xa))) +
+                db * (a1 * static_cast<float>(dot16(hi, xb)) - b1 * static_cast<float>(sum4(xb)));
+    }
   }
 };
 
@@ -137,7 +188,7 @@ struct K5 {
 // (+ qh bits 2·pair) are weights 128hf + 32pair + 16lq + i, the high nibbles (+ qh bits 4 + 2·pair) the
 // same positions + 64; values are q − 32.
 struct K6 {
-  static constexpr int kBytes = 210, kPieces = 8, kAlign = 2;
+  static constexpr int kBytes = 210, kPieces = 8, kWeights = 32, kAlign = 2;
   struct Raw {
     uint32_t ql[4], qh[4], sc, d;
   };
@@ -183,7 +234,7 @@ __device__ __forceinline__ void ld_d_q(const uint8_t* b, uint32_t& d, uint32_t (
 
 // Q8_0: 34 B = [d f16] [32 × int8]; one piece per block, 2-byte aligned.
 struct B8 {
-  static constexpr int kBytes = 34, kPieces = 1, kAlign = 2;
+  static constexpr int kBytes = 34, kPieces = 1, kWeights = 32, kAlign = 2;
   struct Raw {
     uint32_t q[8], d;
   };
@@ -207,7 +258,7 @@ struct B8 {
 
 // Q4_0: 18 B = [d f16] [qs 16 B]: low nibbles are weights 0..15, high nibbles 16..31, values q − 8.
 struct B4 {
-  static constexpr int kBytes = 18, kPieces = 1, kAlign = 2;
+  static constexpr int kBytes = 18, kPieces = 1, kWeights = 32, kAlign = 2;
   struct Raw {
     uint32_t q[4], d;
   };
@@ -243,7 +294,7 @@ __device__ __forceinline__ uint32_t iq4_levels4(uint32_t v) {
 // IQ4_XS: 136 B = [d f16] [scales_h u16] [scales_l 4 B] [qs 128 B]; 8-byte aligned. Piece = sub-block ib:
 // qs[16ib, +16), low nibbles weights 0..15, high 16..31, levels from the IQ4_NL table, scale d·(ls − 32).
 struct XS4 {
-  static constexpr int kBytes = 136, kPieces = 8, kAlign = 8;
+  static constexpr int kBytes = 136, kPieces = 8, kWeights = 32, kAlign = 8;
   struct Raw {
     uint2 q0, q1, hd;
   };
