@@ -75,13 +75,16 @@ TEST(CudaQuantDot, Q6KLoadsFollowTheBlockLayout) {
     const uint8_t* row = buf.base + off;
     for (int pi = 0; pi < blocks * K6::kPieces; ++pi) {
       const K6::Raw r = K6::load(row, pi);
-      const uint8_t* b = row + static_cast<size_t>(pi / 8) * K6::kBytes;
-      const int p = pi % 8, hf = p / 4, pair = (p / 2) % 2, lq = p % 2, s = 8 * hf + lq + 2 * pair;
+      const uint8_t* b = row + static_cast<size_t>(pi / 4) * K6::kBytes;
+      const int hf = (pi / 2) % 2, lq = pi % 2;
       for (int i = 0; i < 4; ++i) {
-        EXPECT_EQ(r.ql[i], le32(b + 16 * p + 4 * i)) << "offset " << off << " piece " << pi;
+        EXPECT_EQ(r.ql0[i], le32(b + 64 * hf + 16 * lq + 4 * i)) << "offset " << off << " piece " << pi;
+        EXPECT_EQ(r.ql1[i], le32(b + 64 * hf + 32 + 16 * lq + 4 * i)) << "offset " << off << " piece " << pi;
         EXPECT_EQ(r.qh[i], le32(b + 128 + 32 * hf + 16 * lq + 4 * i)) << "offset " << off << " piece " << pi;
       }
-      EXPECT_EQ(r.sc, static_cast<uint32_t>(b[192 + s]) | (static_cast<uint32_t>(b[196 + s]) << 8));
+      const int s0 = 192 + 8 * hf + lq;  // the run scales 8hf + lq + {0, 2, 4, 6}
+      EXPECT_EQ(r.sc, static_cast<uint32_t>(b[s0]) | static_cast<uint32_t>(b[s0 + 2]) << 8 | static_cast<uint32_t>(b[s0 + 4]) << 16 |
+                          static_cast<uint32_t>(b[s0 + 6]) << 24);
       EXPECT_EQ(r.d, le16(b + 208));
     }
   }
@@ -143,7 +146,16 @@ void check_dot(DType t, int64_t k, int off, bool act_q8_k) {
   x.s[0] = xs.data();
   float acc[1] = {0.0f};
   const int n_pieces = pieces<T>(static_cast<int>(k / 32));
-  for (int pi = 0; pi < n_pieces; ++pi) T::template dot<1>(T::load(row, pi), pi, x, acc);
+  float acc_a[1] = {0.0f}, acc_b[1] = {0.0f};  // dot_pair of this row and its reverse-order twin below
+  for (int pi = 0; pi < n_pieces; ++pi) {
+    T::template dot<1>(T::load(row, pi), pi, x, acc);
+    dot_pair<T, 1>(T::load(row, pi), T::load(row, n_pieces - 1 - pi), pi, x, acc_a, acc_b);
+  }
+  // dot_pair gives each row dot()'s exact value (the two-row kernels' bit-identity with the one-row one).
+  EXPECT_EQ(acc_a[0], acc[0]);
+  float acc_r[1] = {0.0f};
+  for (int pi = 0; pi < n_pieces; ++pi) T::template dot<1>(T::load(row, n_pieces - 1 - pi), pi, x, acc_r);
+  EXPECT_EQ(acc_b[0], acc_r[0]);
   double ref = 0.0, mag = 0.0;
   for (int64_t i = 0; i < k; ++i) {
     const double xi = static_cast<double>(xq[static_cast<size_t>(i)]) * xd[static_cast<size_t>(i / 32)];

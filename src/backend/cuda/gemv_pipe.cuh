@@ -97,19 +97,6 @@ struct PipeLds<K5> {
   __device__ static K5::Raw load(const uint8_t* blk, int p) { return {lds128(blk + 48 + 16 * p), lds128(blk), lds128(blk + 16 + 16 * (p & 1))}; }
 };
 template <>
-struct PipeLds<K6> {
-  __device__ static K6::Raw load(const uint8_t* blk, int p) {
-    const int hf = p >> 2, pair = (p >> 1) & 1, lq = p & 1;
-    K6::Raw r;
-    ld_words_a2<4, false>(blk + 16 * p, r.ql);
-    ld_words_a2<4, false>(blk + 128 + 32 * hf + 16 * lq, r.qh);
-    const int s = 8 * hf + lq + 2 * pair;
-    r.sc = static_cast<uint32_t>(blk[192 + s]) | (static_cast<uint32_t>(blk[196 + s]) << 8);
-    r.d = lds16(blk + 208);
-    return r;
-  }
-};
-template <>
 struct PipeLds<B8> {
   __device__ static B8::Raw load(const uint8_t* blk, int) {
     B8::Raw r;
@@ -296,13 +283,13 @@ PipeDevice pipe_device() {
   return d;
 }
 
-// The weight types the pipelined kernel has (the others keep the existing kernels). Not Q4_K: its
-// 64-weight pieces (quant_dot.cuh) do not fit this kernel's 32-weight rounds, and the pipe lost on Q4_K
+// The weight types the pipelined kernel has (the others keep the existing kernels). Not Q4_K / Q6_K: their
+// 64-weight pieces (quant_dot.cuh) do not fit this kernel's 32-weight rounds, and the pipe lost on both
 // (docs/benchmarks.md run 38).
 template <class T>
-constexpr bool kPipeType = std::is_same_v<T, K5> || std::is_same_v<T, K6> || std::is_same_v<T, B8>;
+constexpr bool kPipeType = std::is_same_v<T, K5> || std::is_same_v<T, B8>;
 
-// Whether the pipelined kernel takes a (one row, not grouped, 32 lanes, Q5_K/Q6_K/Q8_0, the 8-bit
+// Whether the pipelined kernel takes a (one row, not grouped, 32 lanes, Q5_K/Q8_0, the 8-bit
 // kernel's layout rules, a 16-byte-aligned matrix, shared memory that fits).
 bool pipe_supported(const MatmulArgs& a) {
   if (a.pipe_stages <= 0 || a.n != 1 || a.expert_ids || a.lanes != 32 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;

@@ -183,10 +183,7 @@ __device__ __forceinline__ void rw2_sums(const uint8_t* w0, const uint8_t* w1, c
   while (base < np) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (base + 32 * u < np) {
-        T::template dot<NA>(r0[u], base + 32 * u, x, acc0);
-        T::template dot<NA>(r1[u], base + 32 * u, x, acc1);
-      }
+      if (base + 32 * u < np) dot_pair<T, NA>(r0[u], r1[u], base + 32 * u, x, acc0, acc1);
     base += 32 * U;
     if (base >= np) break;
 #pragma unroll

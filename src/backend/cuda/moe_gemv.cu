@@ -85,10 +85,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) moe_gate_up_kernel(const M
   while (base < np) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (base + 32 * u < np) {
-        T::template dot<1>(rg[u], base + 32 * u, x, ag);
-        T::template dot<1>(ru[u], base + 32 * u, x, au);
-      }
+      if (base + 32 * u < np) dot_pair<T, 1>(rg[u], ru[u], base + 32 * u, x, ag, au);
     base += 32 * kUnroll;
     if (base >= np) break;
 #pragma unroll
