@@ -1,7 +1,7 @@
 // Micro-benchmark of the CUDA matmul kernels on 8B-model shapes (target pg_cuda_bench).
 //
 //   pg_cuda_bench [--types q4_k,q8_0,...] [--reps N] [--quick] [--shapes MxK,...] [--kernels k1,k2,...]
-//                 [--pipe-stages N] [--pipe-bps N] [--rows n1,n2,...]
+//                 [--pipe-stages N] [--pipe-bps N] [--rows n1,n2,...] [--no-stage-x]
 //
 // For every weight type and shape (M × K = out × in: 4096×4096 attention, 12288×4096 FFN gate/up,
 // 4096×12288 FFN down, 151936×4096 output) it times the decode GEMV (n = 1) and prints µs, GB/s and
@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   bool quick = false;
   int pipe_stages = 4, pipe_bps = 0;
+  bool stage_x = true;  // --no-stage-x: the one-row kernels read activations from global memory (MatmulArgs::stage_x)
   struct Shape {
     int64_t M, K;
   };
@@ -139,6 +140,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (a == "--pipe-stages" && i + 1 < argc) {
       pipe_stages = std::clamp(std::atoi(argv[++i]), 2, 8);
+    } else if (a == "--no-stage-x") {
+      stage_x = false;
     } else if (a == "--pipe-bps" && i + 1 < argc) {
       pipe_bps = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--kernels" && i + 1 < argc) {
@@ -178,7 +181,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--types q4_k,q8_0,...] [--reps N] [--quick] [--shapes MxK,...] [--kernels k1,k2,...] [--pipe-stages N] "
-                   "[--pipe-bps N] [--rows n1,n2,...]\n",
+                   "[--pipe-bps N] [--rows n1,n2,...] [--no-stage-x]\n",
                    argv[0]);
       return 2;
     }
@@ -246,6 +249,7 @@ int main(int argc, char** argv) {
           a.y_stride = s.M;
           a.n = n;
           a.w = w[0];
+          a.stage_x = stage_x;
           // Decode sizes: the default-mode kernel (8-bit activations, gemv_q8.cu) where it applies, then the
           // FP32 GEMV (exact mode); 2..64 rows: MMQ (integer tensor cores); prefill sizes and, on the FFN
           // shape, 16..64 rows for comparison: the FP16 tensor-core GEMM.
@@ -329,6 +333,7 @@ int main(int argc, char** argv) {
         a1.n = 1;
         a1.w = w[0];
         a1.pdl = true;
+        a1.stage_x = stage_x;
         a1.rows_per_warp = 2;
         const bool attn = s.M == 4096 && s.K == 4096;
         if ((ffn || attn) && pg::cuda::gemv_fast_q8(a1)) {

@@ -1854,6 +1854,66 @@ TEST(CudaGemvPipe, GraphReplayMatchesEager) {
 namespace pg {
 namespace {
 
+// CudaOptions::gemv_stage_x: the one-row kernels with the activation row staged in shared memory (a block
+// copies it once, XOR-swizzled) against the same kernels reading it from global memory, bit for bit: plain
+// matmuls (two rows per warp) on the decode shapes and odd ones (a ragged last block whose warps have no
+// rows but still take part in the copy), fused gate/up/GLU and grouped q/k/v, every type with a one-row
+// kernel; K that cannot be staged (not a multiple of 128, or past kStageMaxK) takes the global kernel both ways.
+TEST(CudaOps, GemvStageXBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  const CudaOptions base = gpu->options();
+  auto opts = [&](bool stage) {
+    CudaOptions o = with_pipe(base, false, 4, 0, true);
+    o.gemv_stage_x = stage;
+    o.fuse_glu = o.fuse_qkv = true;
+    return o;
+  };
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  int checked = 0;
+  for (const DType t : {DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS}) {
+    auto shapes = pipe_shapes(t);
+    shapes.push_back({65, 40960});  // K > kStageMaxK: global both ways
+    for (const auto& [M, K] : shapes) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " M=" + std::to_string(M) + " K=" + std::to_string(K));
+      const auto wb = make_weights_tiled(t, K, M, 150u + static_cast<uint32_t>(M + K));
+      const auto ub = make_weights_tiled(t, K, M, 151u + static_cast<uint32_t>(M + K));
+      auto xv = randn(static_cast<size_t>(K), 152u + static_cast<uint32_t>(K));
+      xv[0] = 4.0f, xv[K - 1] = -4.0f;
+      Tensor w = make_weight(*gpu, t, K, M, 1, wb), uw = make_weight(*gpu, t, K, M, 1, ub);
+      Tensor x = make_tensor(*gpu, DType::F32, K, 1, xv.data());
+      Tensor y = gpu->alloc(DType::F32, M, 1), u = gpu->alloc(DType::F32, M, 1);
+      std::vector<float> junk(static_cast<size_t>(M), -555.0f);
+      std::vector<std::vector<float>> out[2];
+      for (const bool stage : {false, true}) {
+        gpu->set_options(opts(stage));
+        gpu->upload(y, junk.data(), junk.size() * sizeof(float));  // every row must be written again
+        gpu->matmul(w, x, y);
+        out[stage].push_back(fetch(*gpu, y));
+        gpu->upload(y, junk.data(), junk.size() * sizeof(float));
+        gpu->matmul_glu(x, w, uw, Activation::Silu, y, u);
+        out[stage].push_back(fetch(*gpu, y));
+        std::vector<Tensor> ws = {w, uw}, ys = {y, u};
+        gpu->upload(y, junk.data(), junk.size() * sizeof(float));
+        gpu->upload(u, junk.data(), junk.size() * sizeof(float));
+        shared_products(*gpu, x, ws, ys);
+        out[stage].push_back(fetch(*gpu, y));
+        out[stage].push_back(fetch(*gpu, u));
+      }
+      for (size_t k = 0; k < out[0].size(); ++k) {
+        EXPECT_TRUE(same(out[0][k], out[1][k])) << "product " << k << " (plain, glu, grouped q, grouped k)";
+        EXPECT_EQ(max_abs_diff(out[0][k], out[1][k]), 0.0f) << "product " << k;
+      }
+      for (Tensor* p : {&w, &uw, &x, &y, &u}) gpu->free(*p);
+      ++checked;
+    }
+  }
+  gpu->set_options(base);
+  EXPECT_EQ(checked, 6 * 10);
+}
+
 // CudaOptions::moe_fused (moe_gemv.cu): moe_ffn with the fused decode kernels must be bit-identical to the
 // default path (same dot order, GLU and combine arithmetic), for the qwen3-30b-a3b expert shape (d 2048,
 // ff 768, k 8; 16 experts instead of 128 to keep the host-side quantization short: the kernels index experts

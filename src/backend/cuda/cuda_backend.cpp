@@ -87,6 +87,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_MMQ_STAGED"); e && *e) opt.mmq_staged = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_STAGE_X"); e && *e) opt.gemv_stage_x = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL_ALL"); e && *e) opt.pdl_all = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) opt.gemv_rows_per_warp = std::atoi(e);
@@ -584,6 +585,7 @@ cuda::MatmulArgs CudaBackend::matmul_args(const Tensor& w, const Tensor& x, Tens
   a.pdl = opt_.pdl && pdl_capable_;
   a.rows_per_warp = opt_.gemv_rows_per_warp;
   a.mmq_staged = opt_.mmq_staged;
+  a.stage_x = opt_.gemv_stage_x;
   a.pipe_stages = opt_.gemv_pipe ? opt_.gemv_pipe_stages : 0;
   a.pipe_bps = opt_.gemv_pipe_bps;
   return a;

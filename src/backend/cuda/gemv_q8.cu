@@ -165,11 +165,19 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_kernel(const FastP
 // activations: the two-row kernel gives it adjacent rows of one matrix, the fused GLU kernel row i of
 // gate and row i of up, the grouped kernel two rows of one of several matrices. Because every caller runs
 // this one function, each row's per-lane partial sums acc0/acc1 (reduced by the caller with warp_sum)
-// are formed in the same order everywhere. It issues the first round of weight loads, then grid_wait()
-// (PDL: every thread of the warp must reach it; activations are only read after it).
-template <class T, int NA>
-__device__ __forceinline__ void rw2_sums(const uint8_t* w0, const uint8_t* w1, const ActRows<NA>& x, int k32, int lane,
-                                         float (&acc0)[NA], float (&acc1)[NA]) {
+// are formed in the same order everywhere. It issues the first round of weight loads, then ready() —
+// grid_wait() (PDL: every thread of the warp must reach it; activations are only read after it), followed
+// for staged activations by the block's copy of them (stage_act) — then the dots.
+//
+// Staged activations (S = true; CudaOptions::gemv_stage_x): the block copies its one activation row into
+// shared memory once (stage_act, XOR-swizzled chunks) and the warps read it from there. Why: Nsight put the
+// one-row kernels at 78-85 % of L1/TEX throughput with DRAM at 36-57 % (Q4_K GLU 12288×4096, Q6_K
+// 4096×12288): every lane's 16-byte activation loads sit 32-64 bytes apart, so each warp load touched 8-16
+// cache lines for 512 useful bytes, and the 4 warps of a block each read the whole row again. Same bytes,
+// same sums: bit-identical. Warps without rows (past M) still take part in the copy and its barrier.
+template <class T, int NA, class X, class Ready>
+__device__ __forceinline__ void rw2_sums(const uint8_t* w0, const uint8_t* w1, const X& x, int k32, int lane, float (&acc0)[NA],
+                                         float (&acc1)[NA], Ready ready) {
   constexpr int U = kUnrollOf<T>;
   const int np = pieces<T>(k32);
 #pragma unroll
@@ -179,7 +187,7 @@ __device__ __forceinline__ void rw2_sums(const uint8_t* w0, const uint8_t* w1, c
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (base + 32 * u < np) r0[u] = T::load(w0, base + 32 * u), r1[u] = T::load(w1, base + 32 * u);
-  grid_wait();
+  ready();
   while (base < np) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -192,19 +200,45 @@ __device__ __forceinline__ void rw2_sums(const uint8_t* w0, const uint8_t* w1, c
   }
 }
 
-template <class T, int NA>
-__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_rw2_kernel(const FastParams p) {
+// Bytes of dynamic shared memory for one staged activation row of K values (ActSmem: q, then d, then s).
+constexpr size_t stage_bytes(int64_t K) { return static_cast<size_t>(K) + 8 * static_cast<size_t>(K / 32); }
+constexpr int64_t kStageMaxK = 38912;  // stage_bytes ≤ 48 KB: no opt-in needed on any architecture
+// Blocks per SM the staged kernels of T keep: 5 (≤ 102 registers) for Q4_K / Q6_K, which ptxas otherwise
+// gave 121-128 registers (4 blocks per SM instead of the global-memory kernels' 5) at no spill; 4 for Q5_K
+// and Q8_0, which spill at 5 (ptxas -v).
+template <class T>
+constexpr int kStageMinBlocks = std::is_same_v<T, K5> || std::is_same_v<T, B8> ? 4 : 5;
+
+// The ActSmem view of a block's staging area (before or after the copy).
+__device__ __forceinline__ ActSmem act_smem(const uint8_t* smem, int64_t K) {
+  return {reinterpret_cast<const int8_t*>(smem), reinterpret_cast<const float*>(smem + K), reinterpret_cast<const int32_t*>(smem + K + 4 * (K / 32))};
+}
+// Block-wide copy of one activation row — q (K) int8, d and s (K/32) — into the staging area, q by 16-byte
+// chunks at act_swz positions (K % 128 == 0: the swizzle permutes chunks within groups of 8). Every thread
+// of the block calls it: it ends with __syncthreads().
+__device__ __forceinline__ void stage_act(const int8_t* q, const float* d, const int32_t* s, int64_t K, uint8_t* smem) {
+  int8_t* sq = reinterpret_cast<int8_t*>(smem);
+  float* sd = reinterpret_cast<float*>(smem + K);
+  int32_t* ss = reinterpret_cast<int32_t*>(smem + K + 4 * (K / 32));
+  for (int64_t c = threadIdx.x; c < K / 16; c += blockDim.x) *reinterpret_cast<int4*>(sq + 16 * act_swz(c)) = ld_q8x16(q + 16 * c);
+  for (int64_t i = threadIdx.x; i < K / 32; i += blockDim.x) sd[i] = d[i], ss[i] = s[i];
+  __syncthreads();
+}
+
+template <class T, int NA, bool S>
+__global__ void __launch_bounds__(kRowsPerBlock * 32, S ? kStageMinBlocks<T> : 1) gemv_q8_rw2_kernel(const FastParams p) {
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp) * 2;
   grid_launch_dependents();
-  if (row0 >= p.M) {
+  if (!S && row0 >= p.M) {
     grid_wait();
     return;
   }
-  const bool has1 = row0 + 1 < p.M;  // warp-uniform
+  const bool live = row0 < p.M;          // warp-uniform; false only when S (the warp still stages)
+  const bool has1 = live && row0 + 1 < p.M;  // warp-uniform
   const int g = static_cast<int>(blockIdx.y) + p.g_base;
   int a0, xr0;
-  const uint8_t* w0 = warp_row(p, row0, g * NA, a0, xr0);
+  const uint8_t* w0 = warp_row(p, live ? row0 : 0, g * NA, a0, xr0);
   const uint8_t* w1 = has1 ? w0 + p.row_bytes : w0;
   ActRows<NA> x;
   const int64_t nd = p.K / 32;
@@ -216,7 +250,17 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_rw2_kernel(const F
     x.s[a] = p.xs + xr * nd;
   }
   float acc0[NA], acc1[NA];
-  rw2_sums<T, NA>(w0, w1, x, p.n_pieces, lane, acc0, acc1);
+  if constexpr (S) {
+    static_assert(NA == 1, "one staged activation row");
+    extern __shared__ __align__(16) uint8_t smem[];
+    rw2_sums<T, NA>(w0, w1, act_smem(smem, p.K), live ? p.n_pieces : 0, lane, acc0, acc1, [&] {
+      grid_wait();
+      stage_act(x.q[0], x.d[0], x.s[0], p.K, smem);
+    });
+    if (!live) return;
+  } else {
+    rw2_sums<T, NA>(w0, w1, x, p.n_pieces, lane, acc0, acc1, [] { grid_wait(); });
+  }
   store_rows<NA>(p, row0, a0, acc0, lane);
   if (has1) store_rows<NA>(p, row0 + 1, a0, acc1, lane);
 }
@@ -229,22 +273,32 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_rw2_kernel(const F
 //    two-row kernel, warp_sum reduces them as store_rows does, and glu_act is elementwise.cu's glu
 //    expression, so y is bit-identical to gemv_q8_rw2_kernel (or gemv_q8_kernel) on G and U + glu_kernel.
 //  - PDL as gemv_q8_rw2_kernel: weight loads before grid_wait, every thread waits, even past the end.
-template <class T, int ACT>
-__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_glu_kernel(const FastParams p, const uint8_t* __restrict__ w_up) {
+template <class T, int ACT, bool S>
+__global__ void __launch_bounds__(kRowsPerBlock * 32, S ? kStageMinBlocks<T> : 1) gemv_q8_glu_kernel(const FastParams p, const uint8_t* __restrict__ w_up) {
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
   grid_launch_dependents();
-  if (row >= p.M) {
+  if (!S && row >= p.M) {
     grid_wait();
     return;
   }
+  const bool live = row < p.M;  // warp-uniform; false only when S (the warp still stages)
+  const size_t off = static_cast<size_t>(live ? row : 0) * p.row_bytes;
   ActRows<1> x;
   x.q[0] = p.xq;
   x.d[0] = p.xd;
   x.s[0] = p.xs;
   float acc_g[1], acc_u[1];
-  rw2_sums<T, 1>(p.w + static_cast<size_t>(row) * p.row_bytes, w_up + static_cast<size_t>(row) * p.row_bytes, x, p.n_pieces, lane,
-                 acc_g, acc_u);
+  if constexpr (S) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    rw2_sums<T, 1>(p.w + off, w_up + off, act_smem(smem, p.K), live ? p.n_pieces : 0, lane, acc_g, acc_u, [&] {
+      grid_wait();
+      stage_act(p.xq, p.xd, p.xs, p.K, smem);
+    });
+    if (!live) return;
+  } else {
+    rw2_sums<T, 1>(p.w + off, w_up + off, x, p.n_pieces, lane, acc_g, acc_u, [] { grid_wait(); });
+  }
   const float g = warp_sum(acc_g[0]), u = warp_sum(acc_u[0]);
   if (lane == 0) p.y[row] = glu_act(g, u, ACT);
 }
@@ -264,6 +318,7 @@ struct MultiParams {
   const int8_t* xq;   // (K)
   const float* xd;    // (K/32)
   const int32_t* xs;  // (K/32) Σq per 32
+  int64_t K;
   int n_pieces;       // K/32
   int count;         // matrices, 1..kMultiMax
   const uint8_t* w[kMultiMax];    // (M_j, row_bytes_j) bytes
@@ -275,15 +330,17 @@ struct MultiParams {
   bool pdl;                       // host side
 };
 
-template <class T>
-__global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_multi_kernel(const MultiParams p) {
+template <class T, bool S>
+__global__ void __launch_bounds__(kRowsPerBlock * 32, S ? kStageMinBlocks<T> : 1) gemv_q8_multi_kernel(const MultiParams p) {
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
-  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
+  const int64_t gw0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
   grid_launch_dependents();
-  if (gw >= p.warps) {
+  if (!S && gw0 >= p.warps) {
     grid_wait();
     return;
   }
+  const bool live = gw0 < p.warps;  // warp-uniform; false only when S (the warp still stages)
+  const int64_t gw = live ? gw0 : 0;
   // The matrix of this warp, selected with static indices only (no dynamically indexed parameter array,
   // which would be copied to local memory).
   const uint8_t* w = p.w[0];
@@ -302,7 +359,16 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) gemv_q8_multi_kernel(const
   x.d[0] = p.xd;
   x.s[0] = p.xs;
   float acc0[1], acc1[1];
-  rw2_sums<T, 1>(w0, w1, x, p.n_pieces, lane, acc0, acc1);
+  if constexpr (S) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    rw2_sums<T, 1>(w0, w1, act_smem(smem, p.K), live ? p.n_pieces : 0, lane, acc0, acc1, [&] {
+      grid_wait();
+      stage_act(p.xq, p.xd, p.xs, p.K, smem);
+    });
+    if (!live) return;
+  } else {
+    rw2_sums<T, 1>(w0, w1, x, p.n_pieces, lane, acc0, acc1, [] { grid_wait(); });
+  }
   const float s0 = warp_sum(acc0[0]), s1 = warp_sum(acc1[0]);
   if (lane == 0) {
     y[row0] = s0;
@@ -929,12 +995,12 @@ int64_t activation_rows(const MatmulArgs& a) { return a.expert_ids ? (a.n + std:
 
 // pdl: launch with programmatic stream serialization (only kernels that call grid_wait as required).
 template <class K>
-void launch_rows(K kernel, const FastParams& p, int groups, cudaStream_t stream, int rows_per_warp = 1, bool pdl = false) {
+void launch_rows(K kernel, const FastParams& p, int groups, cudaStream_t stream, int rows_per_warp = 1, bool pdl = false, size_t smem = 0) {
   for (int g0 = 0; g0 < groups; g0 += 65535) {
     FastParams q = p;
     q.g_base = g0;
     const dim3 grid(static_cast<unsigned>(ceil_div(p.M, kRowsPerBlock * rows_per_warp)), static_cast<unsigned>(std::min(65535, groups - g0)));
-    launch_pdl(pdl, kernel, grid, dim3(kRowsPerBlock * 32), 0, stream, q);
+    launch_pdl(pdl, kernel, grid, dim3(kRowsPerBlock * 32), smem, stream, q);
     check_launch("gemv_fast");
   }
 }
@@ -961,11 +1027,17 @@ struct LaunchQ8 {
     static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_kernel<T, NA, LPR>, p, groups, s, 32 / LPR, p.pdl); }
   };
 };
+// stage: the staged-activation kernel (one activation row; stage_ok).
 template <class T>
 struct LaunchQ8Rw2 {
   template <int NA>
   struct L {
-    static void run(const FastParams& p, int groups, cudaStream_t s) { launch_rows(gemv_q8_rw2_kernel<T, NA>, p, groups, s, 2, p.pdl); }
+    static void run(const FastParams& p, int groups, cudaStream_t s, bool stage = false) {
+      if (stage)
+        launch_rows(gemv_q8_rw2_kernel<T, NA, true>, p, groups, s, 2, p.pdl, stage_bytes(p.K));
+      else
+        launch_rows(gemv_q8_rw2_kernel<T, NA, false>, p, groups, s, 2, p.pdl);
+    }
   };
 };
 template <bool BF>
@@ -979,10 +1051,13 @@ struct LaunchHalf {
 // One launch of kernel(args...) on `grid` blocks of kRowsPerBlock warps, with programmatic stream
 // serialization when pdl (the kernel must call grid_wait as gemv_q8_rw2_kernel does).
 template <class... P, class... A>
-void launch_fast(void (*kernel)(P...), dim3 grid, bool pdl, cudaStream_t stream, const char* what, A&&... args) {
-  launch_pdl(pdl, kernel, grid, dim3(kRowsPerBlock * 32), 0, stream, std::forward<A>(args)...);
+void launch_fast(void (*kernel)(P...), dim3 grid, bool pdl, cudaStream_t stream, const char* what, size_t smem, A&&... args) {
+  launch_pdl(pdl, kernel, grid, dim3(kRowsPerBlock * 32), smem, stream, std::forward<A>(args)...);
   check_launch(what);
 }
+
+// Whether a one-row GEMV of a (the rw2 / GLU / grouped kernels) stages its activations (MatmulArgs::stage_x).
+bool stage_ok(const MatmulArgs& a) { return a.stage_x && a.K % 128 == 0 && a.K <= kStageMaxK; }
 
 bool aligned(const MatmulArgs& a, size_t align) {
   return reinterpret_cast<uintptr_t>(a.w) % align == 0 && a.row_bytes % align == 0 && a.expert_bytes % align == 0;
@@ -1118,7 +1193,7 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
       return;
     }
     if (a.rows_per_warp == 2 && a.lanes == 32 && !a.expert_ids && a.n == 1) {
-      LaunchQ8Rw2<T>::template L<1>::run(p, 1, stream);
+      LaunchQ8Rw2<T>::template L<1>::run(p, 1, stream, stage_ok(a));
       return;
     }
     switch (a.lanes) {
@@ -1153,10 +1228,12 @@ void gemv_glu(const MatmulArgs& g, const MatmulArgs& u, int act, void* scratch, 
     }
     const dim3 grid(static_cast<unsigned>(ceil_div(g.M, kRowsPerBlock)));
     const auto* wu = static_cast<const uint8_t*>(u.w);
+    const bool st = stage_ok(g);
+    const size_t smem = st ? stage_bytes(g.K) : 0;
     if (act == 0)
-      launch_fast(gemv_q8_glu_kernel<T, 0>, grid, g.pdl, stream, "gemv_glu", p, wu);
+      launch_fast(st ? gemv_q8_glu_kernel<T, 0, true> : gemv_q8_glu_kernel<T, 0, false>, grid, g.pdl, stream, "gemv_glu", smem, p, wu);
     else
-      launch_fast(gemv_q8_glu_kernel<T, 1>, grid, g.pdl, stream, "gemv_glu", p, wu);
+      launch_fast(st ? gemv_q8_glu_kernel<T, 1, true> : gemv_q8_glu_kernel<T, 1, false>, grid, g.pdl, stream, "gemv_glu", smem, p, wu);
   });
 }
 
@@ -1183,6 +1260,7 @@ void gemv_multi(const MatmulArgs* const* a, int count, void* scratch, cudaStream
       p.xq = scratch_q(scratch);
       p.xd = scratch_d(*a[0], scratch);
       p.xs = scratch_s(*a[0], scratch);
+      p.K = a[0]->K;
       p.n_pieces = static_cast<int>(a[0]->K / 32);
       p.count = std::min(kMultiMax, count - j0);
       p.pdl = a[0]->pdl;
@@ -1199,7 +1277,9 @@ void gemv_multi(const MatmulArgs* const* a, int count, void* scratch, cudaStream
       p.warps = warps;
       if (warps == 0) continue;
       const dim3 grid(static_cast<unsigned>(ceil_div(warps, kRowsPerBlock)));
-      launch_fast(gemv_q8_multi_kernel<T>, grid, p.pdl, stream, "gemv_multi", p);
+      const bool st = stage_ok(*a[0]);
+      launch_fast(st ? gemv_q8_multi_kernel<T, true> : gemv_q8_multi_kernel<T, false>, grid, p.pdl, stream, "gemv_multi",
+                  st ? stage_bytes(p.K) : 0, p);
     }
   });
 }

@@ -61,6 +61,10 @@ struct MatmulArgs {
   // read their fragments from there (mmq_staged_kernel) instead of each from global memory (mmq_kernel).
   // Bit-identical results (CudaOptions::mmq_staged).
   bool mmq_staged = true;
+  // One-row GEMV (two rows per warp, fused GLU, grouped q/k/v): the block copies the activation row into
+  // shared memory once and its warps read it there (gemv_q8.cu stage_act; K % 128 == 0, K ≤ 38912).
+  // Bit-identical results (CudaOptions::gemv_stage_x).
+  bool stage_x = true;
 };
 
 bool gemv_supported(DType t);

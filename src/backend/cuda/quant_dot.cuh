@@ -58,12 +58,31 @@ __device__ __forceinline__ int dp4us(uint32_t a, int b, int c) {
 #endif
 }
 
-// Activation pointers of the NA rows a warp serves (the quantize_q8 scratch layout, act_quant.cuh).
+// Activation pointers of the NA rows a warp serves (the quantize_q8 scratch layout, act_quant.cuh). The
+// decoders read activations only through q16 / dv / s2, so a staged copy (ActSmem) can stand in for them.
 template <int NA>
 struct ActRows {
   const int8_t* q[NA];   // (K)
   const float* d[NA];    // (K/32)
   const int32_t* s[NA];  // (K/32) Σq per 32 values (read by K4 only)
+  __device__ int4 q16(int a, int64_t off) const { return ld_q8x16(q[a] + off); }  // off % 16 == 0
+  __device__ float dv(int a, int64_t i) const { return d[a][i]; }
+  __device__ int2 s2(int a, int64_t i) const { return *reinterpret_cast<const int2*>(s[a] + i); }  // i even
+};
+
+// One activation row staged in shared memory by a block (gemv_q8.cu's one-row kernels): q (K) int8 whose
+// 16-byte chunk c is stored at chunk act_swz(c), d and s (K/32) as in the scratch. Why the swizzle: a lane
+// reads 16-byte chunks at a stride of 2 (32-weight pieces), 4 (Q4_K) or 2..16 (Q6_K) chunks, which puts 4-8
+// lanes of a quarter warp on the same banks; XOR-ing the chunk's bank group (c mod 8) with c / 8 spreads
+// them (conflict-free for strides 2 and 4). Same bytes as ActRows: every dot gives the same bits.
+__device__ __forceinline__ int64_t act_swz(int64_t c) { return c ^ ((c >> 3) & 7); }
+struct ActSmem {
+  const int8_t* q;   // (K) swizzled
+  const float* d;    // (K/32)
+  const int32_t* s;  // (K/32)
+  __device__ int4 q16(int, int64_t off) const { return *reinterpret_cast<const int4*>(q + 16 * act_swz(off >> 4)); }
+  __device__ float dv(int, int64_t i) const { return d[i]; }
+  __device__ int2 s2(int, int64_t i) const { return *reinterpret_cast<const int2*>(s + i); }
 };
 
 // A row of k32 = K/32 weight units holds pieces<T>(k32) pieces of decoder T.
@@ -99,8 +118,8 @@ struct K4 {
     const uint32_t l = __byte_perm(hd.w, 0u, b | (b + 1) << 4 | b << 8 | (b + 1) << 12);        // [s2.b s2.b+1 s2.b s2.b+1]
     return p < 2 ? (h & 0x3f3f3f3fu) : ((l & 0x0f0fu) | ((l >> 4) & 0x0f0f0000u) | ((h >> 2) & 0x30303030u));
   }
-  template <int NA>
-  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+  template <int NA, class X>
+  __device__ static void dot(const Raw& r, int pi, const X& x, float (&acc)[NA]) {
     const int p = pi & 3;
     const int64_t e = static_cast<int64_t>(pi >> 2) * 256 + 64 * p;  // first activation
     const uint32_t q[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
@@ -113,15 +132,14 @@ struct K4 {
     const float d = h2f(r.hd.x), dmin = h2f(r.hd.x >> 16);
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
-      const int8_t* xq = x.q[a] + e;
-      const int4 x0 = ld_q8x16(xq), x1 = ld_q8x16(xq + 16), x2 = ld_q8x16(xq + 32), x3 = ld_q8x16(xq + 48);
+      const int4 x0 = x.q16(a, e), x1 = x.q16(a, e + 16), x2 = x.q16(a, e + 32), x3 = x.q16(a, e + 48);
       int s0 = dp4(lo[3], x0.w, dp4(lo[2], x0.z, dp4(lo[1], x0.y, dp4(lo[0], x0.x, 0))));
       s0 = dp4(lo[7], x1.w, dp4(lo[6], x1.z, dp4(lo[5], x1.y, dp4(lo[4], x1.x, s0))));
       int s1 = dp4us(hi[3], x2.w, dp4us(hi[2], x2.z, dp4us(hi[1], x2.y, dp4us(hi[0], x2.x, 0))));
       s1 = dp4us(hi[7], x3.w, dp4us(hi[6], x3.z, dp4us(hi[5], x3.y, dp4us(hi[4], x3.x, s1))));
-      const int2 xs = *reinterpret_cast<const int2*>(x.s[a] + (e >> 5));  // Σx of the two sub-blocks
+      const int2 xs = x.s2(a, e >> 5);  // Σx of the two sub-blocks
       const int t1 = sc0 * s0 + sc1 * (s1 >> 4), t2 = m0 * xs.x + m1 * xs.y;  // |t1| < 2^23: exact in FP32
-      acc[a] += x.d[a][e >> 5] * (d * static_cast<float>(t1) - dmin * static_cast<float>(t2));
+      acc[a] += x.dv(a, e >> 5) * (d * static_cast<float>(t1) - dmin * static_cast<float>(t2));
     }
   }
 };
@@ -138,8 +156,8 @@ struct K5 {
     const int p = pi & 7;
     return {ldg128(b + 48 + 16 * p), ldg128(b), ldg128(b + 16 + 16 * (p & 1))};
   }
-  template <int NA>
-  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+  template <int NA, class X>
+  __device__ static void dot(const Raw& r, int pi, const X& x, float (&acc)[NA]) {
     const int p = pi & 7, j = p >> 1;
     const int64_t e = static_cast<int64_t>(pi >> 3) * 256 + 64 * j + 16 * (p & 1);
     uint32_t lo[4], hi[4];
@@ -164,9 +182,9 @@ struct K5 {
   }
   // The piece's two 16-value runs: lo of sub-block 2j, hi of sub-block 2j+1 (quants 0..31, unsigned),
   // each scaled as d·sc·Σq·x − dmin·m·Σx.
-  template <int NA>
-  __device__ static void pair_dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const uint4& hd, int j, int64_t e,
-                                  const ActRows<NA>& x, float (&acc)[NA]) {
+  template <int NA, class X>
+  __device__ static void pair_dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const uint4& hd, int j, int64_t e, const X& x,
+                                  float (&acc)[NA]) {
     int sc0, m0, sc1, m1;
     scale_min(hd, 2 * j, sc0, m0);
     scale_min(hd, 2 * j + 1, sc1, m1);
@@ -175,8 +193,8 @@ struct K5 {
     const float a1 = d * static_cast<float>(sc1), b1 = dmin * static_cast<float>(m1);
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
-      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 32);
-      const float da = x.d[a][e >> 5], db = x.d[a][(e >> 5) + 1];
+      const int4 xa = x.q16(a, e), xb = x.q16(a, e + 32);
+      const float da = x.dv(a, e >> 5), db = x.dv(a, (e >> 5) + 1);
       acc[a] += da * (a0 * static_cast<float>(dot16(lo, xa)) - b0 * static_cast<float>(sum4(xa))) +
                 db * (a1 * static_cast<float>(dot16(hi, xb)) - b1 * static_cast<float>(sum4(xb)));
     }
@@ -231,12 +249,13 @@ struct K6 {
     for (int k = 0; k < 4; ++k) t += static_cast<int>(static_cast<int8_t>((sc >> (8 * k)) & 0xff)) * (dot16(q[k], xv[k]) - x32[k]);
     return t;
   }
-  __device__ static void load_x(const int8_t* xq, int4 (&xv)[4], int (&x32)[4]) {
+  template <class X>
+  __device__ static void load_x(const X& x, int a, int64_t e, int4 (&xv)[4], int (&x32)[4]) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) xv[k] = ld_q8x16(xq + 32 * k), x32[k] = 32 * sum4(xv[k]);
+    for (int k = 0; k < 4; ++k) xv[k] = x.q16(a, e + 32 * k), x32[k] = 32 * sum4(xv[k]);
   }
-  template <int NA>
-  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+  template <int NA, class X>
+  __device__ static void dot(const Raw& r, int pi, const X& x, float (&acc)[NA]) {
     const int64_t e = first(pi);
     uint32_t q[4][4];
     unpack(r, q);
@@ -245,12 +264,12 @@ struct K6 {
     for (int a = 0; a < NA; ++a) {
       int4 xv[4];
       int x32[4];
-      load_x(x.q[a] + e, xv, x32);
-      acc[a] += x.d[a][e >> 5] * (d * static_cast<float>(isum(q, r.sc, xv, x32)));
+      load_x(x, a, e, xv, x32);
+      acc[a] += x.dv(a, e >> 5) * (d * static_cast<float>(isum(q, r.sc, xv, x32)));
     }
   }
-  template <int NA>
-  __device__ static void dot2(const Raw& r0, const Raw& r1, int pi, const ActRows<NA>& x, float (&acc0)[NA], float (&acc1)[NA]) {
+  template <int NA, class X>
+  __device__ static void dot2(const Raw& r0, const Raw& r1, int pi, const X& x, float (&acc0)[NA], float (&acc1)[NA]) {
     const int64_t e = first(pi);
     uint32_t q0[4][4], q1[4][4];
     unpack(r0, q0);
@@ -260,8 +279,8 @@ struct K6 {
     for (int a = 0; a < NA; ++a) {
       int4 xv[4];
       int x32[4];
-      load_x(x.q[a] + e, xv, x32);
-      const float dx = x.d[a][e >> 5];
+      load_x(x, a, e, xv, x32);
+      const float dx = x.dv(a, e >> 5);
       acc0[a] += dx * (d0 * static_cast<float>(isum(q0, r0.sc, xv, x32)));
       acc1[a] += dx * (d1 * static_cast<float>(isum(q1, r1.sc, xv, x32)));
     }
@@ -286,15 +305,15 @@ struct B8 {
     ld_d_q(row + static_cast<size_t>(pi) * kBytes, r.d, r.q);
     return r;
   }
-  template <int NA>
-  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+  template <int NA, class X>
+  __device__ static void dot(const Raw& r, int pi, const X& x, float (&acc)[NA]) {
     const int64_t e = static_cast<int64_t>(pi) * 32;
     const float d = h2f(r.d);
     const uint32_t q0[4] = {r.q[0], r.q[1], r.q[2], r.q[3]}, q1[4] = {r.q[4], r.q[5], r.q[6], r.q[7]};
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
-      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 16);
-      acc[a] += d * x.d[a][pi] * static_cast<float>(dot16(q0, xa) + dot16(q1, xb));
+      const int4 xa = x.q16(a, e), xb = x.q16(a, e + 16);
+      acc[a] += d * x.dv(a, pi) * static_cast<float>(dot16(q0, xa) + dot16(q1, xb));
     }
   }
 };
@@ -310,8 +329,8 @@ struct B4 {
     ld_d_q(row + static_cast<size_t>(pi) * kBytes, r.d, r.q);
     return r;
   }
-  template <int NA>
-  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+  template <int NA, class X>
+  __device__ static void dot(const Raw& r, int pi, const X& x, float (&acc)[NA]) {
     const int64_t e = static_cast<int64_t>(pi) * 32;
     const float d = h2f(r.d);
     uint32_t lo[4], hi[4];
@@ -319,8 +338,8 @@ struct B4 {
     for (int i = 0; i < 4; ++i) lo[i] = r.q[i] & 0x0F0F0F0Fu, hi[i] = (r.q[i] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
-      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 16);
-      acc[a] += d * x.d[a][pi] * static_cast<float>(dot16(lo, xa) + dot16(hi, xb) - 8 * (sum4(xa) + sum4(xb)));
+      const int4 xa = x.q16(a, e), xb = x.q16(a, e + 16);
+      acc[a] += d * x.dv(a, pi) * static_cast<float>(dot16(lo, xa) + dot16(hi, xb) - 8 * (sum4(xa) + sum4(xb)));
     }
   }
 };
@@ -347,8 +366,8 @@ struct XS4 {
     return {__ldg(reinterpret_cast<const uint2*>(qs)), __ldg(reinterpret_cast<const uint2*>(qs + 8)),
             __ldg(reinterpret_cast<const uint2*>(b))};
   }
-  template <int NA>
-  __device__ static void dot(const Raw& r, int pi, const ActRows<NA>& x, float (&acc)[NA]) {
+  template <int NA, class X>
+  __device__ static void dot(const Raw& r, int pi, const X& x, float (&acc)[NA]) {
     const int ib = pi & 7;
     const int64_t e = static_cast<int64_t>(pi) * 32;
     const int ls = static_cast<int>(((r.hd.y >> (4 * ib)) & 0xF) | (((r.hd.x >> (16 + 2 * ib)) & 3) << 4));
@@ -359,16 +378,16 @@ struct XS4 {
     for (int i = 0; i < 4; ++i) lo[i] = iq4_levels4(q[i] & 0x0F0F0F0Fu), hi[i] = iq4_levels4((q[i] >> 4) & 0x0F0F0F0Fu);
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
-      const int4 xa = ld_q8x16(x.q[a] + e), xb = ld_q8x16(x.q[a] + e + 16);
-      acc[a] += dl * x.d[a][pi] * static_cast<float>(dot16(lo, xa) + dot16(hi, xb));
+      const int4 xa = x.q16(a, e), xb = x.q16(a, e + 16);
+      acc[a] += dl * x.dv(a, pi) * static_cast<float>(dot16(lo, xa) + dot16(hi, xb));
     }
   }
 };
 
 // Two rows' pieces pi against the same activations: T::dot2 where the decoder has one (it shares the
 // activation-only work), else two dot calls. Either way each row's acc gets dot()'s exact value.
-template <class T, int NA>
-__device__ __forceinline__ void dot_pair(const typename T::Raw& r0, const typename T::Raw& r1, int pi, const ActRows<NA>& x, float (&acc0)[NA],
+template <class T, int NA, class X>
+__device__ __forceinline__ void dot_pair(const typename T::Raw& r0, const typename T::Raw& r1, int pi, const X& x, float (&acc0)[NA],
                                          float (&acc1)[NA]) {
   if constexpr (requires { T::template dot2<NA>(r0, r1, pi, x, acc0, acc1); }) {
     T::template dot2<NA>(r0, r1, pi, x, acc0, acc1);
