@@ -108,6 +108,8 @@ DEPTH_DIAG=${DEPTH_DIAG:-0}        # 1: the check of the depth-fill fix (runs 48
                                    #    depths 0/64/1024 with the depth filled by 512-row and by one-row forwards (-b 512 / -b 1: they
                                    #    must agree now; bench prints each test's host / device split), then ncu per-kernel GPU time of
                                    #    decode steps after a d64 fill of each kind (graphs off; ncu-diag-b*.txt) → model-*.log, summary
+STAGE_X_OFF=${STAGE_X_OFF:-0}      # 1: per model, tg128 at depths 0 and 4096 also with the one-row GEMVs reading activations from
+                                   #    global memory (PEREGRINE_CUDA_GEMV_STAGE_X=0), before the default run
 PDL_ALL=${PDL_ALL:-0}              # 1: PDL for every decode-path kernel (PEREGRINE_CUDA_PDL_ALL=1): the CUDA tests with it (tests-pdl-all.log)
                                    #    and, per model, tg128 at depths 0 and 4096 with it
 FA_FUSED_COMBINE=${FA_FUSED_COMBINE:-0}  # 1: the attention's split combine inside the kernel (PEREGRINE_CUDA_FA_FUSED_COMBINE=1): the CUDA
@@ -591,6 +593,9 @@ if ((CLI_OK)); then
       if ((FUSE_QK_ROPE && FIRST_MODEL)); then  # decode speed with the one-launch q/k norm + rope off, then on
         PEREGRINE_CUDA_FUSE_QK_ROPE=0 bench_one "$LOG" "$preset $type tg128, fused q/k norm + rope off" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 3
         PEREGRINE_CUDA_FUSE_QK_ROPE=1 bench_one "$LOG" "$preset $type tg128, fused q/k norm + rope on" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 3
+      fi
+      if ((BENCH && STAGE_X_OFF)); then
+        PEREGRINE_CUDA_GEMV_STAGE_X=0 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, activations not staged" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
       fi
       if ((BENCH && TG_ONLY)); then
         bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
