@@ -1876,7 +1876,7 @@ TEST(CudaOps, GemvStageXBitIdentical) {
   for (const DType t : {DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS}) {
     auto shapes = pipe_shapes(t);
     shapes.push_back({65, 40960});   // K > kStageMaxK: global both ways
-    shapes.push_back({32771, 256});  // K-quants stage from 32768 rows: a ragged last block there too
+    shapes.push_back({32771, 256});  // a tall matrix with a ragged last block
     for (const auto& [M, K] : shapes) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " M=" + std::to_string(M) + " K=" + std::to_string(K));
       const auto wb = make_weights_tiled(t, K, M, 150u + static_cast<uint32_t>(M + K));

@@ -59,8 +59,8 @@ struct CudaOptions {
   bool mmq_staged = true;
   // The one-row GEMVs (two rows per warp, fused gate/up/GLU, grouped q/k/v) copy the activation row into
   // shared memory once per block (gemv_q8.cu stage_act) instead of every warp reading it from global memory:
-  // Nsight showed them L1-bound (L1/TEX 78-85 %, DRAM 36-57 %). Applied where it measured faster: Q8_0/Q4_0,
-  // and K-quant matrices of ≥ 32768 rows (gemv_q8.cu stage_ok). Bit-identical (CudaOps.GemvStageXBitIdentical).
+  // Nsight showed them L1-bound (L1/TEX 78-85 %, DRAM 36-57 %); qwen35-27b and qwen3-8b Q8_0 decode +9 %,
+  // qwen3-8b Q4_K_M even (gemv_q8.cu stage_ok). Bit-identical (CudaOps.GemvStageXBitIdentical).
   // Environment: PEREGRINE_CUDA_GEMV_STAGE_X=0 turns it off (factory).
   bool gemv_stage_x = true;
   // Programmatic dependent launch for the decode GEMV (compute capability ≥ 9.0; ignored below): the

@@ -1056,17 +1056,13 @@ void launch_fast(void (*kernel)(P...), dim3 grid, bool pdl, cudaStream_t stream,
   check_launch(what);
 }
 
-// Whether a one-row GEMV of a (the rw2 / GLU / grouped kernels; rows = the launch's weight rows) stages its
-// activations (MatmulArgs::stage_x). Where it pays (pg_cuda_bench, H200, 2026-12-04, µs staged vs not):
-// Q8_0/Q4_0 rows at every decode shape (4096×12288 26.4 vs 32.5, 151936×4096 187 vs 215), the K-quants only
-// on tall matrices (Q4_K 151936×4096 91.5 vs 98.1, Q6_K 176 vs 186), where the grid runs many waves and
-// L1 throughput binds; on the 4096-12288-row matrices they lose ~2 µs (Q4_K 12288×4096 21.4 vs 18.9): there
-// a block's wait for the copy and its barrier add to a latency-bound kernel.
-constexpr int64_t kStageMinRowsKQuant = 32768;
-bool stage_ok(const MatmulArgs& a, int64_t rows) {
-  const bool legacy = a.type == DType::Q8_0 || a.type == DType::Q4_0;
-  return a.stage_x && a.K % 128 == 0 && a.K <= kStageMaxK && (legacy || rows >= kStageMinRowsKQuant);
-}
+// Whether a one-row GEMV of a (the rw2 / GLU / grouped kernels) stages its
+// activations (MatmulArgs::stage_x). Alone, staging wins on Q8_0/Q4_0 at every decode shape (pg_cuda_bench,
+// H200, 2026-12-04, µs staged vs not: 4096×12288 26.4 vs 32.5, 151936×4096 187 vs 215) and on tall K-quant
+// matrices (Q4_K 151936×4096 91.5 vs 98.1), and loses ~2 µs on 8B-sized K-quant ones (Q4_K 12288×4096
+// 21.4 vs 18.9); in the model, with graphs and PDL, that loss does not show (qwen3-8b Q4_K_M 357.1 vs 358.0
+// tok/s) while qwen35-27b gains (122.3 vs 112.6) and qwen3-8b Q8_0 (278.1 vs 256.0): stage everywhere.
+bool stage_ok(const MatmulArgs& a) { return a.stage_x && a.K % 128 == 0 && a.K <= kStageMaxK; }
 
 bool aligned(const MatmulArgs& a, size_t align) {
   return reinterpret_cast<uintptr_t>(a.w) % align == 0 && a.row_bytes % align == 0 && a.expert_bytes % align == 0;
@@ -1202,7 +1198,7 @@ bool gemv_fast(const MatmulArgs& a, void* scratch, cudaStream_t stream, bool x_q
       return;
     }
     if (a.rows_per_warp == 2 && a.lanes == 32 && !a.expert_ids && a.n == 1) {
-      LaunchQ8Rw2<T>::template L<1>::run(p, 1, stream, stage_ok(a, a.M));
+      LaunchQ8Rw2<T>::template L<1>::run(p, 1, stream, stage_ok(a));
       return;
     }
     switch (a.lanes) {
@@ -1237,7 +1233,7 @@ void gemv_glu(const MatmulArgs& g, const MatmulArgs& u, int act, void* scratch, 
     }
     const dim3 grid(static_cast<unsigned>(ceil_div(g.M, kRowsPerBlock)));
     const auto* wu = static_cast<const uint8_t*>(u.w);
-    const bool st = stage_ok(g, g.M);
+    const bool st = stage_ok(g);
     const size_t smem = st ? stage_bytes(g.K) : 0;
     if (act == 0)
       launch_fast(st ? gemv_q8_glu_kernel<T, 0, true> : gemv_q8_glu_kernel<T, 0, false>, grid, g.pdl, stream, "gemv_glu", smem, p, wu);
@@ -1286,7 +1282,7 @@ void gemv_multi(const MatmulArgs* const* a, int count, void* scratch, cudaStream
       p.warps = warps;
       if (warps == 0) continue;
       const dim3 grid(static_cast<unsigned>(ceil_div(warps, kRowsPerBlock)));
-      const bool st = stage_ok(*a[0], 2 * warps);
+      const bool st = stage_ok(*a[0]);
       launch_fast(st ? gemv_q8_multi_kernel<T, true> : gemv_q8_multi_kernel<T, false>, grid, p.pdl, stream, "gemv_multi",
                   st ? stage_bytes(p.K) : 0, p);
     }

@@ -62,8 +62,7 @@ struct MatmulArgs {
   // Bit-identical results (CudaOptions::mmq_staged).
   bool mmq_staged = true;
   // One-row GEMV (two rows per warp, fused GLU, grouped q/k/v): the block copies the activation row into
-  // shared memory once and its warps read it there (gemv_q8.cu stage_act; K % 128 == 0, K ≤ 38912; Q8_0/Q4_0,
-  // and K-quants from 32768 rows: stage_ok).
+  // shared memory once and its warps read it there (gemv_q8.cu stage_act; K % 128 == 0, K ≤ 38912).
   // Bit-identical results (CudaOptions::gemv_stage_x).
   bool stage_x = true;
 };
