@@ -1575,7 +1575,7 @@ std::vector<std::pair<int64_t, int64_t>> pipe_shapes(DType t) {  // (M, K)
 }
 
 // matmul of one row with gemv_pipe against the existing two-rows-per-warp kernel: the same bytes for
-// Q4_K/Q5_K/Q6_K/Q8_0 (the pipelined kernel) and for the types it does not take (Q4_0, IQ4_XS: the
+// Q5_K/Q8_0 (the pipelined kernel) and for the types it does not take (Q4_K/Q6_K with their 64-weight pieces, Q4_0, IQ4_XS: the
 // existing kernel either way), every shape above, ring stages 2/4/8, 1 block per SM (many tasks per warp)
 // or as many as fit, PDL on and off.
 TEST(CudaGemvPipe, PlainBitIdentical) {

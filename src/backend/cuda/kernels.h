@@ -54,7 +54,7 @@ struct MatmulArgs {
   int rows_per_warp = 1;
   // Default-mode one-row GEMV, plain / fused GLU / grouped (CudaOptions::gemv_pipe): the persistent
   // pipelined kernel (gemv_pipe.cuh) with this many cp.async ring stages per warp (2..8) where it applies
-  // (Q4_K, Q5_K, Q6_K, Q8_0, 32 lanes, 16-byte-aligned matrix); 0 = off. Bit-identical results.
+  // (Q5_K, Q8_0, 32 lanes, 16-byte-aligned matrix); 0 = off. Bit-identical results.
   int pipe_stages = 0;
   int pipe_bps = 0;  // its blocks per SM (0: as many as fit, at most 8)
   // MMQ (2..64 rows): the block stages each superblock's activation slice in shared memory and the warps
