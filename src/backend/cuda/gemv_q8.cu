@@ -9,11 +9,13 @@
 // byte of activation traffic, and every lane keeps kUnroll independent 16-byte weight loads in flight
 // straight from global memory.
 //
-// Layout of the work: one warp per weight row (4 rows per block); the row is cut into pieces of 32 weights
-// (the span of one activation scale), lane l takes pieces l, l+32, …; all kUnroll pieces' loads are issued
-// before any is used. Lanes 0..7 of a K-quant read one superblock's quants as 8 consecutive 16-byte
-// pieces, so each warp load instruction covers 4 whole superblocks. Reduction: warp shuffles, fixed
-// order (deterministic). Grouped mode (MoE decode): grid row g uses expert ids[g] and activation row g/x_div.
+// Layout of the work: one warp per weight row (4 rows per block; one-row batches: two rows per warp); the
+// row is cut into pieces of 32 weights (64 for Q4_K and Q6_K: quant_dot.cuh), lane l takes pieces l, l+32,
+// …; all kUnrollOf<T> pieces' loads (kUnroll 32-weight units) are issued before any is used. Lanes of a
+// K-quant read one superblock's quants as consecutive pieces, so each warp load instruction covers whole
+// superblocks. The one-row kernels stage the activation row in shared memory (stage_act). Reduction: warp
+// shuffles, fixed order (deterministic). Grouped mode (MoE decode): grid row g uses expert ids[g] and
+// activation row g/x_div.
 //
 // Numerics: the activations are rounded exactly as the CPU backend's default mode (and llama.cpp's CPU
 // backend) rounds them — q8_0 per 32 values for the 32-value block types, q8_K per 256 for the K-quants
