@@ -542,16 +542,6 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
                : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                : "r"(a0), "r"(a1), "r"(b));
 }
-// Two k16 products in one instruction: C += [a0 a1 | a2 a3]·[b0 | b1], i.e. mma_s8(c, a0, a1, b0) then
-// mma_s8(c, a2, a1..a3, b1): the k32 fragment's registers 2/3 (A) and 1 (B) hold k 16..31 of each thread's
-// lane slots, so any consistent assignment of 8 k values per thread to the two halves gives the same
-// integer sums. Why: the kernels issue half as many mma instructions (they were instruction-bound: Nsight,
-// 2.1 IPC at 42 % of issue slots, Q4_K 12288×4096 22 rows).
-__device__ __forceinline__ void mma_s8_k32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint2 ldg64(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
 __device__ __forceinline__ uint2 ldg64a2(const uint8_t* p) { return make_uint2(ldg32a2(p), ldg32a2(p + 4)); }
 
@@ -677,7 +667,8 @@ __device__ __forceinline__ void mmq_sb_kquant(const MmqWK<T>& w, const Src& src,
     for (int nt = 0; nt < NT; ++nt) {
       const uint2 b = src.b64(8 * nt + g, 32 * u + 8 * t);
       int c[4] = {0, 0, 0, 0};
-      mma_s8_k32(c, a00, a10, a01, a11, b.x, b.y);
+      mma_s8(c, a00, a10, b.x);
+      mma_s8(c, a01, a11, b.y);
       isum[nt][0] += s0 * c[0], isum[nt][1] += s0 * c[1], isum[nt][2] += s1 * c[2], isum[nt][3] += s1 * c[3];
     }
   }
@@ -803,7 +794,8 @@ __device__ __forceinline__ void mmq_sb_legacy(const MmqWL& w, const Src& src, in
     for (int nt = 0; nt < NT; ++nt) {
       const uint2 b = src.b64(8 * nt + g, 32 * u + 8 * t);
       int c[4] = {0, 0, 0, 0};
-      mma_s8_k32(c, a[0][0], a[1][0], a[0][1], a[1][1], b.x, b.y);
+      mma_s8(c, a[0][0], a[1][0], b.x);
+      mma_s8(c, a[0][1], a[1][1], b.y);
       const float x0 = src.xd(8 * nt + 2 * t, u), x1 = src.xd(8 * nt + 2 * t + 1, u);
       acc.f[nt][0] += (dw0 * x0) * static_cast<float>(c[0]);
       acc.f[nt][1] += (dw0 * x1) * static_cast<float>(c[1]);
