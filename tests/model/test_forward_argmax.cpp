@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/sampler.h"
@@ -37,6 +38,53 @@ TEST(ArgmaxRows, TiesToLowestColumnAndNanRules) {
   }
   be.free(x);
   be.free(ids);
+}
+
+// The same rules on rows long enough for the vectorised scan (a vocabulary-sized row and short / odd
+// widths around its 8- and 16-column steps): random values with the maximum planted at every position
+// class (first column, inside a vector, in the scalar tail), ties, NaN and ±0 around it, against the
+// engine's scalar argmax. A wrong tie rule, a NaN that wins or a lost tail fails here.
+TEST(ArgmaxRows, LongRowsMatchTheScalarScan) {
+  CpuBackend be(CpuOptions{});
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  int checked = 0;
+  for (const int64_t d : {int64_t{2}, int64_t{9}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{33}, int64_t{1000}, int64_t{151936}}) {
+    for (int c = 0; c < 10; ++c) {
+      std::vector<float> row(static_cast<size_t>(d));
+      for (auto& v : row) v = nd(rng);
+      const int64_t at = c == 0 ? 0 : c == 1 ? d - 1 : static_cast<int64_t>(rng() % static_cast<uint32_t>(d));
+      switch (c % 5) {
+        case 0: row[static_cast<size_t>(at)] = 50.0f; break;  // a clear maximum
+        case 1:  // a tie: the same maximum later in the row too
+          row[static_cast<size_t>(at)] = 50.0f;
+          row[static_cast<size_t>(d - 1)] = 50.0f;
+          break;
+        case 2:  // NaNs everywhere but the maximum (NaN never wins)
+          for (int64_t i = 1; i < d; i += 3) row[static_cast<size_t>(i)] = nan;
+          row[static_cast<size_t>(at)] = 60.0f;
+          break;
+        case 3:  // NaN in column 0: column 0
+          row[0] = nan;
+          break;
+        case 4:  // a maximum of zero with both signs
+          for (auto& v : row) v = -std::abs(v) - 1.0f;
+          row[static_cast<size_t>(at)] = -0.0f;
+          row[static_cast<size_t>((at + 1) % d)] = 0.0f;
+          break;
+      }
+      Tensor x = be.alloc(DType::F32, d, 1);
+      std::copy(row.begin(), row.end(), x.as<float>());
+      Tensor ids = be.alloc(DType::I32, 1, 1);
+      be.argmax_rows(x, ids);
+      EXPECT_EQ(ids.as<int32_t>()[0], argmax(row.data(), static_cast<int>(d))) << "width " << d << " case " << c;
+      be.free(x);
+      be.free(ids);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 80);
 }
 
 class ForwardArgmax : public testing::TestWithParam<std::string> {};

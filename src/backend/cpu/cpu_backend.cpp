@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -768,16 +769,48 @@ void CpuBackend::kv_copy(KvLayer& kv, const Tensor& src_cells, const Tensor& dst
   }
 }
 
+namespace {
+// The column a strict `row[i] > row[best]` scan from best = 0 picks: the first column holding the largest
+// non-NaN value, and 0 when column 0 is NaN (nothing compares greater than it). Vectorised as two passes with
+// the same answer: that largest value M (a NaN lane never replaces the running maximum: ordered >), then the
+// first column equal to M (a scan's best only moves on a strict increase, so it stops at M's first column;
+// −0 == +0, as the scan treats them). Why: the scan's compare depends on the previous iteration's load,
+// ~1.7 ns per column: 5 % of a decode step of the bundled 8 M-parameter model on one core (perf).
+int32_t argmax_row(const float* row, int64_t d) {
+  if (d <= 1 || std::isnan(row[0])) return 0;
+  int64_t i = 0;
+  float mx = row[0];
+#if defined(__AVX2__)
+  if (d >= 16) {
+    __m256 m = _mm256_set1_ps(mx);
+    for (; i + 8 <= d; i += 8) {
+      const __m256 v = _mm256_loadu_ps(row + i);
+      m = _mm256_blendv_ps(m, v, _mm256_cmp_ps(v, m, _CMP_GT_OQ));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    for (const float v : lanes) mx = v > mx ? v : mx;
+  }
+#endif
+  for (; i < d; ++i) mx = row[i] > mx ? row[i] : mx;
+  i = 0;
+#if defined(__AVX2__)
+  const __m256 target = _mm256_set1_ps(mx);
+  for (; i + 8 <= d; i += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), target, _CMP_EQ_OQ));
+    if (hit) return static_cast<int32_t>(i + std::countr_zero(static_cast<unsigned>(hit)));
+  }
+#endif
+  for (; i < d; ++i)
+    if (row[i] == mx) return static_cast<int32_t>(i);
+  return 0;  // unreachable: mx is one of the row's values
+}
+}  // namespace
+
 void CpuBackend::argmax_rows(const Tensor& x, Tensor& ids) {
   PG_CHECK(x.type == DType::F32 && ids.type == DType::I32 && ids.n_elements() >= x.rows(), "argmax_rows: shape or type mismatch");
   const int64_t d = x.cols();
-  for (int64_t r = 0; r < x.rows(); ++r) {
-    const float* row = x.as<float>() + r * d;
-    int32_t best = 0;
-    for (int64_t i = 1; i < d; ++i)
-      if (row[i] > row[best]) best = static_cast<int32_t>(i);
-    ids.as<int32_t>()[r] = best;
-  }
+  for (int64_t r = 0; r < x.rows(); ++r) ids.as<int32_t>()[r] = argmax_row(x.as<float>() + r * d, d);
 }
 
 void CpuBackend::gather_cols(const Tensor& src, int group, int col0, Tensor& dst) {
