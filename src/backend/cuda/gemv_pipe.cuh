@@ -296,7 +296,7 @@ bool pipe_supported(const MatmulArgs& a) {
   bool ok = false;
   wq::dispatch<wq::WqSet::kKQuantsQ8>(a.type, [&]<class T>() {
     if constexpr (kPipeType<T>)
-      ok = a.K % (T::kWeights * T::kPieces) == 0 && aligned(a, T::kAlign) &&
+      ok = a.K % kBlockValues<T> == 0 && aligned(a, T::kAlign) &&
            pipe_smem_bytes<T>(a.K, pipe_stages(a)) <= static_cast<size_t>(pipe_device().smem_optin);
   });
   return ok;
@@ -321,7 +321,6 @@ void pipe_launch(const PipeParams& p, int bps, bool pdl, cudaStream_t stream) {
   launch_pdl(pdl, kernel, grid, dim3(kRowsPerBlock * 32), smem, stream, p);
   check_launch("gemv_pipe");
 }
-
 
 // Whether a takes the pipelined kernel as weight type T (T known at the call site).
 template <class T>

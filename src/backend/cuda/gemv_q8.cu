@@ -41,10 +41,6 @@ namespace pg::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 4;  // one warp per weight row
-constexpr int kUnroll = 4;        // 32-weight units per lane with loads in flight
-// Pieces of decoder T per lane with loads in flight (kUnroll units: Q4_K's 64-weight pieces count two).
-template <class T>
-constexpr int kUnrollOf = kUnroll * 32 / T::kWeights;
 
 struct FastParams {
   const uint8_t* w;
@@ -202,8 +198,11 @@ __device__ __forceinline__ void rw2_sums(const uint8_t* w0, const uint8_t* w1, c
   }
 }
 
-// Bytes of dynamic shared memory for one staged activation row of K values (ActSmem: q, then d, then s).
-constexpr size_t stage_bytes(int64_t K) { return static_cast<size_t>(K) + 8 * static_cast<size_t>(K / 32); }
+// The staging area of one activation row of K values (ActSmem): q (K int8) at 0, d (K/32 FP32) at
+// stage_d_off, s (K/32 int32) at stage_s_off; stage_bytes in all (dynamic shared memory).
+constexpr size_t stage_d_off(int64_t K) { return static_cast<size_t>(K); }
+constexpr size_t stage_s_off(int64_t K) { return stage_d_off(K) + 4 * static_cast<size_t>(K / 32); }
+constexpr size_t stage_bytes(int64_t K) { return stage_s_off(K) + 4 * static_cast<size_t>(K / 32); }
 constexpr int64_t kStageMaxK = 38912;  // stage_bytes ≤ 48 KB: no opt-in needed on any architecture
 // Blocks per SM the staged kernels of T keep: 5 (≤ 102 registers) for Q4_K / Q6_K, which ptxas otherwise
 // gave 121-128 registers (4 blocks per SM instead of the global-memory kernels' 5) at no spill; 4 for Q5_K
@@ -213,18 +212,36 @@ constexpr int kStageMinBlocks = std::is_same_v<T, K5> || std::is_same_v<T, B8> ?
 
 // The ActSmem view of a block's staging area (before or after the copy).
 __device__ __forceinline__ ActSmem act_smem(const uint8_t* smem, int64_t K) {
-  return {reinterpret_cast<const int8_t*>(smem), reinterpret_cast<const float*>(smem + K), reinterpret_cast<const int32_t*>(smem + K + 4 * (K / 32))};
+  return {reinterpret_cast<const int8_t*>(smem), reinterpret_cast<const float*>(smem + stage_d_off(K)),
+          reinterpret_cast<const int32_t*>(smem + stage_s_off(K))};
 }
 // Block-wide copy of one activation row — q (K) int8, d and s (K/32) — into the staging area, q by 16-byte
 // chunks at act_swz positions (K % 128 == 0: the swizzle permutes chunks within groups of 8). Every thread
 // of the block calls it: it ends with __syncthreads().
 __device__ __forceinline__ void stage_act(const int8_t* q, const float* d, const int32_t* s, int64_t K, uint8_t* smem) {
   int8_t* sq = reinterpret_cast<int8_t*>(smem);
-  float* sd = reinterpret_cast<float*>(smem + K);
-  int32_t* ss = reinterpret_cast<int32_t*>(smem + K + 4 * (K / 32));
+  float* sd = reinterpret_cast<float*>(smem + stage_d_off(K));
+  int32_t* ss = reinterpret_cast<int32_t*>(smem + stage_s_off(K));
   for (int64_t c = threadIdx.x; c < K / 16; c += blockDim.x) *reinterpret_cast<int4*>(sq + 16 * act_swz(c)) = ld_q8x16(q + 16 * c);
   for (int64_t i = threadIdx.x; i < K / 32; i += blockDim.x) sd[i] = d[i], ss[i] = s[i];
   __syncthreads();
+}
+
+// rw2_sums of two rows against one activation row x (K values, k32 = K/32), its activations staged in
+// shared memory (S) or read from global memory. live = false (staged only): the warp has no rows but still
+// copies and meets the barrier; its sums are zero and must not be stored.
+template <class T, bool S>
+__device__ __forceinline__ void rw2_sums_row(const uint8_t* w0, const uint8_t* w1, const ActRows<1>& x, int64_t K, int k32, bool live, int lane,
+                                             float (&acc0)[1], float (&acc1)[1]) {
+  if constexpr (S) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    rw2_sums<T, 1>(w0, w1, act_smem(smem, K), live ? k32 : 0, lane, acc0, acc1, [&] {
+      grid_wait();
+      stage_act(x.q[0], x.d[0], x.s[0], K, smem);
+    });
+  } else {
+    rw2_sums<T, 1>(w0, w1, x, k32, lane, acc0, acc1, [] { grid_wait(); });
+  }
 }
 
 template <class T, int NA, bool S>
@@ -252,15 +269,11 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, S ? kStageMinBlocks<T> : 1
     x.s[a] = p.xs + xr * nd;
   }
   float acc0[NA], acc1[NA];
-  if constexpr (S) {
-    static_assert(NA == 1, "one staged activation row");
-    extern __shared__ __align__(16) uint8_t smem[];
-    rw2_sums<T, NA>(w0, w1, act_smem(smem, p.K), live ? p.n_pieces : 0, lane, acc0, acc1, [&] {
-      grid_wait();
-      stage_act(x.q[0], x.d[0], x.s[0], p.K, smem);
-    });
+  if constexpr (NA == 1) {
+    rw2_sums_row<T, S>(w0, w1, x, p.K, p.n_pieces, live, lane, acc0, acc1);
     if (!live) return;
   } else {
+    static_assert(!S, "one staged activation row");
     rw2_sums<T, NA>(w0, w1, x, p.n_pieces, lane, acc0, acc1, [] { grid_wait(); });
   }
   store_rows<NA>(p, row0, a0, acc0, lane);
@@ -291,16 +304,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, S ? kStageMinBlocks<T> : 1
   x.d[0] = p.xd;
   x.s[0] = p.xs;
   float acc_g[1], acc_u[1];
-  if constexpr (S) {
-    extern __shared__ __align__(16) uint8_t smem[];
-    rw2_sums<T, 1>(p.w + off, w_up + off, act_smem(smem, p.K), live ? p.n_pieces : 0, lane, acc_g, acc_u, [&] {
-      grid_wait();
-      stage_act(p.xq, p.xd, p.xs, p.K, smem);
-    });
-    if (!live) return;
-  } else {
-    rw2_sums<T, 1>(p.w + off, w_up + off, x, p.n_pieces, lane, acc_g, acc_u, [] { grid_wait(); });
-  }
+  rw2_sums_row<T, S>(p.w + off, w_up + off, x, p.K, p.n_pieces, live, lane, acc_g, acc_u);
+  if (!live) return;
   const float g = warp_sum(acc_g[0]), u = warp_sum(acc_u[0]);
   if (lane == 0) p.y[row] = glu_act(g, u, ACT);
 }
@@ -361,16 +366,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, S ? kStageMinBlocks<T> : 1
   x.d[0] = p.xd;
   x.s[0] = p.xs;
   float acc0[1], acc1[1];
-  if constexpr (S) {
-    extern __shared__ __align__(16) uint8_t smem[];
-    rw2_sums<T, 1>(w0, w1, act_smem(smem, p.K), live ? p.n_pieces : 0, lane, acc0, acc1, [&] {
-      grid_wait();
-      stage_act(p.xq, p.xd, p.xs, p.K, smem);
-    });
-    if (!live) return;
-  } else {
-    rw2_sums<T, 1>(w0, w1, x, p.n_pieces, lane, acc0, acc1, [] { grid_wait(); });
-  }
+  rw2_sums_row<T, S>(w0, w1, x, p.K, p.n_pieces, live, lane, acc0, acc1);
+  if (!live) return;
   const float s0 = warp_sum(acc0[0]), s1 = warp_sum(acc1[0]);
   if (lane == 0) {
     y[row0] = s0;
@@ -1131,7 +1128,7 @@ Q8Scratch q8_scratch(void* scratch, int64_t rows, int64_t K) {
 bool gemv_fast_q8(const MatmulArgs& a) {
   if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || a.x_stride % 4 != 0) return false;
   bool ok = false;
-  wq::dispatch(a.type, [&]<class T>() { ok = a.K % (T::kWeights * T::kPieces) == 0 && aligned(a, T::kAlign); });
+  wq::dispatch(a.type, [&]<class T>() { ok = a.K % kBlockValues<T> == 0 && aligned(a, T::kAlign); });
   return ok;
 }
 

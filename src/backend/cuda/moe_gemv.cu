@@ -5,7 +5,7 @@
 //
 // Bit-identity with the default path: every dot is summed in the order of gemv_q8.cu's one-row-per-warp
 // kernel (gemv_q8_kernel<T, 1, 32>): lane l accumulates pieces l, l+32, ... starting from 0.0f, loads
-// kUnroll pieces ahead, then warp_sum. GLU is glu_act (glu_act.cuh), the combine is moe_combine_kernel's
+// kUnrollOf<T> pieces ahead (quant_dot.cuh), then warp_sum. GLU is glu_act (glu_act.cuh), the combine is moe_combine_kernel's
 // loop (ascending expert id, FP32 `s += w·t`). The weight decoders are gemv_q8.cu's (quant_dot.cuh);
 // tests/cuda/test_cuda_moe_fused.cpp memcmps the results against the default path.
 #include <algorithm>
@@ -22,9 +22,6 @@ namespace pg::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 4;  // one warp per output row, as gemv_q8.cu
-constexpr int kUnroll = 4;        // 32-weight units per lane with loads in flight, as gemv_q8.cu
-template <class T>
-constexpr int kUnrollOf = kUnroll * 32 / T::kWeights;  // pieces of T (gemv_q8.cu's kUnrollOf)
 constexpr int kMaxK = 32;
 constexpr int kDownBatch = 4;  // moe_down_combine_kernel: entries whose weight loads are in flight together
 
@@ -34,21 +31,21 @@ using namespace wq;  // the weight decoders, shared with gemv_q8.cu (quant_dot.c
 // every lane. w: the row (np pieces of T); x: its 8-bit activations.
 template <class T>
 __device__ __forceinline__ float row_dot(const uint8_t* w, const ActRows<1>& x, int np, int lane) {
-  constexpr int kUnroll = kUnrollOf<T>;
+  constexpr int U = kUnrollOf<T>;  // pieces per lane in flight (quant_dot.cuh)
   float acc[1] = {0.0f};
-  typename T::Raw r[kUnroll];
+  typename T::Raw r[U];
   int base = lane;
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
+  for (int u = 0; u < U; ++u)
     if (base + 32 * u < np) r[u] = T::load(w, base + 32 * u);
   while (base < np) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < U; ++u)
       if (base + 32 * u < np) T::template dot<1>(r[u], base + 32 * u, x, acc);
-    base += 32 * kUnroll;
+    base += 32 * U;
     if (base >= np) break;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < U; ++u)
       if (base + 32 * u < np) r[u] = T::load(w, base + 32 * u);
   }
   return warp_sum(acc[0]);
@@ -75,21 +72,21 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) moe_gate_up_kernel(const M
   x.d[0] = p.xd + xr * (p.K / 32);
   x.s[0] = p.xs + xr * (p.K / 32);
   const int np = pieces<T>(p.n_pieces);
-  constexpr int kUnroll = kUnrollOf<T>;
+  constexpr int U = kUnrollOf<T>;
   float ag[1] = {0.0f}, au[1] = {0.0f};
-  typename T::Raw rg[kUnroll], ru[kUnroll];
+  typename T::Raw rg[U], ru[U];
   int base = lane;
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
+  for (int u = 0; u < U; ++u)
     if (base + 32 * u < np) rg[u] = T::load(wg, base + 32 * u), ru[u] = T::load(wu, base + 32 * u);
   while (base < np) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < U; ++u)
       if (base + 32 * u < np) dot_pair<T, 1>(rg[u], ru[u], base + 32 * u, x, ag, au);
-    base += 32 * kUnroll;
+    base += 32 * U;
     if (base >= np) break;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < U; ++u)
       if (base + 32 * u < np) rg[u] = T::load(wg, base + 32 * u), ru[u] = T::load(wu, base + 32 * u);
   }
   const float gs = warp_sum(ag[0]), us = warp_sum(au[0]);
@@ -177,7 +174,7 @@ void moe_gate_up(DType type, const MoeGateUpParams& p, int act, bool pdl, cudaSt
   if (p.E <= 0 || p.ff <= 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(p.ff, int64_t{kRowsPerBlock})), static_cast<unsigned>(p.E));
   const bool ok = wq::dispatch<wq::WqSet::kKQuantsQ8>(type, [&]<class T>() {
-    PG_CHECK(p.K % (T::kWeights * T::kPieces) == 0 && reinterpret_cast<uintptr_t>(p.gate) % T::kAlign == 0 && p.row_bytes % T::kAlign == 0,
+    PG_CHECK(p.K % kBlockValues<T> == 0 && reinterpret_cast<uintptr_t>(p.gate) % T::kAlign == 0 && p.row_bytes % T::kAlign == 0,
              "moe_gate_up: layout unsupported");
     if (act == 0)
       launch_pdl(pdl, moe_gate_up_kernel<T, 0>, grid, dim3(kRowsPerBlock * 32), 0, stream, p);
@@ -194,7 +191,7 @@ void moe_down_combine(DType type, const MoeDownParams& p, bool pdl, cudaStream_t
   if (p.n <= 0 || p.d <= 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(p.d, int64_t{kRowsPerBlock})), static_cast<unsigned>(p.n));
   const bool ok = wq::dispatch<wq::WqSet::kKQuantsQ8>(type, [&]<class T>() {
-    PG_CHECK(p.ff % (T::kWeights * T::kPieces) == 0 && reinterpret_cast<uintptr_t>(p.down) % T::kAlign == 0 && p.row_bytes % T::kAlign == 0,
+    PG_CHECK(p.ff % kBlockValues<T> == 0 && reinterpret_cast<uintptr_t>(p.down) % T::kAlign == 0 && p.row_bytes % T::kAlign == 0,
              "moe_down_combine: layout unsupported");
     launch_pdl(pdl, moe_down_combine_kernel<T>, grid, dim3(kRowsPerBlock * 32), 0, stream, p); });
   PG_CHECK(ok, "moe_down_combine: unsupported type");

@@ -90,6 +90,14 @@ template <class T>
 __host__ __device__ constexpr int pieces(int k32) {
   return k32 / (T::kWeights / 32);
 }
+// The one-row kernels (gemv_q8.cu, moe_gemv.cu) keep kUnroll 32-weight units of weight loads in flight per
+// lane: kUnrollOf<T> pieces of T (Q4_K's / Q6_K's 64-weight pieces count two units).
+constexpr int kUnroll = 4;
+template <class T>
+constexpr int kUnrollOf = kUnroll * 32 / T::kWeights;
+// Values per block of T: K must be a multiple of it.
+template <class T>
+constexpr int kBlockValues = T::kWeights * T::kPieces;
 
 // Q4_K: 144 B = [d, dmin (f16)] [scales: 12 B, 6-bit scale and min per 32-value sub-block] [qs 128 B]. Piece p
 // (0..3) is qs bytes [32p, 32p+32): low nibbles = sub-block 2p (weights 64p..64p+31), high nibbles = sub-block
