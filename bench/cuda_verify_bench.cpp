@@ -11,6 +11,9 @@
 // PROJECTED tok/s at a mean accepted length τ (default 8.31, the reference's published figure): τ tokens
 // per verify forward, drafter cost not counted — a projection, not a measurement. Beside it, the same
 // row count as a chain forward (causal rows, all argmax, cut back with truncate afterwards).
+// With PEREGRINE_CUDA_PROFILE=1 (CUDA events around every op, graphs off) it also prints, for the AR step and
+// each tree forward, the device time per op (summed over the timed repetitions, divided by them): where a
+// verify forward's extra time goes, op by op.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,6 +44,21 @@ std::vector<int> int_list(const std::string& s) {
   std::string item;
   while (std::getline(ss, item, ',')) v.push_back(std::stoi(item));
   return v;
+}
+
+// Prints the ops drained from the backend's profiler as one table, per forward (reps forwards were timed).
+void print_profile(Backend& be, const char* what, int reps) {
+  std::vector<Backend::OpTime> ops = be.profile_take();
+  if (ops.empty()) return;
+  std::sort(ops.begin(), ops.end(), [](const Backend::OpTime& a, const Backend::OpTime& b) { return a.ms > b.ms; });
+  double total = 0.0;
+  for (const auto& t : ops) total += t.ms;
+  std::printf("ops of %s (device time per forward, CUDA events around each op, graphs off): %.1f us in ops\n| op | calls | us | %% |\n|---|---:|---:|---:|\n",
+              what, total * 1000.0 / reps);
+  for (size_t i = 0; i < ops.size() && i < 40; ++i)
+    std::printf("| %s | %.1f | %.1f | %.1f |\n", ops[i].key.c_str(), static_cast<double>(ops[i].calls) / reps, ops[i].ms * 1000.0 / reps,
+                100.0 * ops[i].ms / total);
+  std::fflush(stdout);
 }
 
 }  // namespace
@@ -88,6 +106,8 @@ int main(int argc, char** argv) {
       for (int p = p0; p < std::min(depth, p0 + 512); ++p) b.add(tok(rng), p, 0, p == depth - 1);
       model->forward(b, *cache, logits);
     }
+    be->synchronize();
+    be->profile_take();  // the fill is not a verify forward
     using clock = std::chrono::steady_clock;
     std::vector<int32_t> greedy(static_cast<size_t>(max_rows));
     std::vector<uint8_t> only(static_cast<size_t>(max_rows), 1);
@@ -111,6 +131,7 @@ int main(int argc, char** argv) {
       if (r >= 2) ar.push_back(s);
     }
     const double t_ar = median(ar);
+    print_profile(*be, "the AR step (1 row)", reps + 2);
     std::printf("model: %s (%s), CUDA %s, committed depth %d, median of %d\n", c.name.c_str(), c.arch.c_str(), be->name().c_str(),
                 cache->seq_len(0), reps);
     std::printf("AR step (1 row): %.3f ms = %.1f tok/s\n", t_ar * 1e3, 1.0 / t_ar);
@@ -130,6 +151,7 @@ int main(int argc, char** argv) {
         cache->truncate(0, len);
         if (r >= 2) tc.push_back(s);
       }
+      be->profile_take();  // the chain forwards are not profiled
       std::vector<double> ts;
       for (int r = 0; r < reps + 2; ++r) {  // two warm-ups: eager, then recording where graphs apply
         Batch b;
@@ -151,6 +173,8 @@ int main(int argc, char** argv) {
       const double t = median(ts);
       std::printf("| %d | %.3f | %.2fx | %.1f | %.3f |\n", n, t * 1e3, t / t_ar, tau / t, median(tc) * 1e3);
       std::fflush(stdout);
+      const std::string what = "the " + std::to_string(n) + "-row tree forward";
+      print_profile(*be, what.c_str(), reps + 2);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
