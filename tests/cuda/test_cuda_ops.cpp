@@ -1266,8 +1266,8 @@ TEST(CudaFuse, GluBitIdenticalToComposition) {
   gpu->set_options(base);
 }
 
-// Where the fused kernel does not apply, matmul_glu with fuse_glu is the composition itself: several rows
-// (GEMV groups and MMQ), exact mode, gate and up of different types, 16 lanes per row, a type without an
+// Where the fused kernel does not apply, matmul_glu with fuse_glu is the composition itself (at MMQ rows,
+// mmq_group's one launch with the GLU in its reduce, bit-identical to it): several rows (GEMV groups and MMQ), exact mode, gate and up of different types, 16 lanes per row, a type without an
 // 8-bit kernel (Q3_K), MMQ from one row.
 TEST(CudaFuse, GluFallsBackToComposition) {
   PG_REQUIRE_GPU();
@@ -1669,6 +1669,117 @@ TEST(CudaOps, MmqStagedBitIdentical) {
   }
   gpu->set_options(base);
   EXPECT_EQ(checked, 8 * (3 * 5 + 2) + 6 * 2 * 5);  // K-quants every n (Q4_K/Q6_K also 151936), legacy from 9 rows
+}
+
+// CudaOptions::mmq_group: at MMQ row counts, matmul_shared runs the products that share a type, K and split
+// plan as one launch (cuda::mmq_multi) and matmul_glu runs gate and up as one launch with the GLU in the
+// split-K reduce. Against mmq_group off (one launch per product, then the glu op), bit for bit: q/k/v of
+// an 8B-like model in one type and with v in another type (two launches), products whose split plans differ
+// (not grouped: each its own launch), ragged tiles (M % 16 ≠ 0) at a segment boundary, 2 (the global-memory
+// kernel), 3, 9, 22 and 64 rows; GLU with SiLU and GELU, and a gate/up shape whose K is not split (the
+// composition). Junk is uploaded before the grouped run so every output must be written again.
+TEST(CudaOps, MmqGroupedBitIdentical) {
+  PG_REQUIRE_GPU();
+  auto gpu = test::make_cuda(false);
+  const CudaOptions base = gpu->options();
+  struct Shared {
+    DType t[3];
+    int64_t M[3];
+    int64_t K;
+  };
+  const Shared shared[] = {
+      {{DType::Q4_K, DType::Q4_K, DType::Q4_K}, {2048, 512, 512}, 2048},
+      {{DType::Q4_K, DType::Q4_K, DType::Q6_K}, {2048, 512, 512}, 2048},
+      {{DType::Q6_K, DType::Q6_K, DType::Q6_K}, {1000, 200, 200}, 1024},  // ragged tiles at both boundaries
+      {{DType::Q5_K, DType::Q5_K, DType::Q5_K}, {40000, 300, 300}, 1024}, // plans differ: 40000 rows unsplit
+      {{DType::Q8_0, DType::Q8_0, DType::Q8_0}, {2048, 512, 512}, 2048},
+      {{DType::Q4_0, DType::Q4_0, DType::Q4_0}, {1024, 256, 256}, 1024},
+  };
+  const int ns[] = {2, 3, 9, 22, 64};
+  int checked = 0;
+  auto upload_junk = [&](Tensor& t) {
+    std::vector<float> junk(static_cast<size_t>(t.nbytes() / sizeof(float)), -777.0f);
+    gpu->upload(t, junk.data(), t.nbytes());
+  };
+  for (const Shared& c : shared) {
+    Tensor w[3];
+    for (int i = 0; i < 3; ++i) w[i] = make_weight(*gpu, c.t[i], c.K, c.M[i], 1, make_weights_tiled(c.t[i], c.K, c.M[i], 90u + static_cast<uint32_t>(i + c.M[i])));
+    for (const int n : ns) {
+      const bool legacy = c.t[0] == DType::Q8_0 || c.t[0] == DType::Q4_0;
+      if (legacy && n < 9) continue;  // the GEMV below 9 rows (use_mmq)
+      SCOPED_TRACE(std::string(dtype_name(c.t[0])) + "/" + std::string(dtype_name(c.t[2])) + " M0=" + std::to_string(c.M[0]) + " K=" + std::to_string(c.K) +
+                   " n=" + std::to_string(n));
+      auto xv = randn(static_cast<size_t>(n * c.K), 91u + static_cast<uint32_t>(n));
+      xv[0] = 4.0f, xv[1] = -4.0f;
+      Tensor x = make_tensor(*gpu, DType::F32, c.K, n, xv.data());
+      Tensor y[3];
+      for (int i = 0; i < 3; ++i) y[i] = gpu->alloc(DType::F32, c.M[i], n);
+      std::vector<float> ref[3];
+      for (const bool group : {false, true}) {
+        CudaOptions o = base;
+        o.mmq_group = group;
+        gpu->set_options(o);
+        for (Tensor& t : y) upload_junk(t);
+        gpu->matmul_shared(x, {{&w[0], &y[0]}, {&w[1], &y[1]}, {&w[2], &y[2]}});
+        for (int i = 0; i < 3; ++i) {
+          const auto got = fetch(*gpu, y[i]);
+          if (!group) {
+            ref[i] = got;
+            continue;
+          }
+          ASSERT_EQ(got.size(), ref[i].size());
+          EXPECT_EQ(std::memcmp(got.data(), ref[i].data(), got.size() * sizeof(float)), 0) << "product " << i;
+        }
+      }
+      for (Tensor& t : y) gpu->free(t);
+      gpu->free(x);
+      ++checked;
+    }
+    for (Tensor& t : w) gpu->free(t);
+  }
+  EXPECT_EQ(checked, 4 * 5 + 2 * 3);
+  // GLU: (K, M) of gate and up; 40000 × 1024 has one K slice (the composition runs).
+  const std::pair<int64_t, int64_t> glu_shapes[] = {{4096, 12288}, {1024, 3000}, {1024, 40000}};
+  int glu_checked = 0;
+  for (const DType t : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
+    for (const auto& [K, M] : glu_shapes) {
+      if (M == 40000 && t != DType::Q4_K) continue;
+      Tensor gw = make_weight(*gpu, t, K, M, 1, make_weights_tiled(t, K, M, 95u + static_cast<uint32_t>(M)));
+      Tensor uw = make_weight(*gpu, t, K, M, 1, make_weights_tiled(t, K, M, 96u + static_cast<uint32_t>(M)));
+      for (const int n : {3, 22}) {
+        if ((t == DType::Q8_0) && n < 9) continue;
+        auto xv = randn(static_cast<size_t>(n * K), 97u + static_cast<uint32_t>(n + K));
+        Tensor x = make_tensor(*gpu, DType::F32, K, n, xv.data());
+        Tensor y = gpu->alloc(DType::F32, M, n), u = gpu->alloc(DType::F32, M, n);
+        for (const Activation act : {Activation::Silu, Activation::GeluTanh}) {
+          SCOPED_TRACE(std::string("glu ") + std::string(dtype_name(t)) + " K=" + std::to_string(K) + " M=" + std::to_string(M) + " n=" + std::to_string(n) +
+                       (act == Activation::Silu ? " silu" : " gelu"));
+          std::vector<float> ry, ru;
+          for (const bool group : {false, true}) {
+            CudaOptions o = base;
+            o.mmq_group = group;
+            gpu->set_options(o);
+            upload_junk(y);
+            upload_junk(u);
+            gpu->matmul_glu(x, gw, uw, act, y, u);
+            auto gy = fetch(*gpu, y), gu = fetch(*gpu, u);
+            if (!group) {
+              ry = std::move(gy), ru = std::move(gu);
+              continue;
+            }
+            EXPECT_EQ(std::memcmp(gy.data(), ry.data(), ry.size() * sizeof(float)), 0) << "y";
+            EXPECT_EQ(std::memcmp(gu.data(), ru.data(), ru.size() * sizeof(float)), 0) << "u";
+          }
+          ++glu_checked;
+        }
+        for (Tensor* p : {&x, &y, &u}) gpu->free(*p);
+      }
+      gpu->free(gw);
+      gpu->free(uw);
+    }
+  }
+  gpu->set_options(base);
+  EXPECT_EQ(glu_checked, 2 * (3 * 2 + 2 * 2 + 1 * 2));
 }
 
 // matmul_glu (fuse_glu) with gemv_pipe against the existing fused kernel: bit-identical, SiLU and GELU,

@@ -87,6 +87,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_MMQ_MIN_ROWS"); e && *e) opt.mmq_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_MMQ_STAGED"); e && *e) opt.mmq_staged = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_MMQ_GROUP"); e && *e) opt.mmq_group = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_STAGE_X"); e && *e) opt.gemv_stage_x = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::strcmp(e, "0") == 0) opt.pdl = false;
   if (const char* e = std::getenv("PEREGRINE_CUDA_PDL_ALL"); e && *e) opt.pdl_all = std::strcmp(e, "0") != 0;
@@ -610,6 +611,21 @@ void CudaBackend::mmq(const cuda::MatmulArgs& args, bool x_quantized, void* xs) 
   cuda::mmq(a, xs, pb ? scratch(kSlotMmqPart, pb) : nullptr, n_sm_, as_stream(stream_), x_quantized);
 }
 
+void CudaBackend::mmq_group(const cuda::MatmulArgs* const* args, int count, bool x_quantized, void* xs, int glu) {
+  if (count == 1 && glu < 0) return mmq(*args[0], x_quantized, xs);
+  cuda::MatmulArgs a[4];  // fixed storage: nothing allocated per step
+  const cuda::MatmulArgs* ap[4];
+  PG_CHECK(count >= 1 && count <= 4, "mmq_group: 1..4 products");
+  for (int i = 0; i < count; ++i) {
+    a[i] = *args[i];
+    a[i].mmq_staged = a[i].mmq_staged && a[i].n >= 3;  // as mmq()
+    ap[i] = &a[i];
+  }
+  if (!xs) xs = scratch(kSlotQ8, cuda::gemv_fast_scratch_bytes(a[0]));
+  const size_t pb = cuda::mmq_multi_part_bytes(ap, count, n_sm_);
+  cuda::mmq_multi(ap, count, xs, pb ? scratch(kSlotMmqPart, pb) : nullptr, n_sm_, as_stream(stream_), x_quantized, glu);
+}
+
 void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
   cuda::activate(device_);  // not the member: a matmul keeps the fuse_norm_quant record (cuda_backend.h)
   norm_q8_written(y);
@@ -654,21 +670,45 @@ void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut
   }
   if (x.rows() > opt_.gemv_max_rows || (opt_.mmq_min_rows > 0 && x.rows() >= opt_.mmq_min_rows)) {
     // MMQ rows: one quantization of x for every product that takes it (the scratch slot of the 8-bit
-    // activations is sized by x alone, so it is not reallocated between the products).
+    // activations is sized by x alone, so it is not reallocated between the products); with mmq_group the
+    // products that can share a launch (mmq_multi_compatible) take one, in the order of their first.
+    constexpr size_t kMaxOuts = 8;
+    const size_t n_out = outs.size();
+    if (n_out > kMaxOuts) {
+      for (const MatmulOut& o : outs) matmul(*o.w, x, *o.y);
+      return;
+    }
+    cuda::MatmulArgs args[kMaxOuts];
+    bool mq[kMaxOuts] = {}, done[kMaxOuts] = {};
+    {
+      size_t k = 0;
+      for (const MatmulOut& o : outs) {
+        args[k] = matmul_args(*o.w, x, *o.y);
+        mq[k] = use_mmq(args[k]);
+        ++k;
+      }
+    }
     int quantized = cuda::kActNone;
+    size_t k = 0;
     for (const MatmulOut& o : outs) {
-      const cuda::MatmulArgs a = matmul_args(*o.w, x, *o.y);
-      if (!use_mmq(a)) {
+      const size_t i = k++;
+      if (done[i]) continue;
+      done[i] = true;
+      if (!mq[i]) {
         matmul(*o.w, x, *o.y);
         quantized = cuda::kActNone;  // matmul may have used the scratch for its own quantization
         continue;
       }
-      if (void* pq = norm_q8_for(a)) {  // fuse_norm_quant: the norm quantized x (kSlotQ8 untouched)
-        mmq(a, true, pq);
+      const cuda::MatmulArgs* group[4] = {&args[i]};
+      int count = 1;
+      for (size_t j = i + 1; opt_.mmq_group && j < n_out && count < 4; ++j)
+        if (!done[j] && mq[j] && cuda::mmq_multi_compatible(args[i], args[j], n_sm_)) group[count++] = &args[j], done[j] = true;
+      if (void* pq = norm_q8_for(args[i])) {  // fuse_norm_quant: the norm quantized x (kSlotQ8 untouched)
+        mmq_group(group, count, true, pq);
         continue;
       }
-      const int mode = cuda::act_quant_mode(a.type);
-      mmq(a, quantized == mode);
+      const int mode = cuda::act_quant_mode(args[i].type);
+      mmq_group(group, count, quantized == mode, nullptr);
       quantized = mode;
     }
     return;
@@ -736,6 +776,26 @@ void CudaBackend::matmul_glu(const Tensor& x, const Tensor& gate_w, const Tensor
   // The fused kernel only where the composition would run the one-row 8-bit GEMV on both products (one
   // row, default mode, no MMQ for one row, 32 lanes): there it is bit-identical; everything else is the
   // composition itself.
+  if (!opt_.exact_f32 && opt_.fuse_glu && opt_.mmq_group && x.rows() >= 2 && x.rows() <= cuda::kMmqMaxRows) {
+    // MMQ rows: gate and up in one launch, the GLU in its split-K reduce (bit-identical to the composition:
+    // the same per-product sums, then the glu op's expression). Otherwise the composition.
+    cuda::activate(device_);  // not the member: a matmul keeps the fuse_norm_quant record (cuda_backend.h)
+    norm_q8_written(y);
+    norm_q8_written(u);
+    const cuda::MatmulArgs g = matmul_args(gate_w, x, y), uo = matmul_args(up_w, x, u);
+    if (use_mmq(g) && use_mmq(uo) && cuda::mmq_multi_compatible(g, uo, n_sm_) && cuda::mmq_splits(g, n_sm_) > 1 && g.M == uo.M &&
+        y.data != x.data && u.data != x.data && y.data != u.data) {
+      const ProfScope prof(prof_active() ? this : nullptr, "matmul_glu",
+                           prof_active() ? std::string(dtype_name(gate_w.type)) + " " + std::to_string(gate_w.rows()) + "x" +
+                                               std::to_string(gate_w.cols()) + " n" + std::to_string(x.rows())
+                                         : std::string());
+      const cuda::MatmulArgs* group[2] = {&g, &uo};
+      void* pq = norm_q8_for(g);  // fuse_norm_quant: the norm quantized x
+      mmq_group(group, 2, pq != nullptr, pq, act == Activation::Silu ? 0 : 1);
+      return;
+    }
+    return Backend::matmul_glu(x, gate_w, up_w, act, y, u);
+  }
   if (!opt_.fuse_glu || opt_.exact_f32 || x.rows() != 1 || opt_.mmq_min_rows == 1) return Backend::matmul_glu(x, gate_w, up_w, act, y, u);
   cuda::activate(device_);  // not the member: a matmul keeps the fuse_norm_quant record (cuda_backend.h)
   norm_q8_written(y);

@@ -57,6 +57,12 @@ struct CudaOptions {
   // kernel L1-bound (L1/TEX 79 %, DRAM 17 % at 22 rows). Bit-identical (CudaOps.MmqStagedBitIdentical).
   // Environment: PEREGRINE_CUDA_MMQ_STAGED=0 turns it off (factory).
   bool mmq_staged = true;
+  // MMQ products of one activation tensor (matmul_shared: q/k/v; matmul_glu: gate/up) that share a type, K
+  // and split plan run as ONE launch over their concatenated rows (gemv_q8.cu mmq_multi), and gate/up's
+  // split-K reduce applies the GLU (no glu launch): per product bit-identical to one launch each followed
+  // by the glu op (CudaOps.MmqGroupedBitIdentical). Why: at verify sizes a 1024×4096 product costs 17 µs
+  // alone, most of it launch and ramp. Environment: PEREGRINE_CUDA_MMQ_GROUP=0 turns it off (factory).
+  bool mmq_group = true;
   // The one-row GEMVs (two rows per warp, fused gate/up/GLU, grouped q/k/v) copy the activation row into
   // shared memory once per block (gemv_q8.cu stage_act) instead of every warp reading it from global memory:
   // Nsight showed them L1-bound (L1/TEX 78-85 %, DRAM 36-57 %); qwen35-27b and qwen3-8b Q8_0 decode +9 %,
@@ -331,6 +337,9 @@ class CudaBackend final : public Backend {
   bool use_mmq(const cuda::MatmulArgs& a) const;
   // integer tensor cores, 8-bit activations; xs: the activation scratch to use (null: kSlotQ8's)
   void mmq(const cuda::MatmulArgs& a, bool x_quantized, void* xs = nullptr);
+  // mmq_multi of a[0..count) (mmq_multi_compatible), x quantized into xs (null: kSlotQ8's) unless x_quantized;
+  // glu as cuda::mmq_multi.
+  void mmq_group(const cuda::MatmulArgs* const* a, int count, bool x_quantized, void* xs, int glu = -1);
   // ---- fuse_norm_quant: the host-side guard ----
   // Every op method starts with activate(device_); inside the class that name finds this member, which
   // bumps op_epoch_ (then makes the device current), so any op that may write device memory — kernels,

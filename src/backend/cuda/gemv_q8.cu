@@ -516,11 +516,20 @@ void launch_act_quant(int mode, const float* x, int64_t x_stride, const int32_t*
 // for the 32-value groups thread t takes values 8t..8t+7 of the group (one 8-byte load per row) — B uses
 // the same order.
 constexpr int kMmqWarps = 4;
+// Grouped MMQ (mmq_multi): up to kMmqMaxSegs products of the same activations, weight type, K and split
+// plan in one launch over their concatenated 16-row tiles; each segment's outputs are bit-identical to its
+// own mmq launch (same tiles, same K slices, same reduction order).
+constexpr int kMmqMaxSegs = 4;
 
 struct MmqParams {
-  const uint8_t* w;
+  const uint8_t* w[kMmqMaxSegs];  // segment s: (M[s], K) weight rows, row_bytes apart
+  float* y[kMmqMaxSegs];          // segment s: (n, y_stride[s]) when grid.y == 1
+  int64_t y_stride[kMmqMaxSegs];
+  int64_t M[kMmqMaxSegs];
+  int tile0[kMmqMaxSegs + 1];     // first 16-row tile of segment s (prefix sums of ⌈M/16⌉); tile0[n_seg] = all tiles
+  int64_t part_off[kMmqMaxSegs];  // segment s's partials: part + part_off[s], (grid.y, n, M[s])
+  int n_seg;
   size_t row_bytes;
-  int64_t M;
   int n_sb;            // superblocks (256 values) per row
   int sb_per_split;    // superblocks per grid.y slice
   const int8_t* xq;    // (n, K)
@@ -529,10 +538,22 @@ struct MmqParams {
   const uint4* xsplit; // (n, K/256) Σq split for the min-term mma (q8_K only)
   int64_t K;
   int n;
-  float* y;            // (n, y_stride) when grid.y == 1
-  int64_t y_stride;
-  float* part;         // (grid.y, n, M) partials otherwise
+  float* part;         // split-K partials when grid.y > 1 (mmq_part_bytes)
 };
+
+// The segment of a warp's 16-row tile and its first row in that segment; tiles past the last segment
+// belong to it (their rows clamp to its last row: computed, never stored).
+struct MmqTile {
+  int seg;
+  int64_t m0;
+};
+__device__ __forceinline__ MmqTile mmq_tile(const MmqParams& p, int tile) {
+  int s = 0;
+#pragma unroll
+  for (int i = 1; i < kMmqMaxSegs; ++i)
+    if (i < p.n_seg && tile >= p.tile0[i]) s = i;
+  return {s, static_cast<int64_t>(tile - p.tile0[s]) * 16};
+}
 
 __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
@@ -820,33 +841,41 @@ __device__ __forceinline__ void mmq_superblock(const W& w, const Src& src, int g
   else mmq_sb_legacy<TY == kMqQ4_0, NT>(w, src, g, t, acc);
 }
 
-// Stores a warp's 16 rows × 8·NT columns: into y when the K range is whole, else into its partial slice.
+// Stores a warp's 16 rows × 8·NT columns of segment `seg`: into y when the K range is whole, else into its
+// partial slice.
 template <int NT>
-__device__ __forceinline__ void mmq_store(const MmqParams& p, const MmqAcc<NT>& acc, int64_t m0, int g, int t) {
+__device__ __forceinline__ void mmq_store(const MmqParams& p, const MmqAcc<NT>& acc, int seg, int64_t m0, int g, int t) {
   const int z = static_cast<int>(blockIdx.y);
+  const int64_t M = p.M[seg];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t m = m0 + g + 8 * (i >> 1);
       const int a = 8 * nt + 2 * t + (i & 1);
-      if (m >= p.M || a >= p.n) continue;
+      if (m >= M || a >= p.n) continue;
       if (gridDim.y == 1)
-        p.y[static_cast<int64_t>(a) * p.y_stride + m] = acc.f[nt][i];
+        p.y[seg][static_cast<int64_t>(a) * p.y_stride[seg] + m] = acc.f[nt][i];
       else
-        p.part[(static_cast<int64_t>(z) * p.n + a) * p.M + m] = acc.f[nt][i];
+        p.part[p.part_off[seg] + (static_cast<int64_t>(z) * p.n + a) * M + m] = acc.f[nt][i];
     }
 }
 
+// PDL (pdl.cuh): every kernel below waits before it reads anything or writes anything (a first-superblock
+// weight prefetch before the wait cost the staged kernels registers: Q4_K 3 tiles 89 → 96, 6 tiles 105 → 141).
 template <int TY, int NT>
 __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(const MmqParams p) {
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2, t = lane & 3;
-  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) * kMmqWarps + warp) * 16;
-  if (m0 >= p.M) return;
-  const int64_t r0 = min(m0 + g, p.M - 1), r1 = min(m0 + g + 8, p.M - 1);  // rows past M compute garbage, never stored
-  const uint8_t* w0 = p.w + static_cast<size_t>(r0) * p.row_bytes;
-  const uint8_t* w1 = p.w + static_cast<size_t>(r1) * p.row_bytes;
+  grid_launch_dependents();
+  grid_wait();
+  const int tile = static_cast<int>(blockIdx.x) * kMmqWarps + warp;
+  if (tile >= p.tile0[p.n_seg]) return;
+  const MmqTile tl = mmq_tile(p, tile);
+  const int64_t M = p.M[tl.seg];
+  const int64_t r0 = min(tl.m0 + g, M - 1), r1 = min(tl.m0 + g + 8, M - 1);  // rows past M compute garbage, never stored
+  const uint8_t* w0 = p.w[tl.seg] + static_cast<size_t>(r0) * p.row_bytes;
+  const uint8_t* w1 = p.w[tl.seg] + static_cast<size_t>(r1) * p.row_bytes;
   MmqAcc<NT> acc;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -855,7 +884,7 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(const MmqParams p) 
   const int z = static_cast<int>(blockIdx.y);
   const int sb0 = z * p.sb_per_split, sb1 = min(p.n_sb, sb0 + p.sb_per_split);
   for (int sb = sb0; sb < sb1; ++sb) mmq_superblock<TY, NT>(mmq_load<TY>(w0, w1, sb, t), MmqGlobalSrc{p, sb}, g, t, acc);
-  mmq_store<NT>(p, acc, m0, g, t);
+  mmq_store<NT>(p, acc, tl.seg, tl.m0, g, t);
 }
 
 // ---- MMQ with the activations staged in shared memory (MatmulArgs::mmq_staged, CudaOptions::mmq_staged) ----
@@ -909,11 +938,15 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_staged_kernel(const MmqPar
   uint8_t* sm = reinterpret_cast<uint8_t*>(mmq_smem);
   const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
   const int g = lane >> 2, t = lane & 3;
+  grid_launch_dependents();
+  grid_wait();
   // No early exit: every thread copies stages and meets the barriers; rows past M compute garbage, never stored.
-  const int64_t m0 = (static_cast<int64_t>(blockIdx.x) * kMmqWarps + warp) * 16;
-  const int64_t r0 = min(m0 + g, p.M - 1), r1 = min(m0 + g + 8, p.M - 1);
-  const uint8_t* w0 = p.w + static_cast<size_t>(r0) * p.row_bytes;
-  const uint8_t* w1 = p.w + static_cast<size_t>(r1) * p.row_bytes;
+  const int tile = static_cast<int>(blockIdx.x) * kMmqWarps + warp;
+  const MmqTile tl = mmq_tile(p, tile);
+  const int64_t M = p.M[tl.seg];
+  const int64_t r0 = min(tl.m0 + g, M - 1), r1 = min(tl.m0 + g + 8, M - 1);
+  const uint8_t* w0 = p.w[tl.seg] + static_cast<size_t>(r0) * p.row_bytes;
+  const uint8_t* w1 = p.w[tl.seg] + static_cast<size_t>(r1) * p.row_bytes;
   MmqAcc<NT> acc;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -934,16 +967,38 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_staged_kernel(const MmqPar
                            g, t, acc);
     __syncthreads();  // stage i is read before iteration i + 1 refills it
   }
-  if (m0 < p.M) mmq_store<NT>(p, acc, m0, g, t);
+  if (tile < p.tile0[p.n_seg] && tl.m0 < M) mmq_store<NT>(p, acc, tl.seg, tl.m0, g, t);
 }
 
-// y (n, M) = Σ_z part[z] in slice order (deterministic).
-__global__ void mmq_reduce_kernel(const float* __restrict__ part, int splits, int n, int64_t M, float* __restrict__ y, int64_t y_stride) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n * M) return;
-  float s = 0.0f;
-  for (int z = 0; z < splits; ++z) s += part[static_cast<int64_t>(z) * n * M + i];
-  y[(i / M) * y_stride + i % M] = s;
+// y_s (n, M_s) = Σ_z part_s[z] in slice order (deterministic), for every segment s; with glu ≥ 0 (mmq_multi
+// of gate and up) segment 0 gets act(Σ gate)·(Σ up) (glu_act: the glu kernel's expression, so bit-identical to
+// the composition) and segment 1 the up sums. Element i of the flattened (segment, row, column) space.
+__global__ void mmq_reduce_kernel(const MmqParams p, int splits, int glu) {
+  grid_launch_dependents();
+  grid_wait();
+  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int n_out = glu >= 0 ? 1 : p.n_seg;  // GLU: one element per (row, column) of gate, both sums read
+  int s = 0;
+  for (; s < n_out; ++s) {
+    const int64_t e = static_cast<int64_t>(p.n) * p.M[s];
+    if (i < e) break;
+    i -= e;
+  }
+  if (s >= n_out) return;
+  const int64_t M = p.M[s], a = i / M, m = i % M;
+  auto sum = [&](int seg) {
+    const float* part = p.part + p.part_off[seg] + i;
+    float v = 0.0f;
+    for (int z = 0; z < splits; ++z) v += part[static_cast<int64_t>(z) * p.n * M];
+    return v;
+  };
+  if (glu < 0) {
+    p.y[s][a * p.y_stride[s] + m] = sum(s);
+  } else {
+    const float gv = sum(0), uv = sum(1);
+    p.y[1][a * p.y_stride[1] + m] = uv;
+    p.y[0][a * p.y_stride[0] + m] = glu_act(gv, uv, glu);
+  }
 }
 
 int mmq_type(DType t) {
@@ -971,22 +1026,22 @@ MmqPlan mmq_plan(const MatmulArgs& a, int n_sm) {
 }
 
 template <int TY, int NT>
-void mmq_launch_nt(const MmqParams& p, dim3 grid, cudaStream_t stream, bool staged) {
+void mmq_launch_nt(const MmqParams& p, dim3 grid, cudaStream_t stream, bool staged, bool pdl) {
   if (staged)
-    mmq_staged_kernel<TY, NT><<<grid, kMmqWarps * 32, kMmqStages * mmq_stage_bytes<TY, NT>(), stream>>>(p);
+    launch_pdl(pdl, mmq_staged_kernel<TY, NT>, grid, dim3(kMmqWarps * 32), kMmqStages * mmq_stage_bytes<TY, NT>(), stream, p);
   else
-    mmq_kernel<TY, NT><<<grid, kMmqWarps * 32, 0, stream>>>(p);
+    launch_pdl(pdl, mmq_kernel<TY, NT>, grid, dim3(kMmqWarps * 32), 0, stream, p);
 }
 template <int TY>
-void mmq_launch_t(const MmqParams& p, int nt, dim3 grid, cudaStream_t stream, bool staged) {
+void mmq_launch_t(const MmqParams& p, int nt, dim3 grid, cudaStream_t stream, bool staged, bool pdl) {
   switch (nt) {
-    case 1: mmq_launch_nt<TY, 1>(p, grid, stream, staged); break;
-    case 2: mmq_launch_nt<TY, 2>(p, grid, stream, staged); break;
-    case 3: mmq_launch_nt<TY, 3>(p, grid, stream, staged); break;
-    case 4: mmq_launch_nt<TY, 4>(p, grid, stream, staged); break;
+    case 1: mmq_launch_nt<TY, 1>(p, grid, stream, staged, pdl); break;
+    case 2: mmq_launch_nt<TY, 2>(p, grid, stream, staged, pdl); break;
+    case 3: mmq_launch_nt<TY, 3>(p, grid, stream, staged, pdl); break;
+    case 4: mmq_launch_nt<TY, 4>(p, grid, stream, staged, pdl); break;
     case 5:
-    case 6: mmq_launch_nt<TY, 6>(p, grid, stream, staged); break;
-    default: mmq_launch_nt<TY, 8>(p, grid, stream, staged); break;
+    case 6: mmq_launch_nt<TY, 6>(p, grid, stream, staged, pdl); break;
+    default: mmq_launch_nt<TY, 8>(p, grid, stream, staged, pdl); break;
   }
 }
 
@@ -1293,47 +1348,88 @@ bool mmq_supported(const MatmulArgs& a) {
   return gemv_fast_q8(a);  // same activation layout and weight alignment rules
 }
 
+bool mmq_multi_compatible(const MatmulArgs& a, const MatmulArgs& b, int n_sm) {
+  if (!mmq_supported(a) || !mmq_supported(b)) return false;
+  const MmqPlan pa = mmq_plan(a, n_sm), pb = mmq_plan(b, n_sm);
+  return mmq_type(a.type) == mmq_type(b.type) && a.K == b.K && a.n == b.n && a.x == b.x && a.x_stride == b.x_stride &&
+         a.row_bytes == b.row_bytes && pa.sb_per_split == pb.sb_per_split && pa.splits == pb.splits;
+}
+
 size_t mmq_part_bytes(const MatmulArgs& a, int n_sm) {
   const MmqPlan pl = mmq_plan(a, n_sm);
   return pl.splits > 1 ? static_cast<size_t>(pl.splits) * static_cast<size_t>(a.n) * static_cast<size_t>(a.M) * sizeof(float) : 0;
 }
 
-void mmq(const MatmulArgs& a, void* scratch, void* part, int n_sm, cudaStream_t stream, bool x_quantized) {
-  if (a.n <= 0 || a.M <= 0) return;
-  PG_CHECK(mmq_supported(a), "mmq: unsupported matmul");
-  if (!x_quantized) quantize_q8(a, scratch, stream);
-  const MmqPlan pl = mmq_plan(a, n_sm);
+size_t mmq_multi_part_bytes(const MatmulArgs* const* a, int count, int n_sm) {
+  size_t b = 0;
+  for (int i = 0; i < count; ++i) b += mmq_part_bytes(*a[i], n_sm);
+  return b;
+}
+
+int mmq_splits(const MatmulArgs& a, int n_sm) { return mmq_plan(a, n_sm).splits; }
+
+void mmq_multi(const MatmulArgs* const* a, int count, void* scratch, void* part, int n_sm, cudaStream_t stream, bool x_quantized, int glu) {
+  PG_CHECK(count >= 1 && count <= kMmqMaxSegs, "mmq: 1.." + std::to_string(kMmqMaxSegs) + " products per launch");
+  const MatmulArgs& a0 = *a[0];
+  if (a0.n <= 0) return;
+  for (int i = 0; i < count; ++i) {
+    PG_CHECK(mmq_supported(*a[i]) && a[i]->M > 0, "mmq: unsupported matmul");
+    PG_CHECK(i == 0 || mmq_multi_compatible(a0, *a[i], n_sm), "mmq: products of one launch need one type, K, activation and split plan");
+  }
+  PG_CHECK(glu < 0 || (count == 2 && a[0]->M == a[1]->M), "mmq: the GLU epilogue takes gate and up of one shape");
+  const MmqPlan pl = mmq_plan(a0, n_sm);
+  PG_CHECK(glu < 0 || pl.splits > 1, "mmq: the GLU epilogue needs split-K partials (mmq_splits > 1)");
+  if (!x_quantized) quantize_q8(a0, scratch, stream);
   MmqParams p{};
-  p.w = static_cast<const uint8_t*>(a.w);
-  p.row_bytes = a.row_bytes;
-  p.M = a.M;
-  p.n_sb = static_cast<int>(a.K / 256);
+  p.n_seg = count;
+  p.row_bytes = a0.row_bytes;
+  int64_t off = 0;
+  int tiles = 0, blocks_x = 0;
+  for (int i = 0; i < count; ++i) {
+    p.w[i] = static_cast<const uint8_t*>(a[i]->w);
+    p.y[i] = a[i]->y;
+    p.y_stride[i] = a[i]->y_stride;
+    p.M[i] = a[i]->M;
+    p.tile0[i] = tiles;
+    p.part_off[i] = off;
+    tiles += static_cast<int>(ceil_div(a[i]->M, int64_t{16}));
+    off += static_cast<int64_t>(pl.splits) * a0.n * a[i]->M;
+  }
+  p.tile0[count] = tiles;
+  blocks_x = ceil_div(tiles, kMmqWarps);
+  p.n_sb = static_cast<int>(a0.K / 256);
   p.sb_per_split = pl.sb_per_split;
   p.xq = scratch_q(scratch);
-  p.xd = scratch_d(a, scratch);
-  p.xs = scratch_s(a, scratch);
-  p.xsplit = scratch_split(a, scratch);
-  p.K = a.K;
-  p.n = a.n;
-  p.y = a.y;
-  p.y_stride = a.y_stride;
+  p.xd = scratch_d(a0, scratch);
+  p.xs = scratch_s(a0, scratch);
+  p.xsplit = scratch_split(a0, scratch);
+  p.K = a0.K;
+  p.n = a0.n;
   PG_CHECK(pl.splits == 1 || part != nullptr, "mmq: no scratch for the split-K partials");
   p.part = static_cast<float*>(part);
-  const dim3 grid(static_cast<unsigned>(pl.blocks_x), static_cast<unsigned>(pl.splits));
-  const int nt = ceil_div(a.n, 8);
-  switch (mmq_type(a.type)) {
-    case kMqQ4K: mmq_launch_t<kMqQ4K>(p, nt, grid, stream, a.mmq_staged); break;
-    case kMqQ5K: mmq_launch_t<kMqQ5K>(p, nt, grid, stream, a.mmq_staged); break;
-    case kMqQ6K: mmq_launch_t<kMqQ6K>(p, nt, grid, stream, a.mmq_staged); break;
-    case kMqQ8_0: mmq_launch_t<kMqQ8_0>(p, nt, grid, stream, a.mmq_staged); break;
-    default: mmq_launch_t<kMqQ4_0>(p, nt, grid, stream, a.mmq_staged); break;
+  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(pl.splits));
+  const int nt = ceil_div(a0.n, 8);
+  const bool pdl = a0.pdl;
+  switch (mmq_type(a0.type)) {
+    case kMqQ4K: mmq_launch_t<kMqQ4K>(p, nt, grid, stream, a0.mmq_staged, pdl); break;
+    case kMqQ5K: mmq_launch_t<kMqQ5K>(p, nt, grid, stream, a0.mmq_staged, pdl); break;
+    case kMqQ6K: mmq_launch_t<kMqQ6K>(p, nt, grid, stream, a0.mmq_staged, pdl); break;
+    case kMqQ8_0: mmq_launch_t<kMqQ8_0>(p, nt, grid, stream, a0.mmq_staged, pdl); break;
+    default: mmq_launch_t<kMqQ4_0>(p, nt, grid, stream, a0.mmq_staged, pdl); break;
   }
   check_launch("mmq");
   if (pl.splits > 1) {
-    const int64_t total = static_cast<int64_t>(a.n) * a.M;
-    mmq_reduce_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(p.part, pl.splits, a.n, a.M, a.y, a.y_stride);
+    int64_t total = 0;
+    for (int i = 0; i < (glu >= 0 ? 1 : count); ++i) total += static_cast<int64_t>(a0.n) * a[i]->M;
+    launch_pdl(pdl, mmq_reduce_kernel, dim3(static_cast<unsigned>((total + 255) / 256)), dim3(256), 0, stream, p, pl.splits, glu);
     check_launch("mmq reduce");
   }
+}
+
+void mmq(const MatmulArgs& a, void* scratch, void* part, int n_sm, cudaStream_t stream, bool x_quantized) {
+  if (a.n <= 0 || a.M <= 0) return;
+  const MatmulArgs* one = &a;
+  mmq_multi(&one, 1, scratch, part, n_sm, stream, x_quantized, -1);
 }
 
 }  // namespace pg::cuda

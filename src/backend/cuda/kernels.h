@@ -117,6 +117,16 @@ constexpr int kMmqMaxRows = 64;
 bool mmq_supported(const MatmulArgs& a);
 size_t mmq_part_bytes(const MatmulArgs& a, int n_sm);
 void mmq(const MatmulArgs& a, void* scratch, void* part, int n_sm, cudaStream_t stream, bool x_quantized = false);
+// Grouped MMQ: the products a[0..count) (count ≤ 4) of one activation tensor, all mmq_multi_compatible with
+// a[0] (one MMQ type, K, rows, and the same split plan), in one launch over their concatenated 16-row tiles
+// (plus one reduce launch when K is split); each product's outputs are bit-identical to its own mmq().
+// part: mmq_multi_part_bytes. glu ≥ 0 (0 SiLU, 1 GELU; count == 2, gate then up of one shape, and
+// mmq_splits > 1): the reduce writes a[0].y = act(gate)·up and a[1].y = up — bit-identical to the products
+// followed by the glu op.
+bool mmq_multi_compatible(const MatmulArgs& a, const MatmulArgs& b, int n_sm);
+size_t mmq_multi_part_bytes(const MatmulArgs* const* a, int count, int n_sm);
+int mmq_splits(const MatmulArgs& a, int n_sm);
+void mmq_multi(const MatmulArgs* const* a, int count, void* scratch, void* part, int n_sm, cudaStream_t stream, bool x_quantized, int glu = -1);
 
 // The activation rounding of the CPU backend's default mode (ggml-cpu's vec_dot_type) for weights of
 // type t: kActQ8_0 (32 values, FP16 scale, half-even), kActQ8_K (256 values, signed-max scale) or none.
