@@ -230,16 +230,21 @@ TEST(CudaFaLayout, RowBoundsAndSplitPlan) {
   EXPECT_EQ(e, 100);
   fa::row_bounds(5, 37, b, e);
   EXPECT_EQ(b, 0);
+  // Chunk floors: the default 64 keys and a decode floor of 256 (CudaOptions::fa_decode_min_split_keys);
+  // 100 rounds up to 128.
+  for (int mk : {64, 256, 100})
   for (int base : {1, 7, 100, 1000})
     for (int cap : {64, 4096, 65536}) {
-      const fa::SplitPlan s = fa::split_plan(base, cap, 132);
+      const fa::SplitPlan s = fa::split_plan(base, cap, 132, 2, mk);
+      ASSERT_EQ(s.min_keys, mk == 100 ? 128 : mk);
       ASSERT_GE(s.n_splits, 1);
       ASSERT_GE(s.target, 1);
       if (base >= 264) {
         ASSERT_EQ(s.n_splits, 1);
       }
       // The target depends on the grid only: an eager launch of any length shares it with the bucket's.
-      ASSERT_EQ(fa::split_plan(base, 1, 132).target, s.target);
+      ASSERT_EQ(fa::split_plan(base, 1, 132, 2, mk).target, s.target);
+      ASSERT_LE(s.n_splits, (cap + s.min_keys - 1) / s.min_keys) << "no more splits than floors in the bucket";
       // Every actual range inside the bucket: the splits cover it once, in order, each chunk a multiple
       // of 64 keys (whole tiles of 32 or 64), and the grid's splits are enough.
       for (int lo : {0, 5, 100})
@@ -248,15 +253,15 @@ TEST(CudaFaLayout, RowBoundsAndSplitPlan) {
           int next = lo;
           for (int z = 0; z < s.n_splits; ++z) {
             int l = lo, h = lo + len;
-            fa::split_range(l, h, z, s.n_splits, s.target);
+            fa::split_range(l, h, z, s.n_splits, s.target, s.min_keys);
             if (l >= h) continue;
             ASSERT_EQ(l, next) << "splits in order, no gap or overlap";
             if (s.n_splits > 1 && h < lo + len) {
-              ASSERT_EQ((h - l) % fa::kMinSplitKeys, 0);
+              ASSERT_EQ((h - l) % s.min_keys, 0);
             }
             next = h;
           }
-          ASSERT_EQ(next, lo + len) << "base " << base << " cap " << cap << " len " << len << ": splits must cover the keys";
+          ASSERT_EQ(next, lo + len) << "base " << base << " cap " << cap << " len " << len << " floor " << mk << ": splits must cover the keys";
         }
     }
   // Tree masks: one past the highest set bit; visibility of draft positions end + j.

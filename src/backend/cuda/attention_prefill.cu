@@ -92,6 +92,7 @@ struct FaParams {
   AttentionArgs a;
   int br;          // batch rows per block (fa::rows_per_block)
   int n_splits, split_target;  // fa::split_plan: splits in the grid; the target split_range divides a pass by
+  int split_min_keys;          // fa::split_plan's chunk floor (SplitPlan::min_keys)
   float* part_acc;  // (n_splits, n, n_head, DV) unnormalised O of each split (rotated domain for a TQ3_0 V)
   float* part_ml;   // (n_splits, n, n_head, 2): running max (base 2) and sum of each split
   // Fused combine (AttentionArgs::fa_counters; not with a TQ3_0 V): (n_row_tiles, n_head_kv) arrival counts of
@@ -310,7 +311,7 @@ __global__ void __launch_bounds__(fa::kThreads) fa_prefill_kernel(const FaParams
     remaining &= ~pass;
     // This split's share of the pass's actual keys (a grid sized for a graph bucket: the surplus splits
     // get an empty range here and skip the pass).
-    fa::split_range(lo, hi, z, P.n_splits, P.split_target);
+    fa::split_range(lo, hi, z, P.n_splits, P.split_target, P.split_min_keys);
     if (lo >= hi) continue;  // uniform over the block: every thread computed the same lo, hi
 
     // Per lane row: visible [rb, re) inside this pass and split (empty for rows outside the pass); the keys
@@ -794,7 +795,7 @@ FaPlan fa_plan(const AttentionArgs& a, int n_sm) {
     while (cap < a.kv_capacity) cap *= 2;
     max_kv = std::max(max_kv, cap);
   }
-  pl.split = fa::split_plan(pl.n_row_tiles * a.n_head_kv, max_kv, n_sm, a.fa_blocks_per_sm);
+  pl.split = fa::split_plan(pl.n_row_tiles * a.n_head_kv, max_kv, n_sm, a.fa_blocks_per_sm, a.fa_min_split_keys);
   return pl;
 }
 
@@ -863,6 +864,7 @@ void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStre
   P.br = pl.br;
   P.n_splits = pl.split.n_splits;
   P.split_target = pl.split.target;
+  P.split_min_keys = pl.split.min_keys;
   if (a.typed) {
     P.k_head_bytes = static_cast<int>(kv_head_bytes(a.k_type, a.head_dim));
     P.v_head_bytes = static_cast<int>(kv_head_bytes(a.v_type, a.head_dim));

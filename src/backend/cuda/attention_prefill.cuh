@@ -87,30 +87,38 @@ PG_FA_HD int p_elem(int r, int h) { return 2 * (r & 1) + h; }
 // (Sizing the chunks by the bucket, as before, left most splits empty and a few walking the whole context.)
 struct SplitPlan {
   int n_splits = 1, target = 1;
+  int min_keys = 64;  // the chunk floor split_range rounds to (kMinSplitKeys or a multiple of it)
 };
 constexpr int kMinSplitKeys = 64;  // smallest split chunk (one 64-key tile; two at head 256); as attention.cu
-PG_FA_HD SplitPlan split_plan(int base_blocks, int max_kv, int n_sm, int per_sm = 2) {
+// min_keys: the smallest chunk (a multiple of kMinSplitKeys; others are rounded up to one). Decode and
+// verification calls may ask for more (CudaOptions::fa_decode_min_split_keys): fewer, longer splits, so less
+// partial traffic and combine work where each split would otherwise hold one 64-key tile.
+PG_FA_HD SplitPlan split_plan(int base_blocks, int max_kv, int n_sm, int per_sm = 2, int min_keys = kMinSplitKeys) {
   SplitPlan s;
   // per_sm (default 2) blocks per SM: an FA block (4 warps, 16 rows each on tensor cores) has far more work
   // in flight than a SIMT decode block, so fewer of them hide the latency (CudaOptions::fa_blocks_per_sm
   // tries more: decode rows fill 4-8 of a block's 64 MMA rows, so its keys per block set the time).
   if (per_sm < 1) per_sm = 1;
+  if (min_keys < kMinSplitKeys) min_keys = kMinSplitKeys;
+  min_keys = (min_keys + kMinSplitKeys - 1) / kMinSplitKeys * kMinSplitKeys;
+  s.min_keys = min_keys;
   const int want = base_blocks >= per_sm * n_sm ? 1 : (per_sm * n_sm + base_blocks - 1) / base_blocks;
-  const int most = (max_kv + kMinSplitKeys - 1) / kMinSplitKeys;
+  const int most = (max_kv + min_keys - 1) / min_keys;
   s.target = want;
   s.n_splits = want < most ? want : most;
   if (s.n_splits < 1) s.n_splits = 1;
   return s;
 }
 // Split z's share [lo, hi) of a pass's keys [lo, hi) (the pass range as read on the device): chunks of
-// max(kMinSplitKeys, ⌈(hi − lo) / target⌉ rounded up to kMinSplitKeys) keys, so ⌈(hi − lo) / chunk⌉ ≤
-// min(target, ⌈(hi − lo) / 64⌉) ≤ n_splits splits are non-empty and cover the range once; the others get
-// lo ≥ hi. Chunks are multiples of 64, hence of every tile size (keys_per_tile: 32 or 64).
-PG_FA_HD void split_range(int& lo, int& hi, int z, int n_splits, int target) {
+// max(min_keys, ⌈(hi − lo) / target⌉ rounded up to min_keys) keys, so ⌈(hi − lo) / chunk⌉ ≤
+// min(target, ⌈(hi − lo) / min_keys⌉) ≤ n_splits splits are non-empty and cover the range once; the others get
+// lo ≥ hi. Chunks are multiples of 64, hence of every tile size (keys_per_tile: 32 or 64). min_keys: the
+// plan's (SplitPlan::min_keys).
+PG_FA_HD void split_range(int& lo, int& hi, int z, int n_splits, int target, int min_keys = kMinSplitKeys) {
   if (n_splits <= 1 || hi <= lo) return;
   int chunk = ((hi - lo) + target - 1) / target;
-  chunk = (chunk + kMinSplitKeys - 1) / kMinSplitKeys * kMinSplitKeys;
-  if (chunk < kMinSplitKeys) chunk = kMinSplitKeys;
+  chunk = (chunk + min_keys - 1) / min_keys * min_keys;
+  if (chunk < min_keys) chunk = min_keys;
   const int slo = lo + z * chunk;
   if (slo + chunk < hi) hi = slo + chunk;
   lo = slo;

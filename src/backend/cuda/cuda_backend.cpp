@@ -97,6 +97,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_PROFILE"); e && *e) opt.profile = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE"); e && *e) opt.fa_decode = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_SPLIT_BLOCKS"); e && *e) opt.fa_blocks_per_sm = std::max(1, std::atoi(e));
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE_CHUNK"); e && *e) opt.fa_decode_min_split_keys = std::max(64, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_FUSED_COMBINE"); e && *e) opt.fa_fused_combine = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC"); e && *e) opt.fa_vec = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) opt.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
@@ -1063,6 +1064,7 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   a.out_stride = out.cols();
   a.kv_capacity = attn_kv_capacity_;
   a.fa_blocks_per_sm = opt_.fa_blocks_per_sm;
+  if (opt_.fa_prefill_min_rows <= 0 || batch.n_tokens < opt_.fa_prefill_min_rows) a.fa_min_split_keys = opt_.fa_decode_min_split_keys;
   if (opt_.fa_fused_combine) a.fa_counters = fa_counters_, a.fa_counters_len = kFaCounters;
   if (batch.tree_mask.valid()) {
     check_own(batch.tree_mask, "attention");

@@ -127,6 +127,12 @@ struct CudaOptions {
   // value is deterministic and graph/eager-identical; values give different (equally valid) summation orders.
   // Environment: PEREGRINE_CUDA_FA_SPLIT_BLOCKS=<n> (factory). Being measured (issue 11: tg at depth).
   int fa_blocks_per_sm = 2;
+  // The smallest split chunk (keys, a multiple of 64) of the tensor-core attention for calls below
+  // fa_prefill_min_rows rows (decode of several sequences, verification trees): 64 cuts a 22-row tree at
+  // depth 541 into 9 splits of one tile each, whose partials (64 rows × head_dim floats per block) and
+  // combine outweigh the 2 MB of KV. Larger: fewer, longer splits. Environment:
+  // PEREGRINE_CUDA_FA_DECODE_CHUNK=<keys> (factory). Being measured (issue 10: the verify forward).
+  int fa_decode_min_split_keys = 64;
   // Split-K of the tensor-core attention without the combine launch: the last split of each (row tile, KV
   // head) to finish merges the partials with the combine kernel's own code (bit-identical; not for a TQ3_0
   // V). Why: the combine was a separate 6.4 µs launch per layer at decode (ncu, device run 32). Checked in the

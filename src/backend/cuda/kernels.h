@@ -247,6 +247,7 @@ struct AttentionArgs {
   int64_t out_stride = 0;
   int kv_capacity = 0;  // > 0: size the grid for this many positions (graph capture), not max_kv_len
   int fa_blocks_per_sm = 2;
+  int fa_min_split_keys = 64;  // tensor-core attention's smallest split chunk (fa::split_plan min_keys)
   // Tensor-core attention's fused split combine (CudaOptions::fa_fused_combine): fa_counters_len zeroed ints the
   // kernel counts split arrivals in and leaves zeroed; null: the separate combine kernel.
   int* fa_counters = nullptr;
