@@ -8,7 +8,8 @@
 //    area and barrier (all 32 lanes must take part, as the kernel's full masks promise);
 //  - ldmatrix.x4 (plain and .trans) and mma.m16n8k16 (f16 in, f32 accumulate) from the PTX ISA's
 //    fragment definitions (the same tables test_cuda_fa_layout.cpp checks the kernel's helpers against);
-//  - cp.async (16 bytes with zero fill, and the plain 16/8/4-byte forms, alignment checked): a copy is queued
+//  - cp.async (16/8/4 bytes with zero fill, and the plain 16/8/4-byte forms, alignment checked but for the
+//    16-byte zero-fill form): a copy is queued
 //    when issued and performed at the cp.async.wait_group that retires its group, not before, so a read of a
 //    tile before its wait sees the old contents (NaN at first);
 //  - the scalar intrinsics of backend/cuda/common.cuh and kv_quant.cuh (the typed-KV decoders) come from
@@ -175,6 +176,17 @@ inline void cp_async_bytes(void* dst, const void* src, int bytes) {
   }
   shim::t_open.push_back({dst, src, bytes, bytes});
 }
+// The 8- and 4-byte zero-fill forms (attention_decode.cu's q8_0 staging), alignment checked like the plain ones.
+inline void cp_async_zfill_bytes(void* dst, const void* src, int bytes, int src_bytes) {
+  const auto n = static_cast<uintptr_t>(bytes);
+  if (reinterpret_cast<uintptr_t>(dst) % n != 0 || reinterpret_cast<uintptr_t>(src) % n != 0) {
+    shim::g_misaligned.fetch_add(1);
+    return;
+  }
+  shim::t_open.push_back({dst, src, src_bytes, bytes});
+}
+inline void cp_async8_zfill(void* dst, const void* src, int src_bytes) { cp_async_zfill_bytes(dst, src, 8, src_bytes); }
+inline void cp_async4_zfill(void* dst, const void* src, int src_bytes) { cp_async_zfill_bytes(dst, src, 4, src_bytes); }
 inline void cp_async16(void* dst, const void* src) { cp_async_bytes(dst, src, 16); }
 inline void cp_async8(void* dst, const void* src) { cp_async_bytes(dst, src, 8); }
 inline void cp_async4(void* dst, const void* src) { cp_async_bytes(dst, src, 4); }

@@ -2,8 +2,10 @@
 // against the CPU reference (exact mode), against the default decode route (tensor-core kernel) and the FP32
 // kernel on the same device cache, and a CUDA graph replayed at another KV length than at capture against the
 // eager launch (bit-identical). Rows 1..8 of one or several sequences, head_dim 64/128/256, GQA 1/3/4/8,
-// window, soft-cap, token trees, depths 0..3299 (split and unsplit plans). Host emulation of the same code:
-// test_cuda_favec_emulated.cpp. Written without device time (label `cuda`).
+// window, soft-cap, token trees, depths 0..3299 (split and unsplit plans); F16 caches and (issue 12) Q8_0 caches
+// and the mixed pairs F16/Q8_0, Q8_0/F16, written by each backend's own kv_store (bytes checked equal first).
+// Host emulation of the same code: test_cuda_favec_emulated.cpp. Written without device time (label `cuda`);
+// the typed cases not yet run on a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 
 #include "backend/cuda/attention_prefill.cuh"
 #include "backend/cuda/kernels.h"
+#include "core/kv_quant.h"
 #include "cuda_test_util.h"
 #include "testutil.h"
 
@@ -30,13 +33,16 @@ using test::randn;
 struct VecCase {
   int n_head, n_head_kv, head_dim, window;
   float softcap;
+  DType k = DType::F16, v = DType::F16;  // cache element types
 };
 
 std::string vec_case_name(const testing::TestParamInfo<VecCase>& i) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim, i.param.window,
                 static_cast<int>(i.param.softcap));
-  return buf;
+  std::string name = buf;
+  if (i.param.k != DType::F16 || i.param.v != DType::F16) name += "_" + kv_type_name(i.param.k) + "_" + kv_type_name(i.param.v);
+  return name;
 }
 
 CudaOptions vec_options(bool fa_vec) {
@@ -61,10 +67,15 @@ TEST_P(CudaFaVec, MatchesCpuTensorCoresAndGraphReplay) {
   const int n_seq = 3, lens[n_seq] = {3300, 400, 300};
   const test::PagedKvLayout layout(n_seq, 3300, 16, 11);
   const int64_t kvw = static_cast<int64_t>(c.n_head_kv) * c.head_dim, qw = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const bool typed = c.k != DType::F16 || c.v != DType::F16;
   test::KvSide sides[2] = {{cpu.get(), {}, {}}, {gpu.get(), {}, {}}};
   for (auto& s : sides) {
-    s.kv.k = s.be->alloc(DType::F16, kvw, layout.n_cells());
-    s.kv.v = s.be->alloc(DType::F16, kvw, layout.n_cells());
+    s.kv.k = s.be->alloc(c.k, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.k, c.head_dim), layout.n_cells());
+    s.kv.v = s.be->alloc(c.v, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.v, c.head_dim), layout.n_cells());
+    s.kv.n_head_kv = c.n_head_kv, s.kv.head_dim = c.head_dim, s.kv.head_dim_v = c.head_dim;
+    const std::vector<uint8_t> zk(s.kv.k.nbytes(), 0), zv(s.kv.v.nbytes(), 0);  // same initial bytes on both sides
+    s.be->upload(s.kv.k, zk.data(), zk.size());
+    s.be->upload(s.kv.v, zv.data(), zv.size());
     s.table = test::upload_block_table(*s.be, layout);
   }
   for (int sq = 0; sq < n_seq; ++sq)
@@ -76,6 +87,9 @@ TEST_P(CudaFaVec, MatchesCpuTensorCoresAndGraphReplay) {
       const auto v = randn(static_cast<size_t>(n * kvw), static_cast<uint32_t>(4000 + sq * 31 + p0));
       for (auto& s : sides) test::store_kv_rows(s, layout, pos, seq, kvw, k, v);
     }
+  // The comparisons below are of kernels on identical inputs: the CUDA store writes kv_quantize_row's bytes.
+  ASSERT_TRUE(test::fetch_bytes(*cpu, sides[0].kv.k) == test::fetch_bytes(*gpu, sides[1].kv.k)) << "K caches differ";
+  ASSERT_TRUE(test::fetch_bytes(*cpu, sides[0].kv.v) == test::fetch_bytes(*gpu, sides[1].kv.v)) << "V caches differ";
   AttentionParams ap;
   ap.n_head = c.n_head;
   ap.n_head_kv = c.n_head_kv;
@@ -153,6 +167,9 @@ TEST_P(CudaFaVec, MatchesCpuTensorCoresAndGraphReplay) {
         cuda::AttentionArgs probe;  // the shape must be one fa_vec takes, else run 1 silently tests another kernel
         probe.q = qt.as<float>(), probe.q_stride = qw, probe.k = s.kv.k.data, probe.v = s.kv.v.data;
         probe.n = n, probe.n_head = c.n_head, probe.n_head_kv = c.n_head_kv, probe.head_dim = c.head_dim, probe.block_size = 16;
+        // (typed fields as CudaBackend::attention sets them)
+        probe.kv_f16 = c.k == DType::F16, probe.typed = typed, probe.k_type = c.k, probe.v_type = c.v;
+        probe.k_row_bytes = s.kv.k.row_bytes(), probe.v_row_bytes = s.kv.v.row_bytes();
         EXPECT_TRUE(cuda::attention_decode_supported(probe));
       }
       s.be->attention(qt, s.kv, b, ap, ot);
@@ -163,10 +180,11 @@ TEST_P(CudaFaVec, MatchesCpuTensorCoresAndGraphReplay) {
     }
     const ErrStats ev = compare(out[1], out[0]);
     EXPECT_EQ(ev.bad, 0u) << "fa_vec: NaN/Inf or unwritten outputs";
-    EXPECT_LE(ev.rel, 2e-5) << "fa_vec vs CPU, max_abs " << ev.max_abs;  // FP32 arithmetic: the FP32 kernel's bound
+    // FP32 arithmetic (on the same F16 / Q8_0 values: d·q is exact in FP32): the FP32 kernel's bound.
+    EXPECT_LE(ev.rel, 2e-5) << "fa_vec vs CPU, max_abs " << ev.max_abs;
     const ErrStats et = compare(out[1], out[2]);
     EXPECT_LE(et.rel, 2e-3) << "fa_vec vs tensor-core route, max_abs " << et.max_abs;
-    const ErrStats e32 = compare(out[1], out[3]);
+    const ErrStats e32 = compare(out[1], out[3]);  // typed caches: attention.cu's attn_kvq_kernel
     EXPECT_LE(e32.rel, 2e-5) << "fa_vec vs FP32 kernel, max_abs " << e32.max_abs;
     std::printf("%s: fa_vec vs cpu %.2e, vs tensor cores %.2e, vs fp32 kernel %.2e\n", vb.what.c_str(), ev.rel, et.rel, e32.rel);
   }
@@ -216,7 +234,16 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaVec,
                                          VecCase{8, 1, 64, 50, 20.0f},   // GQA 8, window, softcap
                                          VecCase{6, 2, 64, 0, 0.0f},     // GQA 3
                                          VecCase{4, 4, 128, 0, 30.0f},   // GQA 1, softcap
-                                         VecCase{16, 2, 256, 100, 0.0f}),  // head 256, GQA 8, window
+                                         VecCase{16, 2, 256, 100, 0.0f},  // head 256, GQA 8, window
+                                         // Q8_0 caches and the mixed pairs (issue 12):
+                                         VecCase{32, 8, 128, 0, 0.0f, DType::Q8_0, DType::Q8_0},    // qwen3-8b -ctk/-ctv q8_0
+                                         VecCase{24, 4, 256, 0, 0.0f, DType::Q8_0, DType::Q8_0},    // head 256, GQA 6
+                                         VecCase{8, 1, 64, 50, 20.0f, DType::Q8_0, DType::Q8_0},    // GQA 8, window, softcap
+                                         VecCase{4, 4, 128, 0, 30.0f, DType::Q8_0, DType::Q8_0},    // GQA 1, softcap
+                                         VecCase{16, 2, 256, 100, 0.0f, DType::Q8_0, DType::Q8_0},  // head 256, GQA 8, window
+                                         VecCase{32, 8, 128, 0, 0.0f, DType::F16, DType::Q8_0},     // mixed pairs
+                                         VecCase{6, 2, 64, 0, 0.0f, DType::Q8_0, DType::F16},
+                                         VecCase{24, 4, 256, 0, 0.0f, DType::Q8_0, DType::F16}),
                          vec_case_name);
 
 }  // namespace

@@ -1,11 +1,13 @@
-// The SIMT flash-decoding attention's own code (backend/cuda/attention_decode.cu: host split plan, kernel,
-// split combine), compiled for the host against the thread-level emulation of tests/cuda/cuda_thread_shim.h,
-// against the CPU backend's attention (exact mode) on a paged F16 cache: rows 1..8 of one or several
-// sequences, head_dim 64/128/256, GQA 1/3/4/8, sliding window, soft-cap, token trees, depths that split and
-// depths that do not. Also: a grid sized for a graph bucket (more splits, most past the real length) gives
-// the same bits as the eager launch, and unsupported shapes are refused. No GPU needed; the device tests
-// (test_cuda_favec.cpp, and every CUDA test with PEREGRINE_CUDA_FA_VEC=1) cover
-// what the emulation cannot (timing, registers, the real intrinsics).
+// The SIMT flash-decoding attention's own code (backend/cuda/attention_decode.cu: host split plan, kernel, split
+// combine), compiled for the host against the thread-level emulation of tests/cuda/cuda_thread_shim.h, against the
+// CPU backend's attention (exact mode) on the same paged cache bytes (core's kv_quantize_row: what the CPU and CUDA
+// stores write): F16, Q8_0 and the mixed pairs F16/Q8_0 and Q8_0/F16; rows 1..8 of one or several sequences, head_dim
+// 64/128/256, GQA 1/3/4/8, sliding window, soft-cap, token trees, depths that split and depths that do not. Also: a
+// grid sized for a graph bucket (more splits, most past the real length) gives the same bits as the eager launch, and
+// unsupported shapes are refused. The typed cases run a subset of the batches (VecCase::batches; every emulated
+// shuffle is two barriers of 32 host threads, and the F16 cases already take minutes on a 2-core machine) chosen so
+// that together they still cover every batch kind. No GPU needed; the device tests (test_cuda_favec.cpp, and every
+// CUDA test with PEREGRINE_CUDA_FA_VEC=1) cover what the emulation cannot (timing, registers, the real intrinsics).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/attention_decode.cu"  // with PG_CUDA_HOST_SHIM: into pg::cuda::host_emu
+#include "core/kv_quant.h"
 
 namespace pg {
 namespace {
@@ -42,15 +45,24 @@ struct VecCase {
   int n_sm;  // the plan's SM count: with 1 the grid is "full" at once (no split), with 64 long rows split
   int stages = 2;       // AttentionArgs::fa_vec_stages: the cp.async ring's tiles (2..4)
   int block_size = 16;  // cache cells per block: a power of two (shift) or not (division)
+  DType k = DType::F16, v = DType::F16;  // cache element types (F16/F16: AttentionArgs::typed false)
+  uint32_t batches = ~0u;  // which of the test's batches run (bit i: batch i of the list below)
 };
+
+// Batch bits of VecCase::batches (the order of the list in KernelCodeMatchesCpu).
+constexpr uint32_t kDepth0 = 1u << 0, kDepth5 = 1u << 1, kDepth329 = 1u << 2, kTwoSeqs = 1u << 3, kChain8 = 1u << 4,
+                   kMixed3 = 1u << 5, kTree = 1u << 6;
+constexpr DType kF16 = DType::F16, kQ8 = DType::Q8_0;
 
 class CudaFaVecEmulated : public testing::TestWithParam<VecCase> {};
 
 std::string vec_name(const testing::TestParamInfo<VecCase>& i) {
-  char buf[128];
+  char buf[160];
   std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d_sm%d_st%d_bs%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim, i.param.window,
                 static_cast<int>(i.param.softcap), i.param.n_sm, i.param.stages, i.param.block_size);
-  return buf;
+  std::string name = buf;
+  if (i.param.k != DType::F16 || i.param.v != DType::F16) name += "_" + kv_type_name(i.param.k) + "_" + kv_type_name(i.param.v);
+  return name;
 }
 
 TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
@@ -68,14 +80,17 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
   std::shuffle(table.begin(), table.end(), std::mt19937(5));
   auto cell = [&](int s, int p) { return table[static_cast<size_t>(s * max_blocks + p / block_size)] * block_size + p % block_size; };
   const int64_t kvw = static_cast<int64_t>(c.n_head_kv) * c.head_dim, qw = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const bool typed = c.k != DType::F16 || c.v != DType::F16;
+  const int64_t n_cells = static_cast<int64_t>(n_blocks) * block_size;
+  const size_t krb = kv_row_bytes(c.k, c.n_head_kv, c.head_dim), vrb = kv_row_bytes(c.v, c.n_head_kv, c.head_dim);
   KvLayer kv;
-  kv.k = cpu.alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
-  kv.v = cpu.alloc(DType::F16, kvw, static_cast<int64_t>(n_blocks) * block_size);
-  {
-    const std::vector<uint8_t> zk(kv.k.nbytes(), 0);
-    cpu.upload(kv.k, zk.data(), zk.size());
-    cpu.upload(kv.v, zk.data(), zk.size());
-  }
+  kv.k = cpu.alloc(c.k, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.k, c.head_dim), n_cells);
+  kv.v = cpu.alloc(c.v, static_cast<int64_t>(c.n_head_kv) * kv_head_width(c.v, c.head_dim), n_cells);
+  kv.n_head_kv = c.n_head_kv, kv.head_dim = c.head_dim, kv.head_dim_v = c.head_dim;
+  ASSERT_EQ(kv.k.row_bytes(), krb);
+  ASSERT_EQ(kv.v.row_bytes(), vrb);
+  // The cache bytes: every cell zero, then each stored position's row through core's kv_quantize_row.
+  std::vector<uint8_t> kbytes(static_cast<size_t>(n_cells) * krb, 0), vbytes(static_cast<size_t>(n_cells) * vrb, 0);
   Tensor tt = make(cpu, DType::I32, max_blocks, n_seq, table.data());
   std::vector<Tensor> keep;
   auto batch_of = [&](const std::vector<int32_t>& pos, const std::vector<int32_t>& seq) {
@@ -95,18 +110,18 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
     return b;
   };
   for (int s = 0; s < n_seq; ++s) {
-    std::vector<int32_t> pos, seq;
-    for (int p = 0; p < lens[s]; ++p) pos.push_back(p), seq.push_back(s);
     // Keys with a spread of scales so that the softmax is far from uniform (the max updates matter).
-    auto k = randn(pos.size() * static_cast<size_t>(kvw), 30 + s);
+    auto k = randn(static_cast<size_t>(lens[s]) * static_cast<size_t>(kvw), 30 + s);
     for (size_t i = 0; i < k.size(); ++i) k[i] *= 1.0f + 2.0f * static_cast<float>((i / static_cast<size_t>(kvw)) % 7 == 3);
-    const auto v = randn(pos.size() * static_cast<size_t>(kvw), 40 + s);
-    Tensor kt = make(cpu, DType::F32, kvw, static_cast<int64_t>(pos.size()), k.data());
-    Tensor vt = make(cpu, DType::F32, kvw, static_cast<int64_t>(pos.size()), v.data());
-    cpu.kv_store(kv, kt, vt, batch_of(pos, seq));
-    cpu.free(kt);
-    cpu.free(vt);
+    const auto v = randn(static_cast<size_t>(lens[s]) * static_cast<size_t>(kvw), 40 + s);
+    for (int p = 0; p < lens[s]; ++p) {
+      const size_t cl = static_cast<size_t>(cell(s, p));
+      kv_quantize_row(c.k, k.data() + static_cast<size_t>(p) * kvw, c.n_head_kv, c.head_dim, kbytes.data() + cl * krb);
+      kv_quantize_row(c.v, v.data() + static_cast<size_t>(p) * kvw, c.n_head_kv, c.head_dim, vbytes.data() + cl * vrb);
+    }
   }
+  cpu.upload(kv.k, kbytes.data(), kbytes.size());
+  cpu.upload(kv.v, vbytes.data(), vbytes.size());
   AttentionParams ap;
   ap.n_head = c.n_head;
   ap.n_head_kv = c.n_head_kv;
@@ -124,7 +139,7 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
   std::vector<B> batches;
   batches.push_back(B{"depth 0: one key", {0}, {1}});
   batches.push_back(B{"one row at depth 5", {5}, {0}});
-  batches.push_back(B{"one row at depth 329 (splits with 16 SMs)", {329}, {0}});
+  batches.push_back(B{"one row at depth 329 (splits with 4 or 16 SMs)", {329}, {0}});
   batches.push_back(B{"two sequences: seq 0 at 329, seq 1 at 89", {329, 89}, {0, 1}});
   {
     B chain{"chain of 8 rows of seq 0 at 200..207", {}, {}};
@@ -148,7 +163,9 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
     batches.push_back(tree);
   }
   bool saw_split = false, saw_unsplit = false;
-  for (const B& bt : batches) {
+  for (size_t bi = 0; bi < batches.size(); ++bi) {
+    if (!(c.batches >> bi & 1u)) continue;
+    const B& bt = batches[bi];
     SCOPED_TRACE(bt.what);
     const int n = static_cast<int>(bt.pos.size());
     const auto q = randn(static_cast<size_t>(n * qw), static_cast<uint32_t>(n + 7));
@@ -171,7 +188,10 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
     a.q_stride = qw;
     a.k = kv.k.data;
     a.v = kv.v.data;
-    a.kv_f16 = true;
+    a.kv_f16 = c.k == DType::F16;
+    a.typed = typed;  // as CudaBackend::attention sets them
+    a.k_type = c.k, a.v_type = c.v;
+    a.k_row_bytes = krb, a.v_row_bytes = vrb;
     a.positions = b.positions.as<int32_t>();
     a.seq = b.seq.as<int32_t>();
     a.block_table = tt.as<int32_t>();
@@ -197,7 +217,9 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
     const size_t sb = cuda::host_emu::attention_decode_scratch_bytes(a, c.n_sm);
     (sb ? saw_split : saw_unsplit) = true;
     std::vector<float> scratch(sb / sizeof(float) + 1, std::nanf(""));  // NaN: a partial read before written shows
+    const long misaligned0 = cuda::host_emu::shim::g_misaligned.load();
     cuda::host_emu::attention_decode(a, scratch.data(), c.n_sm, nullptr);
+    EXPECT_EQ(cuda::host_emu::shim::g_misaligned.load(), misaligned0) << "a cp.async with a misaligned address (the GPU faults)";
     const float* r = ref.as<float>();
     double num = 0, den = 0, worst = 0;
     size_t bad = 0;
@@ -211,7 +233,7 @@ TEST_P(CudaFaVecEmulated, KernelCodeMatchesCpu) {
     }
     EXPECT_EQ(bad, 0u) << "NaN/Inf or unwritten outputs";
     const double rel = std::sqrt(num / den);
-    // FP32 arithmetic on the same F16 values as the CPU: only the summation order differs.
+    // FP32 arithmetic on the same F16 / Q8_0 values as the CPU (d·q is exact in FP32): only the summation order differs.
     EXPECT_LE(rel, 2e-5) << "max abs " << worst;
     EXPECT_LE(worst, 1e-4);
     // A grid sized for a graph's bucket (kv_capacity 1024: more splits, most of them empty) must give the
@@ -250,7 +272,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaVecEmulated,
                                          VecCase{4, 1, 256, 37, 0.0f, 16},   // head 256, GQA 4, window
                                          VecCase{8, 1, 256, 200, 0.0f, 1},   // head 256, GQA 8 (U = 2), window 200 (the split bound)
                                          VecCase{8, 1, 64, 50, 20.0f, 16, 3, 24},  // three stages, block size 24
-                                         VecCase{2, 2, 128, 0, 30.0f, 16, 4}),     // four stages
+                                         VecCase{2, 2, 128, 0, 30.0f, 16, 4},      // four stages
+                                         // Q8_0 caches and the mixed pairs (issue 12), each on a subset of the batches and
+                                         // 4 SMs in the plan (fewer splits: fewer emulated blocks; still split at 329 keys):
+                                         VecCase{8, 2, 128, 0, 0.0f, 4, 2, 16, kQ8, kQ8, kDepth0 | kDepth329 | kChain8},
+                                         VecCase{8, 1, 64, 50, 20.0f, 4, 2, 16, kQ8, kQ8, kDepth0 | kDepth329 | kTree},
+                                         VecCase{2, 2, 128, 0, 30.0f, 1, 2, 16, kQ8, kQ8, kDepth0 | kTwoSeqs | kTree},
+                                         VecCase{4, 1, 256, 37, 0.0f, 4, 3, 24, kQ8, kQ8, kDepth0 | kMixed3 | kTree},
+                                         VecCase{8, 2, 128, 0, 0.0f, 4, 2, 16, kF16, kQ8, kDepth0 | kDepth329 | kMixed3},
+                                         VecCase{6, 2, 64, 0, 0.0f, 4, 4, 16, kQ8, kF16, kDepth0 | kDepth5 | kDepth329 | kChain8}),
                          vec_name);
 
 TEST(CudaFaVecPlan, SplitsCoverTheRangeOnce) {
@@ -305,8 +335,19 @@ TEST(CudaFaVecPlan, Routing) {
   EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "GQA 16";
   a.n_head = 32, a.kv_f16 = false;
   EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "F32 cache";
-  a.kv_f16 = true, a.typed = true;
-  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "typed cache";
+  a.kv_f16 = true;
+  // Typed caches: K and V each F16 or Q8_0 with rows in core's layout; any other type is refused.
+  a.typed = true, a.k_type = a.v_type = DType::Q8_0;
+  a.k_row_bytes = a.v_row_bytes = kv_row_bytes(DType::Q8_0, 8, 128);
+  EXPECT_TRUE(cuda::host_emu::attention_decode_supported(a)) << "q8_0 cache";
+  a.k_type = DType::F16, a.k_row_bytes = kv_row_bytes(DType::F16, 8, 128);
+  EXPECT_TRUE(cuda::host_emu::attention_decode_supported(a)) << "f16 K, q8_0 V";
+  a.v_row_bytes += 2;
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "V rows not in the q8_0 layout";
+  a.v_type = DType::Q4_0, a.v_row_bytes = kv_row_bytes(DType::Q4_0, 8, 128);
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "q4_0 V";
+  a.k_type = a.v_type = DType::BF16, a.k_row_bytes = a.v_row_bytes = kv_row_bytes(DType::BF16, 8, 128);
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "bf16 cache";
   a.typed = false, a.k = buf + 1;
   EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "misaligned cache";
   a.k = buf;

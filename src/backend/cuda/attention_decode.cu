@@ -1,26 +1,32 @@
-// SIMT flash-decoding attention for decode / short verification calls (1..8 rows) over the paged F16 KV
-// cache (CudaOptions::fa_vec, issue 11). Why a separate kernel: the tensor-core kernel (attention_prefill.cu)
-// fills only g of its 64 MMA rows at decode and pays a large fixed part per block (ncu: 25.5 µs per launch at
-// depth 0, ~28 µs + an 8.8 µs combine at depth 4096 for qwen3-8b), while the KV read itself is ~5 µs there.
+// SIMT flash-decoding attention for decode / short verification calls (1..8 rows) over the paged F16 or Q8_0 KV cache
+// (CudaOptions::fa_vec, issue 11; Q8_0 and the mixed pairs: issue 12). Why a separate kernel: the tensor-core kernel
+// (attention_prefill.cu) fills only g of its 64 MMA rows at decode and pays a large fixed part per block (ncu:
+// 25.5 µs per launch at depth 0, ~28 µs + an 8.8 µs combine at depth 4096 for qwen3-8b), while the KV read itself
+// is ~5 µs there.
 //
 // Contract (attention_decode): out (n, n_head·head_dim) FP32 = softmax(softcap(scale·q·kᵀ))·v per (row, head),
 // row r seeing the keys of its sequence at logical positions [begin, positions[r] + 1) with begin = 0 or, with
 // a sliding window w, positions[r] + 1 − w; tree rows (tree_mask set) see [begin, kv_len[r]) plus kv_len[r] + j
 // for each set bit j of their mask words — the semantics of CpuBackend::attention and attention.cu. Cells
-// through the block table: cell = table[seq][p / block_size]·block_size + p % block_size. K and V F16/F16,
-// head_dim 64 / 128 / 256, n_head / n_head_kv ≤ 8, n ≤ 8 (attention_decode_supported). FP32 arithmetic on the
-// F16 cache values (only the summation order differs from the CPU: not bit-exact, ~1e-6 relative).
+// through the block table: cell = table[seq][p / block_size]·block_size + p % block_size. K and V each F16 or
+// Q8_0 (F16/F16, Q8_0/Q8_0, F16/Q8_0, Q8_0/F16; core/kv_quant.h's layout: a Q8_0 head is head_dim / 32 blocks of
+// an fp16 scale d and 32 int8 q, 34 bytes each), head_dim 64 / 128 / 256, n_head / n_head_kv ≤ 8, n ≤ 8
+// (attention_decode_supported). FP32 arithmetic on the cache's values: F16 converted exactly, Q8_0 as d·q
+// (exact in FP32: an 11-bit significand times an 8-bit integer), the values of core's dequantizers; only the
+// summation order differs from the CPU (not bit-exact, ~1e-6 relative). No dequantized copy of a Q8_0 cache
+// exists: its blocks are staged as stored and decoded in registers.
 //
-// Layout: one block of 4 warps per (batch row, KV head, key split): all g query heads of the KV head are in
-// the block (GQA: each K/V byte is read once for the group). A lane holds 8 dims of the head (one 16-byte
-// load of K, one of V); head_dim / 8 lanes share a key (a "lane group"); a warp thus works on 32·8 / head_dim
-// keys at once, U of them per lane group per iteration (U loads of K and U of V in flight per lane). Warps
-// take interleaved stretches of the split's keys; each lane group keeps its own online softmax (m, l, acc of
-// its 8 dims) per query head in FP32 registers, base 2. After the key loop the lane groups of a warp merge by
-// shuffles, then the 4 warps merge through shared memory with every thread taking (head, dim) entries.
+// Layout: one block of 4 warps per (batch row, KV head, key split): all g query heads of the KV head are in the block
+// (GQA: each K/V byte is read once for the group). A lane holds 8 dims of the head (F16: one 16-byte load of K, one
+// of V; Q8_0: 8 int8 and their block's scale, FdKv); head_dim / 8 lanes share a key (a "lane group"); a warp thus
+// works on 32·8 / head_dim keys at once, U of them per lane group per iteration (U loads of K and U of V in flight
+// per lane). Warps take interleaved stretches of the split's keys; each lane group keeps its own online softmax (m,
+// l, acc of its 8 dims) per query head in FP32 registers, base 2. After the key loop the lane groups of a warp merge
+// by shuffles, then the 4 warps merge through shared memory with every thread taking (head, dim) entries.
 // Q is loaded once per block with float4 loads, pre-scaled (×log2 e too when there is no soft-cap).
 // K/V reach the lanes through shared memory: a cp.async ring of 2..4 tiles (FdParams::stages), each tile one
-// warp-iteration of every warp, so the split's bytes are requested before the first score.
+// warp-iteration of every warp, so the split's bytes are requested before the first score. The F16/F16
+// instantiations are the kernel of issue 11 unchanged (the typed code sits in `if constexpr` branches).
 //
 // Splits: the host picks n_splits from the launch-shape bound (max_kv_len or the graph bucket, fd::split_plan)
 // so the grid fills the SMs; each split takes fd::split_range's share of its row's ACTUAL range (computed on
@@ -39,6 +45,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/attention_prefill.cuh"  // fa::row_bounds, tree_hi, tree_visible (CUDA-free helpers)
@@ -61,6 +68,9 @@ inline void grid_launch_dependents() {}
 #define PG_FD_NAMESPACE pg::cuda
 #define PG_FD_LAUNCH(kernel, grid, block, smem, stream, ...) ::pg::cuda::launch(kernel, grid, block, smem, stream, __VA_ARGS__)
 #endif
+// h2f (fp16 → FP32, exact) in pg::cuda, which the host emulation's namespace sits inside.
+#include "backend/cuda/common.cuh"
+#include "core/kv_quant.h"
 
 namespace PG_FD_NAMESPACE {
 namespace {
@@ -85,6 +95,62 @@ __device__ __forceinline__ void fd_unpack8(const uint4& u, float (&f)[8]) {
   f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y, f[4] = c.x, f[5] = c.y, f[6] = d.x, f[7] = d.y;
 }
 
+// The K/V element types the kernel reads, one head of D values per key: how a key's head is staged (kChunks
+// cp.async copies of kUnit bytes from the cache, into kPitch bytes of shared memory) and how a lane gets its 8
+// dims [8·sub, 8·sub + 8) out of the staged head (load: the stored bits into registers; unpack: → FP32).
+template <DType T, int D>
+struct FdKv;
+
+// F16: the head's D halves; a lane's 8 dims are one 16-byte load.
+template <int D>
+struct FdKv<DType::F16, D> {
+  static constexpr int kHeadBytes = 2 * D;  // in the cache (a row: n_head_kv heads) and staged
+  static constexpr int kUnit = 16, kChunks = D / 8, kPitch = kHeadBytes;
+  using Raw = uint4;  // 8 halves
+  __device__ static Raw load(const uint8_t* head, int sub) { return *reinterpret_cast<const uint4*>(head + sub * 16); }
+  __device__ static void unpack(const Raw& r, float (&f)[8]) { fd_unpack8(r, f); }
+};
+
+// Q8_0: D / 32 blocks of (fp16 d, int8 q[32]), 34 bytes each: 17·D/16 bytes per head (68, 136, 272), which is
+// 4-, 8-, 16-byte aligned in a row and in the cache (kv_row_bytes = n_head_kv heads; 16-byte aligned base), so a
+// head is 17 cp.async copies of D/16 bytes (the largest size that divides it: 17 is odd). Lane sub's 8 dims are
+// block b = sub / 4, q bytes [o, o + 8) of the head with o = 34·b + 2 + 8·(sub % 4): o is even but 4-aligned only
+// for odd b, so they are read as three aligned words and shifted by 0 or 2 bytes (byte_perm), plus the block's d
+// (2 bytes at 34·b). Values d·q, exact in FP32 (core's dequantizer): q from a byte by byte_perm into the
+// significand of 2^23 (biased by 128, unbiased with one subtraction, both exact).
+// Staged pitch: the head's bytes, padded where that lowers the shared-memory bank conflicts of those reads
+// (a model of the 32 lanes' word addresses, every load of K or V: 9 → 6 wavefronts per warp-wide read at
+// D 64 / 128 — 96 / 192 bytes; at D 256 a warp reads one key and padding does not help). Not measured.
+template <int D>
+struct FdKv<DType::Q8_0, D> {
+  static constexpr int kHeadBytes = 17 * D / 16;
+  static constexpr int kUnit = D / 16, kChunks = 17;
+  static constexpr int kPitch = D == 64 ? 96 : D == 128 ? 192 : kHeadBytes;
+  static_assert(kPitch >= kHeadBytes && kPitch % 16 == 0 && D % 64 == 0, "q8_0 staging: 16-byte aligned rows of one head");
+  struct Raw {
+    uint32_t lo, hi;  // this lane's 8 int8 q (value i in byte i % 4 of lo (i < 4) or hi)
+    uint32_t d;       // the block's fp16 scale bits
+  };
+  __device__ static Raw load(const uint8_t* head, int sub) {  // head: 4-byte aligned
+    const int b = sub >> 2, o = 34 * b + 2 + 8 * (sub & 3);
+    const auto* w = reinterpret_cast<const uint32_t*>(head + (o & ~3));
+    // o % 4 == 2: the bytes are w0.hi, w1, w2.lo; o % 4 == 0: w0, w1 (the third load repeats w1: never past the head).
+    const uint32_t w0 = w[0], w1 = w[1], w2 = w[1 + ((o >> 1) & 1)];
+    const uint32_t sel = (o & 2) ? 0x5432u : 0x3210u;
+    return Raw{__byte_perm(w0, w1, sel), __byte_perm(w1, w2, sel), *reinterpret_cast<const uint16_t*>(head + 34 * b)};
+  }
+  // q + 128 = byte k of (w ^ 0x80808080) as the significand of 2^23 + (q + 128); minus 2^23 + 128: q, exactly.
+  __device__ static float q_of(uint32_t wb, int k) {
+    return __int_as_float(__byte_perm(wb, 0x4B000000u, static_cast<uint32_t>(k) | 0x7540u)) - 8388736.0f;
+  }
+  __device__ static void unpack(const Raw& r, float (&f)[8]) {
+    const float d = h2f(r.d);
+    const uint32_t lo = r.lo ^ 0x80808080u, hi = r.hi ^ 0x80808080u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) f[k] = __fmul_rn(q_of(lo, k), d), f[4 + k] = __fmul_rn(q_of(hi, k), d);
+  }
+};
+
 struct FdParams {
   AttentionArgs a;
   int n_splits, target, min_chunk;  // fd::split_plan
@@ -107,10 +173,11 @@ template <int D, int G>
 constexpr int fd_tile_keys() {
   return fd::kWarps * (32 / fd::lanes_per_key(D)) * fd_unroll<G>();
 }
-// Shared bytes of one staged tile: its K rows then its V rows, F16 (U·4 KB: 16 KB for U = 4).
-template <int D, int G>
+// Shared bytes of one staged tile: its K rows then its V rows at their pitches (F16/F16: U·4 KB, 16 KB for U = 4;
+// Q8_0/Q8_0 at D 128: 32 keys · 2 · 192 = 12 KB, of which 8.5 KB are cache bytes).
+template <int D, int G, DType KT = DType::F16, DType VT = DType::F16>
 constexpr int fd_tile_bytes() {
-  return fd_tile_keys<D, G>() * D * 2 * 2;
+  return fd_tile_keys<D, G>() * (FdKv<KT, D>::kPitch + FdKv<VT, D>::kPitch);
 }
 // Shared bytes of the warp merge (fd_finish): (kWarps, G, D) partial outputs + (kWarps, G) m and l.
 template <int D, int G>
@@ -158,18 +225,21 @@ __device__ __forceinline__ void fd_load_q(const FdParams& P, int r, int kvh, int
   }
 }
 
-// One iteration of a lane group over its U keys (kr, vr: this lane's 8 dims of each key's K and V; ok: the key
-// is visible): scores for every head (this lane's 8-dim partial dot summed over the L lanes of the key by
-// shuffles), soft-cap and mask, one max update per head for the U keys, then acc += p·v.
-template <int D, int G, int U>
-__device__ __forceinline__ void fd_keys(const float (&q)[G][8], float (&m)[G], float (&l)[G], float (&acc)[G][8], const uint4 (&kr)[U],
-                                        const uint4 (&vr)[U], const bool (&ok)[U], float softcap) {
+// One iteration of a lane group over its U keys (kr, vr: this lane's 8 dims of each key's K and V as stored,
+// FdKv<KT / VT, D>::Raw; ok: the key is visible): scores for every head (this lane's 8-dim partial dot summed
+// over the L lanes of the key by shuffles), soft-cap and mask, one max update per head for the U keys, then
+// acc += p·v. load_v() runs between the two (F16/F16: nothing, vr is read with kr; other pairs: it reads vr
+// there, see the kernel).
+template <int D, int G, int U, DType KT = DType::F16, DType VT = DType::F16, class LoadV>
+__device__ __forceinline__ void fd_keys(const float (&q)[G][8], float (&m)[G], float (&l)[G], float (&acc)[G][8],
+                                        const typename FdKv<KT, D>::Raw (&kr)[U], const typename FdKv<VT, D>::Raw (&vr)[U],
+                                        const bool (&ok)[U], float softcap, const LoadV& load_v) {
   constexpr int L = fd::lanes_per_key(D);
   float s[G][U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     float kf[8];
-    fd_unpack8(kr[u], kf);
+    FdKv<KT, D>::unpack(kr[u], kf);
 #pragma unroll
     for (int h = 0; h < G; ++h) {
       float d = q[h][0] * kf[0];
@@ -209,10 +279,11 @@ __device__ __forceinline__ void fd_keys(const float (&q)[G][8], float (&m)[G], f
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[h][i] *= corr;
   }
+  load_v();
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     float vf[8];
-    fd_unpack8(vr[u], vf);
+    FdKv<VT, D>::unpack(vr[u], vf);
 #pragma unroll
     for (int h = 0; h < G; ++h)
 #pragma unroll
@@ -286,6 +357,32 @@ __device__ __forceinline__ void fd_finish(const FdParams& P, int r, int kvh, int
   }
 }
 
+// The zero-filling cp.async of N bytes (src_bytes 0: N zero bytes, nothing read).
+template <int N>
+__device__ __forceinline__ void fd_cp_zfill(void* dst, const void* src, int src_bytes) {
+  static_assert(N == 16 || N == 8 || N == 4, "cp.async copies 16, 8 or 4 bytes");
+  if constexpr (N == 16) cp_async16_zfill(dst, src, src_bytes);
+  else if constexpr (N == 8) cp_async8_zfill(dst, src, src_bytes);
+  else cp_async4_zfill(dst, src, src_bytes);
+}
+
+// Staging of one key's head of K or V for a pair other than F16/F16: the key's TPK threads (j = 0..TPK−1 of
+// them) copy its pieces j, j + TPK, … (KV::kChunks pieces of KV::kUnit bytes) from src (the head in the cache)
+// to dst (its staged row); a key that is not visible is zero-filled (in false: nothing is read; a masked key's
+// V must be finite, 0 · NaN). Why each thread stages pieces of one key, not consecutive pieces in key order: it then
+// looks up one cell per tile for both K and V (a piece order over 17-piece Q8_0 heads needed ~5 lookups per
+// thread and part, and spilled at G = 4), and its TPK neighbours still read consecutive bytes (Q8_0 at D 128:
+// 4 threads × 8 bytes, one 32-byte sector per warp-load and key).
+template <class KV, int TPK>
+__device__ __forceinline__ void fd_issue_head(uint8_t* dst, const uint8_t* src, int j, bool in) {
+#pragma unroll
+  for (int i = 0; i < (KV::kChunks + TPK - 1) / TPK; ++i) {
+    const int c = j + i * TPK;
+    if (KV::kChunks % TPK == 0 || c < KV::kChunks)
+      fd_cp_zfill<KV::kUnit>(dst + c * KV::kUnit, src + c * KV::kUnit, in ? KV::kUnit : 0);
+  }
+}
+
 // D: head_dim; G: register slots for the group (fd::group_slots(g) ≥ g). Grid (n, n_head_kv, n_splits),
 // fd::kThreads threads. The split's keys are staged in shared memory by cp.async (FdParams::stages = S, 2..4):
 // tiles of fd_tile_keys keys (K rows, then V rows) in a ring of S, S − 1 tiles in flight ahead of the one
@@ -296,6 +393,9 @@ __device__ __forceinline__ void fd_finish(const FdParams& P, int r, int kvh, int
 // qwen3-8b tg128 +2.5 % / +4.3 % at depths 4096 / 32768 over the register kernel with the same combine).
 // Dynamic shared memory: max(S · fd_tile_bytes, fd_merge_bytes), the merge reusing the ring after the last
 // tile. Keys past hi and masked tree keys are zero-filled (ok is false).
+// KT / VT: the K and V element types (FdKv). F16/F16 is the original kernel, text and code (its staging maps
+// each thread to one 16-byte column of CPT keys, shared by K and V); any other pair stages through
+// fd_issue_head and reads each lane's dims with FdKv::load, in `if constexpr` branches of the same loop.
 //
 // Register budget (D ≤ 128): G = 4 in ≤ 128 registers (4 blocks per SM, the default fa_vec_blocks_per_sm),
 // G = 2 in ≤ 102 (5), G = 1 in ≤ 64 (8), what the compiler chose unbounded. Why bounded: at 166 registers (a
@@ -305,7 +405,7 @@ template <int D, int G>
 constexpr int fd_min_blocks() {
   return D > 128 || G > 4 ? 1 : G == 4 ? 4 : G == 2 ? 5 : 8;
 }
-template <int D, int G>
+template <int D, int G, DType KT = DType::F16, DType VT = DType::F16>
 __global__ void __launch_bounds__(fd::kThreads, fd_min_blocks<D, G>()) fd_decode_staged_kernel(const FdParams P) {
   grid_wait();  // PDL (pdl.cuh): before any read or write of memory an earlier kernel touches
   grid_launch_dependents();
@@ -318,6 +418,11 @@ __global__ void __launch_bounds__(fd::kThreads, fd_min_blocks<D, G>()) fd_decode
   constexpr int CPR = D / 8;                      // 16-byte chunks per key row
   constexpr int CPT = TK * CPR / fd::kThreads;    // chunks of K (and of V) each thread copies per tile (= U)
   static_assert(TK * CPR == CPT * fd::kThreads && fd::kThreads % CPR == 0, "tile copy shape");
+  using KK = FdKv<KT, D>;
+  using VV = FdKv<VT, D>;
+  constexpr bool kF16 = KT == DType::F16 && VT == DType::F16;
+  constexpr int TB = fd_tile_bytes<D, G, KT, VT>();  // bytes per tile (typed pairs: K rows at KK::kPitch, then V rows)
+  static_assert(TB % 16 == 0 && TK * KK::kPitch % 16 == 0, "16-byte aligned tiles and V rows");
   const AttentionArgs& p = P.a;
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int grp = lane / L, sub = lane % L;
@@ -340,7 +445,8 @@ __global__ void __launch_bounds__(fd::kThreads, fd_min_blocks<D, G>()) fd_decode
 #ifdef PG_CUDA_HOST_SHIM
   uint16_t* const ring = shim::dynamic_smem<uint16_t>();
 #else
-  extern __shared__ __align__(16) uint16_t ring[];  // (S, 2, TK, D): tile t's K rows, then its V rows
+  // (S, 2, TK, D): tile t's K rows, then its V rows (F16/F16; other pairs: (S, TB) bytes).
+  extern __shared__ __align__(16) uint16_t ring[];
 #endif
   const int S = P.stages;
   const int64_t kv_w = static_cast<int64_t>(p.n_head_kv) * D;
@@ -350,17 +456,32 @@ __global__ void __launch_bounds__(fd::kThreads, fd_min_blocks<D, G>()) fd_decode
   const int ccol = tid % CPR, crow = tid / CPR;
   const auto* kg = static_cast<const uint16_t*>(p.k) + static_cast<int64_t>(kvh) * D + ccol * 8;
   const auto* vg = static_cast<const uint16_t*>(p.v) + static_cast<int64_t>(kvh) * D + ccol * 8;
+  // Typed pairs: head kvh of cache cell 0 (rows of p.k_row_bytes / p.v_row_bytes).
+  [[maybe_unused]] const auto* kgt = static_cast<const uint8_t*>(p.k) + static_cast<int64_t>(kvh) * KK::kHeadBytes;
+  [[maybe_unused]] const auto* vgt = static_cast<const uint8_t*>(p.v) + static_cast<int64_t>(kvh) * VV::kHeadBytes;
   auto issue = [&](int t) {
-    uint16_t* kd = ring + static_cast<int64_t>(t % S) * 2 * TH;
-    uint16_t* vd = kd + TH;
+    if constexpr (kF16) {
+      uint16_t* kd = ring + static_cast<int64_t>(t % S) * 2 * TH;
+      uint16_t* vd = kd + TH;
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) {
-      const int key = crow + i * (fd::kThreads / CPR), kp = lo + t * TK + key;
-      // Only visible keys are read (a masked key's V must be 0, not whatever its cell holds: 0 · NaN).
+      for (int i = 0; i < CPT; ++i) {
+        const int key = crow + i * (fd::kThreads / CPR), kp = lo + t * TK + key;
+        // Only visible keys are read (a masked key's V must be 0, not whatever its cell holds: 0 · NaN).
+        const bool in = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
+        const int64_t off = in ? fd_cell(table, kp, p.block_size, P.bs_shift) * kv_w : 0;
+        cp_async16_zfill(kd + key * D + ccol * 8, kg + off, in ? 16 : 0);
+        cp_async16_zfill(vd + key * D + ccol * 8, vg + off, in ? 16 : 0);
+      }
+    } else {
+      // Thread tid stages key tid / TPK of the tile, pieces tid % TPK + i·TPK of its K and of its V head.
+      constexpr int TPK = fd::kThreads / TK;
+      static_assert(TPK * TK == fd::kThreads, "whole threads per key");
+      uint8_t* kd = reinterpret_cast<uint8_t*>(ring) + static_cast<int64_t>(t % S) * TB;
+      const int key = tid / TPK, j = tid % TPK, kp = lo + t * TK + key;
       const bool in = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
-      const int64_t off = in ? fd_cell(table, kp, p.block_size, P.bs_shift) * kv_w : 0;
-      cp_async16_zfill(kd + key * D + ccol * 8, kg + off, in ? 16 : 0);
-      cp_async16_zfill(vd + key * D + ccol * 8, vg + off, in ? 16 : 0);
+      const int64_t cl = in ? fd_cell(table, kp, p.block_size, P.bs_shift) : 0;
+      fd_issue_head<KK, TPK>(kd + key * KK::kPitch, kgt + cl * static_cast<int64_t>(p.k_row_bytes), j, in);
+      fd_issue_head<VV, TPK>(kd + TK * KK::kPitch + key * VV::kPitch, vgt + cl * static_cast<int64_t>(p.v_row_bytes), j, in);
     }
   };
   // The prologue: tiles 0..S−2 (a group is committed per tile slot, empty or not, so the wait counts hold).
@@ -385,28 +506,49 @@ __global__ void __launch_bounds__(fd::kThreads, fd_min_blocks<D, G>()) fd_decode
     __syncthreads();  // tile t visible to every thread; every warp is done with tile t − 1, whose slot is refilled next
     if (t + S - 1 < n_tiles) issue(t + S - 1);
     cp_async_commit();
-    const uint16_t* kt = ring + static_cast<int64_t>(t % S) * 2 * TH;
-    const uint16_t* vt = kt + TH;
-    uint4 kr[U], vr[U];
-    bool ok[U];
+    if constexpr (kF16) {
+      const uint16_t* kt = ring + static_cast<int64_t>(t % S) * 2 * TH;
+      const uint16_t* vt = kt + TH;
+      uint4 kr[U], vr[U];
+      bool ok[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int key = warp * KPW + u * NG + grp, kp = lo + t * TK + key;
-      ok[u] = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
-      kr[u] = *reinterpret_cast<const uint4*>(kt + key * D + sub * 8);
-      vr[u] = *reinterpret_cast<const uint4*>(vt + key * D + sub * 8);
+      for (int u = 0; u < U; ++u) {
+        const int key = warp * KPW + u * NG + grp, kp = lo + t * TK + key;
+        ok[u] = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
+        kr[u] = *reinterpret_cast<const uint4*>(kt + key * D + sub * 8);
+        vr[u] = *reinterpret_cast<const uint4*>(vt + key * D + sub * 8);
+      }
+      fd_keys<D, G, U>(q, m, l, acc, kr, vr, ok, p.softcap, [] {});
+    } else {
+      // V is read after the scores (load_v), not with K as F16/F16 does: the decode temporaries of a Q8_0 K beside
+      // four F16 V keys spilled at G = 4 (128 registers); read there, no pair spills.
+      const uint8_t* kt = reinterpret_cast<const uint8_t*>(ring) + static_cast<int64_t>(t % S) * TB;
+      const uint8_t* vt = kt + TK * KK::kPitch;
+      typename KK::Raw kr[U];
+      typename VV::Raw vr[U];
+      bool ok[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int key = warp * KPW + u * NG + grp, kp = lo + t * TK + key;
+        ok[u] = kp < hi && (!tree || kp < end || fa::tree_visible(kp, end, mask, kAttnMaskWords));
+        kr[u] = KK::load(kt + key * KK::kPitch, sub);
+      }
+      fd_keys<D, G, U, KT, VT>(q, m, l, acc, kr, vr, ok, p.softcap, [&] {
+#pragma unroll
+        for (int u = 0; u < U; ++u) vr[u] = VV::load(vt + (warp * KPW + u * NG + grp) * VV::kPitch, sub);
+      });
     }
-    fd_keys<D, G, U>(q, m, l, acc, kr, vr, ok, p.softcap);
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring is free for the merge
   fd_finish<D, G>(P, r, kvh, z, m, l, acc, reinterpret_cast<float*>(ring));
 }
 
-// Dynamic shared bytes of fd_decode_staged_kernel<D, G> with S stages.
-template <int D, int G>
+// Dynamic shared bytes of fd_decode_staged_kernel<D, G, KT, VT> with S stages.
+template <int D, int G, DType KT = DType::F16, DType VT = DType::F16>
 constexpr int fd_staged_smem(int S) {
-  return S * fd_tile_bytes<D, G>() > fd_merge_bytes<D, G>() ? S * fd_tile_bytes<D, G>() : fd_merge_bytes<D, G>();
+  constexpr int tile = fd_tile_bytes<D, G, KT, VT>();
+  return S * tile > fd_merge_bytes<D, G>() ? S * tile : fd_merge_bytes<D, G>();
 }
 
 constexpr int kCombineWarps = 8;  // fd_combine_kernel: warps per (row, head); each takes every 8th split
@@ -502,20 +644,29 @@ fd::Plan fd_plan(const AttentionArgs& a, int n_sm) {
 // (Named apart from attention_decode_supported so the host emulation's copy never meets the CUDA library's
 // through argument-dependent lookup.)
 bool fd_supported(const AttentionArgs& a) {
-  if (a.typed || !a.kv_f16) return false;
   if (a.n <= 0 || a.n > fd::kMaxRows) return false;
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > fd::kMaxGroup) return false;
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
-  // 16-byte loads: the cache bases (rows of n_head_kv·head_dim halves are multiples of 16 bytes) and q.
+  if (a.typed) {
+    // K and V each F16 or Q8_0, rows of n_head_kv heads in core/kv_quant.h's layout (the row strides the kernel uses).
+    for (DType t : {a.k_type, a.v_type})
+      if (t != DType::F16 && t != DType::Q8_0) return false;
+    if (a.k_row_bytes != kv_row_bytes(a.k_type, a.n_head_kv, a.head_dim)) return false;
+    if (a.v_row_bytes != kv_row_bytes(a.v_type, a.n_head_kv, a.head_dim)) return false;
+  } else if (!a.kv_f16) {
+    return false;
+  }
+  // 16-byte loads: the cache bases (rows of n_head_kv·head_dim halves are multiples of 16 bytes; Q8_0 rows and
+  // heads of multiples of its copy size head_dim / 16) and q.
   const auto al16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   return al16(a.k) && al16(a.v) && al16(a.q) && a.q_stride % 4 == 0 && a.block_size > 0;
 }
 
-template <int D, int G>
+template <int D, int G, DType KT, DType VT>
 void fd_launch(const FdParams& P, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(P.a.n), static_cast<unsigned>(P.a.n_head_kv), static_cast<unsigned>(P.n_splits));
-  auto kernel = fd_decode_staged_kernel<D, G>;
-  const int smem = fd_staged_smem<D, G>(P.stages);
+  auto kernel = fd_decode_staged_kernel<D, G, KT, VT>;
+  const int smem = fd_staged_smem<D, G, KT, VT>(P.stages);
 #ifndef PG_CUDA_HOST_SHIM
   static SmemOptIn optin;  // one per instantiation: up to 4 · 16 KB + the static mask words
   optin.ensure(reinterpret_cast<const void*>(kernel), smem);
@@ -523,13 +674,13 @@ void fd_launch(const FdParams& P, cudaStream_t stream) {
   PG_FD_LAUNCH(kernel, grid, fd::kThreads, smem, stream, P);
 }
 
-template <int D>
+template <int D, DType KT, DType VT>
 void fd_launch_d(const FdParams& P, cudaStream_t stream) {
   switch (fd::group_slots(P.a.n_head / P.a.n_head_kv)) {
-    case 1: fd_launch<D, 1>(P, stream); break;
-    case 2: fd_launch<D, 2>(P, stream); break;
-    case 4: fd_launch<D, 4>(P, stream); break;
-    default: fd_launch<D, 8>(P, stream); break;
+    case 1: fd_launch<D, 1, KT, VT>(P, stream); break;
+    case 2: fd_launch<D, 2, KT, VT>(P, stream); break;
+    case 4: fd_launch<D, 4, KT, VT>(P, stream); break;
+    default: fd_launch<D, 8, KT, VT>(P, stream); break;
   }
   check_launch("attention_decode");
   if (P.n_splits > 1) {
@@ -539,6 +690,16 @@ void fd_launch_d(const FdParams& P, cudaStream_t stream) {
                  P.a.n_head, P.a.out, P.a.out_stride);
     check_launch("attention_decode combine");
   }
+}
+
+// The (K, V) element-type pair of the cache (fd_supported: each F16 or Q8_0).
+template <int D>
+void fd_launch_kv(const FdParams& P, cudaStream_t stream) {
+  const bool kq = P.a.typed && P.a.k_type == DType::Q8_0, vq = P.a.typed && P.a.v_type == DType::Q8_0;
+  if (!kq && !vq) fd_launch_d<D, DType::F16, DType::F16>(P, stream);
+  else if (kq && vq) fd_launch_d<D, DType::Q8_0, DType::Q8_0>(P, stream);
+  else if (kq) fd_launch_d<D, DType::Q8_0, DType::F16>(P, stream);
+  else fd_launch_d<D, DType::F16, DType::Q8_0>(P, stream);
 }
 
 }  // namespace
@@ -555,7 +716,8 @@ size_t attention_decode_scratch_bytes(const AttentionArgs& a, int n_sm) {
 }
 
 void attention_decode(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream) {
-  PG_CHECK(fd_supported(a), "attention_decode: unsupported shape (F16 KV, head_dim 64/128/256, GQA ≤ 8, 1..8 rows, aligned q/K/V)");
+  PG_CHECK(fd_supported(a),
+           "attention_decode: unsupported shape (F16 or Q8_0 K and V, head_dim 64/128/256, GQA ≤ 8, 1..8 rows, aligned q/K/V)");
   const fd::Plan pl = fd_plan(a, n_sm);
   PG_CHECK(a.n_head_kv <= 65535, "attention_decode: too many KV heads");
   FdParams P{};
@@ -572,9 +734,9 @@ void attention_decode(const AttentionArgs& a, void* scratch, int n_sm, cudaStrea
     P.part_ml = P.part_acc + static_cast<size_t>(P.n_splits) * a.n * a.n_head * a.head_dim;
   }
   switch (a.head_dim) {
-    case 64: fd_launch_d<64>(P, stream); break;
-    case 128: fd_launch_d<128>(P, stream); break;
-    default: fd_launch_d<256>(P, stream); break;
+    case 64: fd_launch_kv<64>(P, stream); break;
+    case 128: fd_launch_kv<128>(P, stream); break;
+    default: fd_launch_kv<256>(P, stream); break;
   }
 }
 

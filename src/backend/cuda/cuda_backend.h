@@ -138,7 +138,7 @@ struct CudaOptions {
   // V). Why: the combine was a separate 6.4 µs launch per layer at decode (ncu, device run 32). Checked in the
   // host emulation (CudaFaEmulated), not yet on a GPU: off. Environment: PEREGRINE_CUDA_FA_FUSED_COMBINE=1.
   bool fa_fused_combine = false;
-  // Decode / short verification attention (1..8 rows, F16/F16 cache, head_dim 64/128/256, GQA ≤ 8, token trees
+  // Decode / short verification attention (1..8 rows, F16 or Q8_0 K and V, head_dim 64/128/256, GQA ≤ 8, token trees
   // included; not in exact_f32 mode) on the SIMT flash-decoding kernel (attention_decode.cu): one block per
   // (row, KV head, key split), all query heads of a KV head in the block, 16-byte K/V loads straight from the
   // cache, FP32 online softmax, a one-warp-per-head split combine. Taken before the tensor-core route. Why:
