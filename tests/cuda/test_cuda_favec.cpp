@@ -48,6 +48,7 @@ std::string vec_case_name(const testing::TestParamInfo<VecCase>& i) {
 CudaOptions vec_options(bool fa_vec) {
   CudaOptions o;  // default routing: decode calls on the tensor-core kernel (fa_decode) unless fa_vec takes them
   o.fa_vec = fa_vec;
+  o.fa_vec_typed = fa_vec;  // the typed cases (q8_0 and mixed pairs) too
   o.fa_vec_max_rows = 8;         // every shape the kernel takes, not only the default's one-row, head ≤ 128 calls
   o.fa_vec_max_head_dim = 256;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_CHUNK"); e && *e) o.fa_vec_min_chunk = std::max(1, std::atoi(e));

@@ -100,6 +100,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE_CHUNK"); e && *e) opt.fa_decode_min_split_keys = std::max(64, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_FUSED_COMBINE"); e && *e) opt.fa_fused_combine = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC"); e && *e) opt.fa_vec = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_TYPED"); e && *e) opt.fa_vec_typed = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) opt.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_CHUNK"); e && *e) opt.fa_vec_min_chunk = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_STAGES"); e && *e) opt.fa_vec_stages = std::clamp(std::atoi(e), 2, 4);
@@ -1087,7 +1088,7 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   a.fa_vec_blocks_per_sm = opt_.fa_vec_blocks_per_sm;
   a.fa_vec_min_chunk = opt_.fa_vec_min_chunk;
   a.fa_vec_stages = opt_.fa_vec_stages;
-  if (!opt_.exact_f32 && opt_.fa_vec && a.n <= opt_.fa_vec_max_rows && a.head_dim <= opt_.fa_vec_max_head_dim &&
+  if (!opt_.exact_f32 && opt_.fa_vec && (!a.typed || opt_.fa_vec_typed) && a.n <= opt_.fa_vec_max_rows && a.head_dim <= opt_.fa_vec_max_head_dim &&
       cuda::attention_decode_supported(a)) {
     const size_t vb = cuda::attention_decode_scratch_bytes(a, n_sm_);
     cuda::attention_decode(a, vb ? scratch(kSlotAttention, vb) : nullptr, n_sm_, as_stream(stream_));
