@@ -395,5 +395,43 @@ TEST_P(CudaMoeFusedModel, LogitsBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Golden, CudaMoeFusedModel, testing::Values("tiny-qwen3moe-f16", "tiny-qwen35moe-f16"), name_of);
 
+// CudaOptions::l2_prefetch_mb (prefetch hints on a side stream after each matmul) changes no bit of a whole model:
+// prompt and 20 decode steps (graphs recorded and replayed, so the side-stream branches are captured and joined)
+// on vs off, with a 1 MiB budget (every set clipped on the larger files) and a large one (sets whole). The launch
+// counter proves the hints ran; each run() loads and frees its model, so the plan is also cleared on free.
+class CudaPrefetchModel : public testing::TestWithParam<std::string> {};
+
+TEST_P(CudaPrefetchModel, LogitsBitIdentical) {
+  PG_REQUIRE_GPU();
+  const std::string path = test::shared_path("golden/models/" + GetParam() + ".gguf").string();
+  auto gpu = test::make_cuda(false);
+  CudaOptions o = gpu->options();
+  o.l2_prefetch_mb = 0;
+  gpu->set_options(o);
+  const int64_t p0 = gpu->prefetch_launches();
+  const Logits off = run(*gpu, path, DType::F16, 20, {});
+  EXPECT_EQ(gpu->prefetch_launches(), p0) << "prefetches launched while off";
+  for (const int mb : {1, 256}) {
+    SCOPED_TRACE("l2_prefetch_mb " + std::to_string(mb));
+    o.l2_prefetch_mb = mb;
+    gpu->set_options(o);
+    const int64_t l0 = gpu->prefetch_launches();
+    const Logits on = run(*gpu, path, DType::F16, 20, off.tokens);
+    ASSERT_EQ(on.prompt.size(), off.prompt.size());
+    ASSERT_EQ(on.steps.size(), off.steps.size());
+    EXPECT_EQ(0, std::memcmp(on.prompt.data(), off.prompt.data(), on.prompt.size() * sizeof(float))) << "prompt logits differ";
+    for (size_t s = 0; s < on.steps.size(); ++s)
+      EXPECT_EQ(0, std::memcmp(on.steps[s].data(), off.steps[s].data(), on.steps[s].size() * sizeof(float))) << "decode step " << s;
+    const int64_t launches = gpu->prefetch_launches() - l0;
+    std::printf("%s: l2_prefetch %d MiB on vs off max |Δ| %.2e, %lld prefetch launches\n", GetParam().c_str(), mb, diff(on, off).max,
+                static_cast<long long>(launches));
+    EXPECT_GT(launches, 0) << "no prefetch was launched";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CudaPrefetchModel,
+                         testing::Values("tiny-qwen3-Q4_K_M", "tiny-llama-Q8_0", "tiny-qwen35-f16", "tiny-qwen3moe-f16", "tiny-gemma3-f16"),
+                         name_of);
+
 }  // namespace
 }  // namespace pg

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe_gemv.h"
@@ -115,6 +116,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_U"); e && *e) opt.gemv_pipe_stages = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_BPS"); e && *e) opt.gemv_pipe_bps = std::max(0, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_MOE_FUSED"); e && *e) opt.moe_fused = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_L2_PREFETCH"); e && *e) opt.l2_prefetch_mb = std::max(0, std::atoi(e));
   return create_cuda_backend(index, opt);
 }
 
@@ -133,6 +135,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.gemv_pipe_stages >= 2 && opt_.gemv_pipe_stages <= 8, "CudaOptions::gemv_pipe_stages must be 2..8");
   PG_CHECK(opt_.fa_prefill_min_rows >= 0, "CudaOptions::fa_prefill_min_rows must be ≥ 0 (0 = off)");
   PG_CHECK(opt_.graph_max_rows >= 1 && opt_.graph_max_rows <= 64, "CudaOptions::graph_max_rows must be 1..64");
+  PG_CHECK(opt_.l2_prefetch_mb >= 0 && opt_.l2_prefetch_mb <= 4096, "CudaOptions::l2_prefetch_mb must be 0..4096");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -160,6 +163,16 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
     check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
     stage_events_.push_back(ev);
   }
+  {  // always: set_options may turn l2_prefetch_mb on later
+    cudaStream_t side = nullptr;
+    check(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreate (prefetch)");
+    side_stream_ = side;
+    cudaEvent_t ev = nullptr;
+    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate (prefetch fork)");
+    fork_event_ = ev;
+    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate (prefetch join)");
+    join_event_ = ev;
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -170,6 +183,7 @@ CudaBackend::~CudaBackend() {
     if (g) cudaGraphDestroy(g);
   }
   cudaStreamSynchronize(as_stream(stream_));
+  if (side_stream_) cudaStreamSynchronize(as_stream(side_stream_));
   for (void* g : graphs_)  // dropped graphs leave null slots: destroying null is an error that would linger
     if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   for (auto& s : scratch_)
@@ -184,6 +198,9 @@ CudaBackend::~CudaBackend() {
   if (stage_) cudaFreeHost(stage_);
   if (fa_counters_) cudaFree(fa_counters_);
   if (stream_) cudaStreamDestroy(as_stream(stream_));
+  if (side_stream_) cudaStreamDestroy(as_stream(side_stream_));
+  if (fork_event_) cudaEventDestroy(fork_event_);
+  if (join_event_) cudaEventDestroy(join_event_);
   // Nothing here may leave a sticky error for the next backend's first launch check (cudaGetLastError).
   cudaGetLastError();
 }
@@ -370,8 +387,13 @@ void CudaBackend::free(Tensor& t) {
   if (!t.data) return;
   activate(device_);
   check_not_capturing("free");
-  // Queued kernels may still read the buffer.
+  // Queued kernels may still read the buffer (a prefetch on the side stream too).
   check(cudaStreamSynchronize(as_stream(stream_)), "free (synchronize)");
+  if (weight_bytes_.erase(t.data) > 0) {
+    // No later hint may name it (recorded graphs are the caller's: a model frees its weights only when done).
+    prefetch_plan_.clear();
+    if (side_stream_) check(cudaStreamSynchronize(as_stream(side_stream_)), "free (synchronize prefetch)");
+  }
   check(cudaFree(t.data), "cudaFree");
   t.data = nullptr;
 }
@@ -382,6 +404,7 @@ Tensor CudaBackend::load_weight(DType t, const int64_t ne[4], const void* host_d
   check(cudaMemcpyAsync(x.data, host_data, x.nbytes(), cudaMemcpyHostToDevice, as_stream(stream_)), "load_weight (copy)");
   // The source is a pageable memory map: wait, so that the copy is complete before the caller moves on.
   check(cudaStreamSynchronize(as_stream(stream_)), "load_weight (synchronize)");
+  weight_bytes_[x.data] = x.nbytes();
   return x;
 }
 
@@ -452,6 +475,11 @@ int CudaBackend::end_capture() {
   activate(device_);
   PG_CHECK(capturing_, "end_capture without begin_capture");
   capturing_ = false;
+  if (side_forked_in_capture_) {  // the prefetch branches rejoin the main stream: a capture must end joined
+    side_forked_in_capture_ = false;
+    check(cudaEventRecord(join_event_, as_stream(side_stream_)), "cudaEventRecord (prefetch join)");
+    check(cudaStreamWaitEvent(as_stream(stream_), join_event_, 0), "cudaStreamWaitEvent (prefetch join)");
+  }
   cudaGraph_t g = nullptr;
   check(cudaStreamEndCapture(as_stream(stream_), &g), "cudaStreamEndCapture (an op inside the capture failed?)");
   cudaGraphExec_t exec = nullptr;
@@ -489,6 +517,11 @@ void CudaBackend::abort_graph() {
   if (!capturing_) return;
   activate(device_);
   capturing_ = false;
+  if (side_forked_in_capture_) {  // best effort: the capture is being thrown away
+    side_forked_in_capture_ = false;
+    cudaEventRecord(join_event_, as_stream(side_stream_));
+    cudaStreamWaitEvent(as_stream(stream_), join_event_, 0);
+  }
   cudaGraph_t g = nullptr;
   cudaStreamEndCapture(as_stream(stream_), &g);  // invalidated by the failure; only ends the capture
   if (g) cudaGraphDestroy(g);
@@ -628,8 +661,55 @@ void CudaBackend::mmq_group(const cuda::MatmulArgs* const* args, int count, bool
   cuda::mmq_multi(ap, count, xs, pb ? scratch(kSlotMmqPart, pb) : nullptr, n_sm_, as_stream(stream_), x_quantized, glu);
 }
 
+// ---- L2 weight prefetch (CudaOptions::l2_prefetch_mb) ------------------------------------------------
+
+CudaBackend::PrefetchScope::PrefetchScope(CudaBackend* be, int64_t rows, const Tensor* const* w, int n) {
+  if (be->opt_.l2_prefetch_mb <= 0 || be->opt_.profile) return;  // off (profiling: each op timed alone)
+  be_ = be;
+  if (be->prefetch_depth_++ > 0) return;  // nested in another matmul entry point: that one acts
+  cuda::PrefetchSet s;
+  for (int i = 0; i < n && s.n < cuda::PrefetchSet::kMax; ++i) {
+    const auto it = be->weight_bytes_.find(w[i]->data);
+    if (it == be->weight_bytes_.end()) continue;
+    s.r[s.n++] = cuda::PrefetchRegion{w[i]->data, it->second};
+  }
+  const cuda::PrefetchSet* next = be->prefetch_plan_.read(s);
+  // Decode and verification sizes only: a prefill matmul is long enough to hide its own ramp.
+  if (next && rows <= cuda::kMmqMaxRows) next_ = next;
+}
+
+CudaBackend::PrefetchScope::~PrefetchScope() {
+  if (!be_) return;
+  const bool outer = --be_->prefetch_depth_ == 0;
+  if (!outer || !next_ || std::uncaught_exceptions() > 0) return;
+  try {
+    be_->prefetch_launch(*next_);
+  } catch (const std::exception&) {
+    // A hint that could not be launched changes nothing; the launch error is not sticky.
+    cudaGetLastError();
+  }
+}
+
+void CudaBackend::prefetch_launch(const cuda::PrefetchSet& s) {
+  cuda::PrefetchRegion r[cuda::PrefetchSet::kMax];
+  const int n = cuda::prefetch_clip(s, static_cast<size_t>(opt_.l2_prefetch_mb) << 20, r);
+  if (n == 0) return;
+  const void* ptr[cuda::PrefetchSet::kMax];
+  size_t bytes[cuda::PrefetchSet::kMax];
+  for (int i = 0; i < n; ++i) ptr[i] = r[i].ptr, bytes[i] = r[i].bytes;
+  // Main → side edge: the prefetch starts once this matmul's kernels are launched ahead of it (in a graph:
+  // a branch node after them), and nothing on the main stream waits for it.
+  check(cudaEventRecord(fork_event_, as_stream(stream_)), "cudaEventRecord (prefetch fork)");
+  check(cudaStreamWaitEvent(as_stream(side_stream_), fork_event_, 0), "cudaStreamWaitEvent (prefetch fork)");
+  if (capturing_) side_forked_in_capture_ = true;
+  cuda::l2_prefetch(ptr, bytes, n, as_stream(side_stream_));
+  ++prefetch_launches_;
+}
+
 void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
   cuda::activate(device_);  // not the member: a matmul keeps the fuse_norm_quant record (cuda_backend.h)
+  const Tensor* pw[1] = {&w};
+  const PrefetchScope pf(this, x.rows(), pw, 1);
   norm_q8_written(y);
   const ProfScope prof(prof_active() ? this : nullptr, "matmul",
                        prof_active() ? std::string(dtype_name(w.type)) + " " + std::to_string(w.rows()) + "x" + std::to_string(w.cols()) +
@@ -657,6 +737,11 @@ void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
 
 void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) {
   cuda::activate(device_);  // not the member: a matmul keeps the fuse_norm_quant record (cuda_backend.h)
+  const Tensor* pw[cuda::PrefetchSet::kMax];
+  int npw = 0;
+  for (const MatmulOut& o : outs)
+    if (npw < cuda::PrefetchSet::kMax) pw[npw++] = o.w;
+  const PrefetchScope pf(this, x.rows(), pw, npw);
   for (const MatmulOut& o : outs) norm_q8_written(*o.y);
   std::string prof_key;
   if (prof_active()) {
@@ -775,6 +860,8 @@ void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut
 }
 
 void CudaBackend::matmul_glu(const Tensor& x, const Tensor& gate_w, const Tensor& up_w, Activation act, Tensor& y, Tensor& u) {
+  const Tensor* pw[2] = {&gate_w, &up_w};
+  const PrefetchScope pf(this, x.rows(), pw, 2);
   // The fused kernel only where the composition would run the one-row 8-bit GEMV on both products (one
   // row, default mode, no MMQ for one row, 32 lanes): there it is bit-identical; everything else is the
   // composition itself.

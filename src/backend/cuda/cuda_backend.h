@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/prefetch_plan.h"
 
 struct CUstream_st;
 struct CUevent_st;
@@ -225,6 +227,13 @@ struct CudaOptions {
   // Q4_K_M tg128 255.7 → 287.9 (d0), 197.7 → 215.5 (d4096). On by default. Environment:
   // PEREGRINE_CUDA_MOE_FUSED=0 turns it off (factory and tests' make_cuda).
   bool moe_fused = true;
+  // L2 weight prefetch (prefetch_plan.h, prefetch.cu; issue 11): right after the launches of a matmul of at
+  // most kMmqMaxRows rows, a one-block kernel on a side stream asks the L2 for up to this many MiB of the
+  // weights of the matmul that followed this one last time (the order is learned as the forwards run), so
+  // DRAM works through the small ops between two matmuls (norms, RoPE, KV store, attention) and the next
+  // GEMV starts on L2 hits. A hint only: results are bit-identical with it on or off (CudaPrefetch*). 0 = off.
+  // Not yet measured on a GPU: off. Environment: PEREGRINE_CUDA_L2_PREFETCH=<MiB> (factory).
+  int l2_prefetch_mb = 0;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
@@ -333,6 +342,8 @@ class CudaBackend final : public Backend {
   int64_t norm_quant_hits() const { return norm_q8_hits_; }
   // moe_fused: how many moe_ffn calls took the fused kernels (tests: the path really ran).
   int64_t moe_fused_hits() const { return moe_fused_hits_; }
+  // l2_prefetch_mb: prefetch kernels launched so far (tests: the path really ran).
+  int64_t prefetch_launches() const { return prefetch_launches_; }
   size_t total_memory() const;
 
  private:
@@ -380,6 +391,33 @@ class CudaBackend final : public Backend {
   NormQ8 norm_q8_;
   mutable int64_t norm_q8_hits_ = 0;
   int64_t moe_fused_hits_ = 0;
+  // ---- l2_prefetch_mb ----
+  // A matmul entry point opens one PrefetchScope with the weights it reads; only the outermost scope of a
+  // call (matmul_shared may fall back to matmul) acts: on entry it records the set in the plan, on exit it
+  // launches the prefetch of the set that followed it last time, on side_stream_ after an edge from the
+  // main stream (so it starts when this matmul's launches are done and never delays the main stream). A
+  // capture that forked the side stream joins it back before it ends (end_capture).
+  class PrefetchScope {
+   public:
+    // w[0..n): the weights this matmul reads (only those load_weight made count: nothing else is prefetched).
+    PrefetchScope(CudaBackend* be, int64_t rows, const Tensor* const* w, int n);
+    ~PrefetchScope();
+    PrefetchScope(const PrefetchScope&) = delete;
+    PrefetchScope& operator=(const PrefetchScope&) = delete;
+
+   private:
+    CudaBackend* be_ = nullptr;  // null: inactive
+    const cuda::PrefetchSet* next_ = nullptr;
+  };
+  void prefetch_launch(const cuda::PrefetchSet& s);
+  cuda::PrefetchPlan prefetch_plan_;
+  std::unordered_map<const void*, size_t> weight_bytes_;  // load_weight's allocations (prefetch candidates)
+  int prefetch_depth_ = 0;
+  CUstream_st* side_stream_ = nullptr;
+  CUevent_st* fork_event_ = nullptr;  // main → side edge before each prefetch
+  CUevent_st* join_event_ = nullptr;  // side → main edge at the end of a capture that forked
+  bool side_forked_in_capture_ = false;
+  int64_t prefetch_launches_ = 0;
   void check_own(const Tensor& t, const char* op) const;
   void sync_timed(const char* what);  // cudaStreamSynchronize, its wait added to wait_s_
   void check_not_capturing(const char* what) const;

@@ -155,6 +155,13 @@ size_t gemm_scratch_bytes(int64_t n, int64_t K);
 // gemm_scratch_bytes(n, K). x_rows (optional) gathers activation row i from x row x_rows[i].
 void gemm(const MatmulArgs& a, const GemmGroups* groups, const int32_t* x_rows, void* scratch, cudaStream_t stream);
 
+// ---- L2 prefetch (prefetch.cu) -------------------------------------------------------------------------
+
+// Asks the L2 cache to fetch n ≤ kMaxPrefetchRegions regions [ptr[i], ptr[i] + bytes[i]) (16-byte aligned
+// starts; bytes rounded down to multiples of 16): a hint that writes nothing (CudaOptions::l2_prefetch_mb).
+constexpr int kMaxPrefetchRegions = 4;
+void l2_prefetch(const void* const* ptr, const size_t* bytes, int n, cudaStream_t stream);
+
 // ---- row operations -----------------------------------------------------------------------------------
 // out (n, d) = dequantized rows ids[i] of table (rows of row_bytes). Out-of-range ids give NaN rows.
 void get_rows(DType type, const void* table, size_t row_bytes, int64_t n_rows, int64_t d, const int32_t* ids, int n,
