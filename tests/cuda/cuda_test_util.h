@@ -203,6 +203,8 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_BPS"); e && *e) o.gemv_pipe_bps = std::max(0, std::atoi(e));
   // The fused MoE decode kernels (PEREGRINE_CUDA_MOE_FUSED=1 runs every CUDA test with them).
   if (const char* e = std::getenv("PEREGRINE_CUDA_MOE_FUSED"); e && *e) o.moe_fused = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_L2_PREFETCH"); e && *e) o.l2_prefetch_mb = std::max(0, std::atoi(e));
+  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_TYPED"); e && *e) o.fa_vec_typed = std::strcmp(e, "0") != 0;
   return std::make_unique<CudaBackend>(0, o);
 }
 
