@@ -172,6 +172,11 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
     fork_event_ = ev;
     check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate (prefetch join)");
     join_event_ = ev;
+    const size_t tb = sizeof(cuda::PrefetchDesc) * kPrefetchSlots;
+    check(cudaMalloc(&prefetch_table_, tb), "cudaMalloc (prefetch table)");
+    check(cudaMemset(prefetch_table_, 0, tb), "cudaMemset (prefetch table)");
+    check(cudaMallocHost(&prefetch_mirror_, tb), "cudaMallocHost (prefetch table)");
+    std::memset(prefetch_mirror_, 0, tb);
   }
 }
 
@@ -201,6 +206,8 @@ CudaBackend::~CudaBackend() {
   if (side_stream_) cudaStreamDestroy(as_stream(side_stream_));
   if (fork_event_) cudaEventDestroy(fork_event_);
   if (join_event_) cudaEventDestroy(join_event_);
+  if (prefetch_table_) cudaFree(prefetch_table_);
+  if (prefetch_mirror_) cudaFreeHost(prefetch_mirror_);
   // Nothing here may leave a sticky error for the next backend's first launch check (cudaGetLastError).
   cudaGetLastError();
 }
@@ -390,9 +397,13 @@ void CudaBackend::free(Tensor& t) {
   // Queued kernels may still read the buffer (a prefetch on the side stream too).
   check(cudaStreamSynchronize(as_stream(stream_)), "free (synchronize)");
   if (weight_bytes_.erase(t.data) > 0) {
-    // No later hint may name it (recorded graphs are the caller's: a model frees its weights only when done).
-    prefetch_plan_.clear();
-    if (side_stream_) check(cudaStreamSynchronize(as_stream(side_stream_)), "free (synchronize prefetch)");
+    // No hint may name it any more, not even one inside a recorded graph of another model on this backend:
+    // the slots that name it are cleared on the device (the kernels read their slot at run time) before
+    // the memory goes.
+    check(cudaStreamSynchronize(as_stream(side_stream_)), "free (synchronize prefetch)");
+    prefetch_plan_.forget(t.data);
+    prefetch_flush();
+    check(cudaStreamSynchronize(as_stream(stream_)), "free (prefetch table)");
   }
   check(cudaFree(t.data), "cudaFree");
   t.data = nullptr;
@@ -673,37 +684,60 @@ CudaBackend::PrefetchScope::PrefetchScope(CudaBackend* be, int64_t rows, const T
     if (it == be->weight_bytes_.end()) continue;
     s.r[s.n++] = cuda::PrefetchRegion{w[i]->data, it->second};
   }
-  const cuda::PrefetchSet* next = be->prefetch_plan_.read(s);
+  const int slot = be->prefetch_plan_.read(s);
+  if (!be->capturing_) {
+    if (be->prefetch_clip_mb_ != be->opt_.l2_prefetch_mb) {  // set_options changed the budget
+      // Every slot is rewritten: no earlier copy out of the mirror may still be pending (prefetch_flush).
+      check(cudaStreamSynchronize(as_stream(be->stream_)), "prefetch budget change (synchronize)");
+      check(cudaStreamSynchronize(as_stream(be->side_stream_)), "prefetch budget change (synchronize)");
+      be->prefetch_clip_mb_ = be->opt_.l2_prefetch_mb;
+      be->prefetch_plan_.touch_all();
+    }
+    if (be->prefetch_plan_.dirty()) be->prefetch_flush();
+  }
   // Decode and verification sizes only: a prefill matmul is long enough to hide its own ramp.
-  if (next && rows <= cuda::kMmqMaxRows) next_ = next;
+  if (rows <= cuda::kMmqMaxRows) slot_ = slot;
 }
 
 CudaBackend::PrefetchScope::~PrefetchScope() {
   if (!be_) return;
   const bool outer = --be_->prefetch_depth_ == 0;
-  if (!outer || !next_ || std::uncaught_exceptions() > 0) return;
+  if (!outer || slot_ < 0 || std::uncaught_exceptions() > 0) return;
+  CudaBackend& be = *be_;
   try {
-    be_->prefetch_launch(*next_);
+    // Main → side edge: the prefetch starts once this matmul's kernels are launched ahead of it (in a graph:
+    // a branch node after them), and nothing on the main stream waits for it.
+    check(cudaEventRecord(be.fork_event_, as_stream(be.stream_)), "cudaEventRecord (prefetch fork)");
+    check(cudaStreamWaitEvent(as_stream(be.side_stream_), be.fork_event_, 0), "cudaStreamWaitEvent (prefetch fork)");
+    if (be.capturing_) be.side_forked_in_capture_ = true;
+    cuda::l2_prefetch(static_cast<const cuda::PrefetchDesc*>(be.prefetch_table_) + slot_, as_stream(be.side_stream_));
+    ++be.prefetch_launches_;
   } catch (const std::exception&) {
     // A hint that could not be launched changes nothing; the launch error is not sticky.
     cudaGetLastError();
   }
 }
 
-void CudaBackend::prefetch_launch(const cuda::PrefetchSet& s) {
-  cuda::PrefetchRegion r[cuda::PrefetchSet::kMax];
-  const int n = cuda::prefetch_clip(s, static_cast<size_t>(opt_.l2_prefetch_mb) << 20, r);
-  if (n == 0) return;
-  const void* ptr[cuda::PrefetchSet::kMax];
-  size_t bytes[cuda::PrefetchSet::kMax];
-  for (int i = 0; i < n; ++i) ptr[i] = r[i].ptr, bytes[i] = r[i].bytes;
-  // Main → side edge: the prefetch starts once this matmul's kernels are launched ahead of it (in a graph:
-  // a branch node after them), and nothing on the main stream waits for it.
-  check(cudaEventRecord(fork_event_, as_stream(stream_)), "cudaEventRecord (prefetch fork)");
-  check(cudaStreamWaitEvent(as_stream(side_stream_), fork_event_, 0), "cudaStreamWaitEvent (prefetch fork)");
-  if (capturing_) side_forked_in_capture_ = true;
-  cuda::l2_prefetch(ptr, bytes, n, as_stream(side_stream_));
-  ++prefetch_launches_;
+void CudaBackend::prefetch_flush() {
+  if (!prefetch_plan_.dirty()) return;
+  // The side stream's queued prefetches read the table: the copies below wait for them (main waits on side).
+  check(cudaEventRecord(join_event_, as_stream(side_stream_)), "cudaEventRecord (prefetch flush)");
+  check(cudaStreamWaitEvent(as_stream(stream_), join_event_, 0), "cudaStreamWaitEvent (prefetch flush)");
+  auto* mirror = static_cast<cuda::PrefetchDesc*>(prefetch_mirror_);
+  auto* table = static_cast<cuda::PrefetchDesc*>(prefetch_table_);
+  const size_t cap = static_cast<size_t>(std::max(0, opt_.l2_prefetch_mb)) << 20;
+  prefetch_plan_.flush([&](int i, const cuda::PrefetchSet& next) {
+    cuda::PrefetchRegion r[cuda::PrefetchSet::kMax];
+    const int n = cuda::prefetch_clip(next, cap, r);
+    cuda::PrefetchDesc& d = mirror[i];
+    d = cuda::PrefetchDesc{};
+    for (int k = 0; k < n; ++k) d.ptr[k] = r[k].ptr, d.bytes[k] = r[k].bytes;
+    d.n = n;
+    // An asynchronous copy from the pinned mirror is safe because a slot is only rewritten after the streams
+    // were synchronized: between forgets (free) and budget changes, both of which synchronize first, a slot
+    // changes once (empty -> learned; the plan's successors are sticky).
+    check(cudaMemcpyAsync(table + i, &d, sizeof d, cudaMemcpyHostToDevice, as_stream(stream_)), "prefetch table upload");
+  });
 }
 
 void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {

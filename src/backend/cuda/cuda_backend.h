@@ -393,10 +393,11 @@ class CudaBackend final : public Backend {
   int64_t moe_fused_hits_ = 0;
   // ---- l2_prefetch_mb ----
   // A matmul entry point opens one PrefetchScope with the weights it reads; only the outermost scope of a
-  // call (matmul_shared may fall back to matmul) acts: on entry it records the set in the plan, on exit it
-  // launches the prefetch of the set that followed it last time, on side_stream_ after an edge from the
-  // main stream (so it starts when this matmul's launches are done and never delays the main stream). A
-  // capture that forked the side stream joins it back before it ends (end_capture).
+  // call (matmul_shared may fall back to matmul) acts: on entry it records the set in the plan (and, outside
+  // a capture, writes the plan's dirty slots to the device table), on exit it launches the prefetch kernel
+  // on the set's slot, on side_stream_ after an edge from the main stream (so it starts when this matmul's
+  // launches are done and never delays the main stream). A capture that forked the side stream joins it
+  // back before it ends (end_capture).
   class PrefetchScope {
    public:
     // w[0..n): the weights this matmul reads (only those load_weight made count: nothing else is prefetched).
@@ -407,10 +408,16 @@ class CudaBackend final : public Backend {
 
    private:
     CudaBackend* be_ = nullptr;  // null: inactive
-    const cuda::PrefetchSet* next_ = nullptr;
+    int slot_ = -1;              // the set's slot in the table: its successor is what the kernel fetches
   };
-  void prefetch_launch(const cuda::PrefetchSet& s);
-  cuda::PrefetchPlan prefetch_plan_;
+  // Writes the plan's dirty slots (clipped to l2_prefetch_mb) into the device table, after the side stream's
+  // earlier prefetches (a running kernel never reads a slot being rewritten). Not while capturing.
+  void prefetch_flush();
+  static constexpr int kPrefetchSlots = 4096;  // weight sets of all models on this backend (qwen3-32b: 257)
+  cuda::PrefetchPlan prefetch_plan_{kPrefetchSlots};
+  void* prefetch_table_ = nullptr;  // (kPrefetchSlots) cuda::PrefetchDesc, device
+  void* prefetch_mirror_ = nullptr;  // (kPrefetchSlots) cuda::PrefetchDesc, pinned host: the source of the copies
+  int prefetch_clip_mb_ = 0;         // the budget the device table was written with
   std::unordered_map<const void*, size_t> weight_bytes_;  // load_weight's allocations (prefetch candidates)
   int prefetch_depth_ = 0;
   CUstream_st* side_stream_ = nullptr;

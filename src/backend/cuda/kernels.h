@@ -157,10 +157,18 @@ void gemm(const MatmulArgs& a, const GemmGroups* groups, const int32_t* x_rows, 
 
 // ---- L2 prefetch (prefetch.cu) -------------------------------------------------------------------------
 
-// Asks the L2 cache to fetch n ≤ kMaxPrefetchRegions regions [ptr[i], ptr[i] + bytes[i]) (16-byte aligned
-// starts; bytes rounded down to multiples of 16): a hint that writes nothing (CudaOptions::l2_prefetch_mb).
+// One slot of the prefetch table (prefetch_plan.h), in device memory: n ≤ kMaxPrefetchRegions regions
+// [ptr[i], ptr[i] + bytes[i]), 16-byte aligned starts, bytes multiples of 16; n = 0: nothing to fetch.
 constexpr int kMaxPrefetchRegions = 4;
-void l2_prefetch(const void* const* ptr, const size_t* bytes, int n, cudaStream_t stream);
+struct PrefetchDesc {
+  const void* ptr[kMaxPrefetchRegions];
+  uint64_t bytes[kMaxPrefetchRegions];
+  int32_t n;
+  int32_t pad;
+};
+// Asks the L2 cache to fetch the regions of *desc (a device pointer, read when the kernel runs): a hint that
+// writes nothing (CudaOptions::l2_prefetch_mb).
+void l2_prefetch(const PrefetchDesc* desc, cudaStream_t stream);
 
 // ---- row operations -----------------------------------------------------------------------------------
 // out (n, d) = dequantized rows ids[i] of table (rows of row_bytes). Out-of-range ids give NaN rows.
