@@ -61,7 +61,7 @@ SPEC4=${SPEC4:-0}                  # 1: plain draft and DFlash, chain and DDTree
 VERIFY=${VERIFY:-1}                # 0: skip pg_cuda_verify_bench (tree-shaped verify forwards vs one AR step)
 BENCH=${BENCH:-1}                  # 0: per model only the verify forwards (no pp/tg bench, no nsys)
 NSYS=${NSYS:-1}                    # 0: no nsys breakdown
-TEST_FILTER=${TEST_FILTER:-}       # ctest -R regex for the CUDA tests (default: all)
+TEST_FILTER=${TEST_FILTER:-}       # ctest -R regex for the CUDA tests (default: all); CTEST_J: their parallel jobs (default 4)
 PDL_OFF=${PDL_OFF:-0}              # 1: also tg128 with programmatic dependent launch off (PEREGRINE_CUDA_PDL=0)
 RETRY_PDL_OFF=${RETRY_PDL_OFF:-0}  # 1: when the CUDA tests fail, run them again with PDL off (tests-pdl-off.log)
 BENCH_ROWS=${BENCH_ROWS:-1}        # 0: skip bench -p ROWS -n 0 (chain forwards, last row's logits only)
@@ -281,7 +281,7 @@ if ((BUILD_OK && ATTN_DECODE)) && [ -x "$BUILD/tests/cuda/pg_cuda_attn_bench" ];
 fi
 if ((BUILD_OK && TESTS)); then
   if ! run_step "CUDA tests (ctest -L cuda)" "$OUT/tests.log" 300 \
-    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -V -j 4 --timeout 280 && ((RETRY_PDL_OFF)); then
+    ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -V -j ${CTEST_J:-4} --timeout 280 && ((RETRY_PDL_OFF)); then
     PEREGRINE_CUDA_PDL=0 run_step "CUDA tests, PDL off" "$OUT/tests-pdl-off.log" 300 \
       ctest --test-dir "$BUILD" -L cuda ${TEST_FILTER:+-R "$TEST_FILTER"} -V -j 4 --timeout 280
     grep -E "tests passed|tests failed|\(Failed\)" "$OUT/tests-pdl-off.log" | sed -E 's/^[0-9]+: //' | head -20 >>"$SUMMARY"
