@@ -1,7 +1,8 @@
 // The SIMT flash-decoding attention's own code (backend/cuda/attention_decode.cu: host split plan, kernel, split
 // combine), compiled for the host against the thread-level emulation of tests/cuda/cuda_thread_shim.h, against the
 // CPU backend's attention (exact mode) on the same paged cache bytes (core's kv_quantize_row: what the CPU and CUDA
-// stores write): F16, Q8_0 and the mixed pairs F16/Q8_0 and Q8_0/F16; rows 1..8 of one or several sequences, head_dim
+// stores write): F16, Q8_0 and the mixed pairs F16/Q8_0 and Q8_0/F16, then Q4_0, Q4_1, Q5_0, Q5_1, TQ3_0, BF16 (K = V)
+// and F16 K with each low-bit V; rows 1..8 of one or several sequences, head_dim
 // 64/128/256, GQA 1/3/4/8, sliding window, soft-cap, token trees, depths that split and depths that do not. Also: a
 // grid sized for a graph bucket (more splits, most past the real length) gives the same bits as the eager launch, and
 // unsupported shapes are refused. The typed cases run a subset of the batches (VecCase::batches; every emulated
