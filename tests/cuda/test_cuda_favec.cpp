@@ -3,7 +3,8 @@
 // kernel on the same device cache, and a CUDA graph replayed at another KV length than at capture against the
 // eager launch (bit-identical). Rows 1..8 of one or several sequences, head_dim 64/128/256, GQA 1/3/4/8,
 // window, soft-cap, token trees, depths 0..3299 (split and unsplit plans); F16 caches and (issue 12) Q8_0 caches
-// and the mixed pairs F16/Q8_0, Q8_0/F16, written by each backend's own kv_store (bytes checked equal first).
+// and the mixed pairs F16/Q8_0, Q8_0/F16, then q4_0 / q4_1 / q5_0 / q5_1 / tq3_0 / bf16 caches (K = V) and an F16
+// K with each low-bit V, written by each backend's own kv_store (bytes checked equal first).
 // Host emulation of the same code: test_cuda_favec_emulated.cpp. Written without device time (label `cuda`);
 // the typed cases not yet run on a GPU.
 #include <gtest/gtest.h>
@@ -187,7 +188,7 @@ TEST_P(CudaFaVec, MatchesCpuTensorCoresAndGraphReplay) {
     }
     const ErrStats ev = compare(out[1], out[0]);
     EXPECT_EQ(ev.bad, 0u) << "fa_vec: NaN/Inf or unwritten outputs";
-    // FP32 arithmetic (on the same F16 / Q8_0 values: d·q is exact in FP32): the FP32 kernel's bound.
+    // FP32 arithmetic (on the same values as core's dequantizers: each one rounding, as the CPU): the FP32 kernel's bound.
     EXPECT_LE(ev.rel, 2e-5) << "fa_vec vs CPU, max_abs " << ev.max_abs;
     const ErrStats et = compare(out[1], out[2]);
     EXPECT_LE(et.rel, 2e-3) << "fa_vec vs tensor-core route, max_abs " << et.max_abs;
@@ -250,7 +251,27 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaVec,
                                          VecCase{16, 2, 256, 100, 0.0f, DType::Q8_0, DType::Q8_0},  // head 256, GQA 8, window
                                          VecCase{32, 8, 128, 0, 0.0f, DType::F16, DType::Q8_0},     // mixed pairs
                                          VecCase{6, 2, 64, 0, 0.0f, DType::Q8_0, DType::F16},
-                                         VecCase{24, 4, 256, 0, 0.0f, DType::Q8_0, DType::F16}),
+                                         VecCase{24, 4, 256, 0, 0.0f, DType::Q8_0, DType::F16},
+                                         // The other types (issue 12, second part): K = V, and an F16 K with a low-bit V
+                                         // (tq3_0: head_dim 128 / 256 only).
+                                         VecCase{32, 8, 128, 0, 0.0f, DType::Q4_0, DType::Q4_0},    // qwen3-8b -ctk/-ctv q4_0
+                                         VecCase{8, 1, 64, 50, 20.0f, DType::Q4_0, DType::Q4_0},    // GQA 8, window, softcap
+                                         VecCase{32, 8, 128, 0, 0.0f, DType::Q4_1, DType::Q4_1},
+                                         VecCase{6, 2, 64, 0, 0.0f, DType::Q4_1, DType::Q4_1},      // GQA 3
+                                         VecCase{32, 8, 128, 0, 0.0f, DType::Q5_0, DType::Q5_0},
+                                         VecCase{24, 4, 256, 0, 0.0f, DType::Q5_0, DType::Q5_0},    // head 256, GQA 6
+                                         VecCase{32, 8, 128, 0, 0.0f, DType::Q5_1, DType::Q5_1},
+                                         VecCase{4, 4, 128, 0, 30.0f, DType::Q5_1, DType::Q5_1},    // GQA 1, softcap
+                                         VecCase{32, 8, 128, 0, 0.0f, DType::TQ3_0, DType::TQ3_0},
+                                         VecCase{16, 2, 256, 100, 0.0f, DType::TQ3_0, DType::TQ3_0},  // head 256, GQA 8, window
+                                         VecCase{32, 8, 128, 0, 0.0f, DType::BF16, DType::BF16},
+                                         VecCase{8, 1, 64, 50, 20.0f, DType::BF16, DType::BF16},
+                                         VecCase{32, 8, 128, 0, 0.0f, DType::F16, DType::Q4_0},
+                                         VecCase{6, 2, 64, 0, 0.0f, DType::F16, DType::Q4_1},
+                                         VecCase{24, 4, 256, 0, 0.0f, DType::F16, DType::Q5_0},
+                                         VecCase{8, 1, 64, 50, 20.0f, DType::F16, DType::Q5_1},
+                                         VecCase{32, 8, 128, 0, 0.0f, DType::F16, DType::TQ3_0},
+                                         VecCase{4, 4, 128, 0, 30.0f, DType::F16, DType::TQ3_0}),
                          vec_case_name);
 
 }  // namespace

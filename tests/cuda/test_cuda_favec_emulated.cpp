@@ -1,7 +1,8 @@
 // The SIMT flash-decoding attention's own code (backend/cuda/attention_decode.cu: host split plan, kernel, split
 // combine), compiled for the host against the thread-level emulation of tests/cuda/cuda_thread_shim.h, against the
 // CPU backend's attention (exact mode) on the same paged cache bytes (core's kv_quantize_row: what the CPU and CUDA
-// stores write): F16, Q8_0 and the mixed pairs F16/Q8_0 and Q8_0/F16; rows 1..8 of one or several sequences, head_dim
+// stores write): F16, Q8_0 and the mixed pairs F16/Q8_0 and Q8_0/F16, then Q4_0, Q4_1, Q5_0, Q5_1, TQ3_0, BF16 (K = V)
+// and F16 K with each low-bit V; rows 1..8 of one or several sequences, head_dim
 // 64/128/256, GQA 1/3/4/8, sliding window, soft-cap, token trees, depths that split and depths that do not. Also: a
 // grid sized for a graph bucket (more splits, most past the real length) gives the same bits as the eager launch, and
 // unsupported shapes are refused. The typed cases run a subset of the batches (VecCase::batches; every emulated
@@ -52,7 +53,8 @@ struct VecCase {
 // Batch bits of VecCase::batches (the order of the list in KernelCodeMatchesCpu).
 constexpr uint32_t kDepth0 = 1u << 0, kDepth5 = 1u << 1, kDepth329 = 1u << 2, kTwoSeqs = 1u << 3, kChain8 = 1u << 4,
                    kMixed3 = 1u << 5, kTree = 1u << 6;
-constexpr DType kF16 = DType::F16, kQ8 = DType::Q8_0;
+constexpr DType kF16 = DType::F16, kQ8 = DType::Q8_0, kQ40 = DType::Q4_0, kQ41 = DType::Q4_1, kQ50 = DType::Q5_0, kQ51 = DType::Q5_1,
+                kTq3 = DType::TQ3_0, kBf16 = DType::BF16;
 
 class CudaFaVecEmulated : public testing::TestWithParam<VecCase> {};
 
@@ -61,7 +63,13 @@ std::string vec_name(const testing::TestParamInfo<VecCase>& i) {
   std::snprintf(buf, sizeof buf, "h%d_kv%d_d%d_w%d_cap%d_sm%d_st%d_bs%d", i.param.n_head, i.param.n_head_kv, i.param.head_dim, i.param.window,
                 static_cast<int>(i.param.softcap), i.param.n_sm, i.param.stages, i.param.block_size);
   std::string name = buf;
-  if (i.param.k != DType::F16 || i.param.v != DType::F16) name += "_" + kv_type_name(i.param.k) + "_" + kv_type_name(i.param.v);
+  if (i.param.k != DType::F16 || i.param.v != DType::F16) {
+    // Piece by piece: GCC 12 at -O3 raises a false -Wrestrict on "_" + std::string&&.
+    name += '_';
+    name += kv_type_name(i.param.k);
+    name += '_';
+    name += kv_type_name(i.param.v);
+  }
   return name;
 }
 
@@ -280,7 +288,22 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFaVecEmulated,
                                          VecCase{2, 2, 128, 0, 30.0f, 1, 2, 16, kQ8, kQ8, kDepth0 | kTwoSeqs | kTree},
                                          VecCase{4, 1, 256, 37, 0.0f, 4, 3, 24, kQ8, kQ8, kDepth0 | kMixed3 | kTree},
                                          VecCase{8, 2, 128, 0, 0.0f, 4, 2, 16, kF16, kQ8, kDepth0 | kDepth329 | kMixed3},
-                                         VecCase{6, 2, 64, 0, 0.0f, 4, 4, 16, kQ8, kF16, kDepth0 | kDepth5 | kDepth329 | kChain8}),
+                                         VecCase{6, 2, 64, 0, 0.0f, 4, 4, 16, kQ8, kF16, kDepth0 | kDepth5 | kDepth329 | kChain8},
+                                         // The other types (issue 12, second part): K = V, and an F16 K with a low-bit V;
+                                         // one or two batches each (one split, one unsplit where the shape allows), every
+                                         // head_dim the type takes, a soft-cap, a window and a tree among them.
+                                         VecCase{4, 2, 128, 0, 0.0f, 4, 2, 16, kQ40, kQ40, kDepth0 | kDepth329},
+                                         VecCase{2, 1, 64, 0, 20.0f, 4, 2, 16, kQ41, kQ41, kDepth5 | kDepth329},
+                                         VecCase{2, 1, 256, 0, 0.0f, 4, 3, 24, kQ50, kQ50, kDepth5 | kDepth329},
+                                         VecCase{2, 2, 128, 0, 30.0f, 4, 2, 16, kQ51, kQ51, kDepth5 | kDepth329},
+                                         VecCase{4, 2, 128, 0, 0.0f, 4, 2, 16, kTq3, kTq3, kDepth0 | kDepth329},
+                                         VecCase{2, 1, 256, 0, 30.0f, 4, 2, 16, kTq3, kTq3, kDepth5 | kDepth329},
+                                         VecCase{6, 2, 64, 0, 0.0f, 4, 2, 16, kBf16, kBf16, kDepth0 | kDepth329},
+                                         VecCase{8, 1, 64, 50, 20.0f, 1, 2, 16, kF16, kQ40, kDepth329},
+                                         VecCase{8, 2, 128, 0, 0.0f, 1, 2, 16, kF16, kQ41, kDepth5 | kDepth329},
+                                         VecCase{6, 2, 64, 0, 0.0f, 1, 2, 16, kF16, kQ50, kDepth5},
+                                         VecCase{4, 1, 256, 37, 0.0f, 1, 2, 16, kF16, kQ51, kDepth329},
+                                         VecCase{2, 2, 128, 0, 30.0f, 1, 2, 16, kF16, kTq3, kDepth329 | kTree}),
                          vec_name);
 
 TEST(CudaFaVecPlan, SplitsCoverTheRangeOnce) {
@@ -345,9 +368,26 @@ TEST(CudaFaVecPlan, Routing) {
   a.v_row_bytes += 2;
   EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "V rows not in the q8_0 layout";
   a.v_type = DType::Q4_0, a.v_row_bytes = kv_row_bytes(DType::Q4_0, 8, 128);
-  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "q4_0 V";
-  a.k_type = a.v_type = DType::BF16, a.k_row_bytes = a.v_row_bytes = kv_row_bytes(DType::BF16, 8, 128);
-  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "bf16 cache";
+  EXPECT_TRUE(cuda::host_emu::attention_decode_supported(a)) << "f16 K, q4_0 V";
+  a.k_type = DType::Q8_0, a.k_row_bytes = kv_row_bytes(DType::Q8_0, 8, 128);
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "q8_0 K, q4_0 V (no instantiation)";
+  a.k_type = DType::Q4_0, a.k_row_bytes = kv_row_bytes(DType::Q4_0, 8, 128);
+  EXPECT_TRUE(cuda::host_emu::attention_decode_supported(a)) << "q4_0 cache";
+  a.v_type = DType::F16, a.v_row_bytes = kv_row_bytes(DType::F16, 8, 128);
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "q4_0 K, f16 V (no instantiation)";
+  for (DType t : {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::TQ3_0, DType::BF16}) {
+    a.k_type = a.v_type = t, a.k_row_bytes = a.v_row_bytes = kv_row_bytes(t, 8, 128);
+    EXPECT_TRUE(cuda::host_emu::attention_decode_supported(a)) << kv_type_name(t);
+  }
+  a.k_type = a.v_type = DType::TQ3_0, a.head_dim = 64, a.k_row_bytes = a.v_row_bytes = kv_row_bytes(DType::TQ3_0, 8, 64);
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "tq3_0 at head_dim 64 (a padded group)";
+  a.k_type = DType::F16, a.k_row_bytes = kv_row_bytes(DType::F16, 8, 64);
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "tq3_0 V at head_dim 64";
+  a.head_dim = 128;
+  a.k_type = a.v_type = DType::F32, a.k_row_bytes = a.v_row_bytes = kv_row_bytes(DType::F32, 8, 128);
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "f32 cache";
+  a.k_type = DType::F16, a.v_type = DType::BF16, a.k_row_bytes = kv_row_bytes(DType::F16, 8, 128), a.v_row_bytes = kv_row_bytes(DType::BF16, 8, 128);
+  EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "f16 K, bf16 V (no instantiation)";
   a.typed = false, a.k = buf + 1;
   EXPECT_FALSE(cuda::host_emu::attention_decode_supported(a)) << "misaligned cache";
   a.k = buf;

@@ -1,5 +1,5 @@
-// SIMT flash-decoding attention for decode / short verification calls (1..8 rows) over the paged F16 or Q8_0 KV cache
-// (CudaOptions::fa_vec, issue 11; Q8_0 and the mixed pairs: issue 12). Why a separate kernel: the tensor-core kernel
+// SIMT flash-decoding attention for decode / short verification calls (1..8 rows) over the paged KV cache in F16 or
+// a typed format (CudaOptions::fa_vec, issue 11; Q8_0, the mixed pairs and the 3/4/5-bit and BF16 caches: issue 12). Why a separate kernel: the tensor-core kernel
 // (attention_prefill.cu) fills only g of its 64 MMA rows at decode and pays a large fixed part per block (ncu:
 // 25.5 µs per launch at depth 0, ~28 µs + an 8.8 µs combine at depth 4096 for qwen3-8b), while the KV read itself
 // is ~5 µs there.
@@ -8,17 +8,29 @@
 // row r seeing the keys of its sequence at logical positions [begin, positions[r] + 1) with begin = 0 or, with
 // a sliding window w, positions[r] + 1 − w; tree rows (tree_mask set) see [begin, kv_len[r]) plus kv_len[r] + j
 // for each set bit j of their mask words — the semantics of CpuBackend::attention and attention.cu. Cells
-// through the block table: cell = table[seq][p / block_size]·block_size + p % block_size. K and V each F16 or
-// Q8_0 (F16/F16, Q8_0/Q8_0, F16/Q8_0, Q8_0/F16; core/kv_quant.h's layout: a Q8_0 head is head_dim / 32 blocks of
-// an fp16 scale d and 32 int8 q, 34 bytes each), head_dim 64 / 128 / 256, n_head / n_head_kv ≤ 8, n ≤ 8
-// (attention_decode_supported). FP32 arithmetic on the cache's values: F16 converted exactly, Q8_0 as d·q
-// (exact in FP32: an 11-bit significand times an 8-bit integer), the values of core's dequantizers; only the
-// summation order differs from the CPU (not bit-exact, ~1e-6 relative). No dequantized copy of a Q8_0 cache
-// exists: its blocks are staged as stored and decoded in registers.
+// through the block table: cell = table[seq][p / block_size]·block_size + p % block_size. The (K, V) element-type
+// pairs (fd_pair_supported; instantiated pairs only, to bound compile time and binary size — 15 pairs × 12 kernels,
+// TQ3_0 pairs 8):
+//   - K and V each F16 or Q8_0: f16/f16, q8_0/q8_0, f16/q8_0, q8_0/f16;
+//   - K = V: q4_0, q4_1, q5_0, q5_1, tq3_0, bf16;
+//   - an F16 K with a q4_0, q4_1, q5_0, q5_1 or tq3_0 V (K is the more precision-sensitive side).
+// Other pairs (a q8_0 K with a q4_0 V, say) fall back to attention.cu's attn_kvq_kernel. Heads in core/kv_quant.h's
+// layout (each head whole blocks: 34 / 18 / 20 / 22 / 24 bytes per 32 values for q8_0 / q4_0 / q4_1 / q5_0 / q5_1;
+// TQ3_0 14 bytes per 32 values in 128-value rotation groups), head_dim 64 / 128 / 256 (TQ3_0: 128 / 256; at 64
+// its head is a zero-padded 128-group), n_head / n_head_kv ≤ 8, n ≤ 8 (attention_decode_supported).
+// FP32 arithmetic on the cache's values, exactly the values of core's dequantizers: F16 / BF16 converted
+// exactly, Q8_0 as d·q (exact in FP32), Q4_0 / Q5_0 as d·(q − 8 / 16) and Q4_1 / Q5_1 as d·q + m with one
+// rounding each (__fmul_rn / __fadd_rn, as quant_ref.cpp is written; a host compiler that contracts its d·q + m
+// into an FMA differs by an ulp), TQ3_0 as centroid·norm in the rotated domain. TQ3_0
+// as the CPU attention (kv_attn.cpp): a TQ3_0 K dots the query rotated by R (tq3_rotate) with the stored rotated
+// keys (q·k = R(q)·R(k)); a TQ3_0 V accumulates Σ p·R(v) and the output is turned back by R⁻¹ (fd_tq3_rotate, in
+// registers with shuffles, the butterflies of core's rotate_group). Only the summation order differs from the CPU
+// (not bit-exact, ~1e-6 relative). No dequantized copy of a typed cache exists: its blocks are staged as stored
+// and decoded in registers.
 //
 // Layout: one block of 4 warps per (batch row, KV head, key split): all g query heads of the KV head are in the block
 // (GQA: each K/V byte is read once for the group). A lane holds 8 dims of the head (F16: one 16-byte load of K, one
-// of V; Q8_0: 8 int8 and their block's scale, FdKv); head_dim / 8 lanes share a key (a "lane group"); a warp thus
+// of V; the typed formats: its 8 quants and their block's scale(s), FdKv); head_dim / 8 lanes share a key (a "lane group"); a warp thus
 // works on 32·8 / head_dim keys at once, U of them per lane group per iteration (U loads of K and U of V in flight
 // per lane). Warps take interleaved stretches of the split's keys; each lane group keeps its own online softmax (m,
 // l, acc of its 8 dims) per query head in FP32 registers, base 2. After the key loop the lane groups of a warp merge
@@ -151,6 +163,188 @@ struct FdKv<DType::Q8_0, D> {
   }
 };
 
+// ---- the types of issue 12's second part (q4_0, q4_1, q5_0, q5_1, tq3_0, bf16) ----
+// Each new type stages a head as stored, densely (kPitch = kHeadBytes: every head here is a multiple of 4 bytes,
+// the staged rows stay 4-byte aligned and the V rows 16-byte aligned since TK is a multiple of 16; padding was not
+// modelled for bank conflicts as Q8_0's was), by kChunks cp.async copies of the largest size ≤ 16 that divides it.
+// A lane's Raw holds its 8 dims as compactly as the decode allows (4-bit quants two to a byte, one word), so
+// U keys of K and of V in registers cost no more than Q8_0's; unpack gives core's dequantizer's values exactly
+// (d·(q − bias) and d·q + m with one rounding each, __fmul_rn / __fadd_rn as common.cuh's decoders: no FMA
+// contraction, quant_ref.cpp's dequantize_row as written).
+constexpr int fd_unit_bytes(int head_bytes) { return head_bytes % 16 == 0 ? 16 : head_bytes % 8 == 0 ? 8 : 4; }
+
+// The float of byte k of w (0..255) minus bias, exactly: the byte as the significand of 2^23, minus 2^23 + bias.
+__device__ __forceinline__ float fd_byte_f(uint32_t w, int k, float bias) {
+  return __int_as_float(__byte_perm(w, 0x4B000000u, static_cast<uint32_t>(k) | 0x7540u)) - (8388608.0f + bias);
+}
+
+// The 8 bytes at head + o (o even, head 4-byte aligned) as two words, read as three aligned words (Q8_0's
+// read): the third repeats the second when o % 4 == 0; callers make sure o % 4 == 2 never holds for the head's
+// last 8 bytes (it would read 2 bytes past the head: past the ring for the tile's last key).
+__device__ __forceinline__ void fd_ld8_a2(const uint8_t* head, int o, uint32_t& lo, uint32_t& hi) {
+  const auto* w = reinterpret_cast<const uint32_t*>(head + (o & ~3));
+  const uint32_t w0 = w[0], w1 = w[1], w2 = w[1 + ((o >> 1) & 1)];
+  const uint32_t sel = (o & 2) ? 0x5432u : 0x3210u;
+  lo = __byte_perm(w0, w1, sel), hi = __byte_perm(w1, w2, sel);
+}
+
+// A lane's 8 4-bit quants out of the 8 qs bytes that hold them (lo: bytes 0..3, hi: 4..7) and the nibble
+// (shift 0: values 0..15 of the block, 4: values 16..31): one word, value k < 4 in the low nibble of byte k,
+// value 4 + k in its high nibble.
+__device__ __forceinline__ uint32_t fd_nibbles8(uint32_t lo, uint32_t hi, int shift) {
+  return ((lo >> shift) & 0x0F0F0F0Fu) | (((hi >> shift) & 0x0F0F0F0Fu) << 4);
+}
+
+// GGML's 32-value 4/5-bit blocks (core/quant.h: Q4_0 {d, qs[16]}, Q4_1 {d, m, qs[16]}, Q5_0 {d, qh[4], qs[16]},
+// Q5_1 {d, m, qh[4], qs[16]}): value j < 16 in the low nibble of qs[j], j ≥ 16 in the high nibble of qs[j − 16],
+// 5th bit j of qh. Lane sub's 8 dims are block b = sub / 4, values 8c..8c + 7 with c = sub % 4: qs bytes
+// [8·(c % 2), +8) at nibble 4·(c / 2), and qh byte c (bits 8c..8c + 7: value k's 5th bit is bit k).
+// kMin: d·q + m (Q4_1, Q5_1) instead of d·(q − kBias) (Q4_0 bias 8, Q5_0 16); k5: the 5th bit.
+template <int BlockBytes, int QsOff, int QhOff, bool kMin, int kBias, int D>
+struct FdKvGgml {
+  static constexpr int kHeadBytes = BlockBytes * D / 32;
+  static constexpr int kUnit = fd_unit_bytes(kHeadBytes), kChunks = kHeadBytes / kUnit, kPitch = kHeadBytes;
+  static_assert(kHeadBytes % 4 == 0 && kChunks * kUnit == kHeadBytes && D % 64 == 0, "4-byte aligned staged heads");
+  static constexpr bool k5 = QhOff >= 0;
+  struct Raw {
+    uint32_t q;   // fd_nibbles8
+    uint32_t dm;  // the fp16 scale d (bits 0..15) and m (Q4_1, Q5_1: bits 16..31) or the qh byte (Q5_0: bits 16..23)
+    uint32_t h;   // Q5_1: the qh byte (unused otherwise; never loaded)
+  };
+  __device__ static Raw load(const uint8_t* head, int sub) {  // head: 4-byte aligned
+    const int b = sub >> 2, c = sub & 3, blk = BlockBytes * b, o = blk + QsOff + 8 * (c & 1);
+    uint32_t lo, hi;
+    if constexpr (BlockBytes % 4 == 0) {  // Q4_1, Q5_1: o is 4-byte aligned
+      const auto* w = reinterpret_cast<const uint32_t*>(head + o);
+      lo = w[0], hi = w[1];
+    } else {  // Q4_0, Q5_0: o % 4 is 2 for even b (never the last block: D / 32 is even)
+      fd_ld8_a2(head, o, lo, hi);
+    }
+    Raw r{fd_nibbles8(lo, hi, 4 * (c >> 1)), 0u, 0u};
+    if constexpr (kMin) r.dm = *reinterpret_cast<const uint32_t*>(head + blk);
+    else r.dm = *reinterpret_cast<const uint16_t*>(head + blk);
+    if constexpr (k5 && kMin) r.h = head[blk + QhOff + c];
+    else if constexpr (k5) r.dm |= static_cast<uint32_t>(head[blk + QhOff + c]) << 16;
+    return r;
+  }
+  __device__ static void unpack(const Raw& r, float (&f)[8]) {
+    const float d = h2f(r.dm);
+    uint32_t a = r.q & 0x0F0F0F0Fu, bb = (r.q >> 4) & 0x0F0F0F0Fu;
+    if constexpr (k5) {
+      const uint32_t h = kMin ? r.h : r.dm >> 16;
+      a |= spread4(h) << 4, bb |= spread4(h >> 4) << 4;
+    }
+    if constexpr (kMin) {
+      const float m = h2f(r.dm >> 16);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) f[k] = __fadd_rn(__fmul_rn(fd_byte_f(a, k, 0.0f), d), m), f[4 + k] = __fadd_rn(__fmul_rn(fd_byte_f(bb, k, 0.0f), d), m);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) f[k] = __fmul_rn(fd_byte_f(a, k, kBias), d), f[4 + k] = __fmul_rn(fd_byte_f(bb, k, kBias), d);
+    }
+  }
+};
+template <int D>
+struct FdKv<DType::Q4_0, D> : FdKvGgml<18, 2, -1, false, 8, D> {};
+template <int D>
+struct FdKv<DType::Q4_1, D> : FdKvGgml<20, 4, -1, true, 0, D> {};
+template <int D>
+struct FdKv<DType::Q5_0, D> : FdKvGgml<22, 6, 2, false, 16, D> {};
+template <int D>
+struct FdKv<DType::Q5_1, D> : FdKvGgml<24, 8, 4, true, 0, D> {};
+
+// TQ3_0 (core/kv_quant.h: 14-byte blocks {fp16 norm, qs[8], signs[4]}, value j's index = 2 bits at 2·(j % 4)
+// of qs[j / 4] plus 4 × bit j % 8 of signs[j / 8]; value = centroid[index]·norm in the rotated domain, as
+// tq3_dequantize). Lane sub: block b = sub / 4, c = sub % 4: qs bytes 2c, 2c + 1 (one 16-bit word) and signs
+// byte c. D 128 / 256 only (at 64 the stored head is a padded 128-group, 16 values per lane: fd_supported
+// refuses it). The rotation is the kernel's (fd_tq3_rotate): the query for a TQ3_0 K, the output for a V.
+template <int D>
+struct FdKv<DType::TQ3_0, D> {
+  static constexpr int kHeadBytes = 14 * D / 32;  // 56, 112
+  static constexpr int kUnit = fd_unit_bytes(kHeadBytes), kChunks = kHeadBytes / kUnit, kPitch = kHeadBytes;
+  static_assert(D % 128 == 0 && kHeadBytes % 8 == 0, "whole 128-groups");
+  struct Raw {
+    uint32_t idx;   // bits 0..15: the 8 two-bit parts (value k at 2k); bits 16..23: the 8 high bits (value k at 16 + k)
+    uint32_t norm;  // fp16 bits
+  };
+  __device__ static Raw load(const uint8_t* head, int sub) {  // head: 2-byte aligned suffices
+    const int blk = 14 * (sub >> 2), c = sub & 3;
+    return Raw{*reinterpret_cast<const uint16_t*>(head + blk + 2 + 2 * c) | static_cast<uint32_t>(head[blk + 10 + c]) << 16,
+               *reinterpret_cast<const uint16_t*>(head + blk)};
+  }
+  // c[index]·norm as tq3_dequantize: the centroid from a table in shared memory (lut(), filled by the kernel
+  // before its first barrier), one conflict-free load per value (8 words: lanes with the same index broadcast).
+  // Why not tq3_centroid's selects: those (or selects between the 4 magnitudes·norm) spilled the G = 1, 2 and
+  // 4 instantiations at D 128 (24..100 bytes, ptxas sm_90).
+  __device__ static void unpack(const Raw& r, float (&f)[8]) {
+    const float d = h2f(r.norm);
+    const float* c = lut();
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = __fmul_rn(c[((r.idx >> (2 * k)) & 3u) | (((r.idx >> (16 + k)) & 1u) << 2)], d);
+  }
+  // The 8 centroids by index (kTq3Centroids), per block.
+  __device__ static float* lut() {
+    __shared__ float t[8];
+    return t;
+  }
+};
+
+// BF16: F16's layout and load, bf16 → FP32 (exact: the upper half of the float).
+template <int D>
+struct FdKv<DType::BF16, D> {
+  static constexpr int kHeadBytes = 2 * D;
+  static constexpr int kUnit = 16, kChunks = D / 8, kPitch = kHeadBytes;
+  using Raw = uint4;  // 8 bf16
+  __device__ static Raw load(const uint8_t* head, int sub) { return *reinterpret_cast<const uint4*>(head + sub * 16); }
+  __device__ static void unpack(const Raw& r, float (&f)[8]) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[2 * i] = bf2f(w[i]), f[2 * i + 1] = bf2f(w[i] >> 16);
+  }
+};
+
+// The TQ3_0 rotation of G vectors held as the kernel holds q and acc: lane sub has dims [8·sub, 8·sub + 8) of
+// each, a 128-group spans the 16 lanes with the same sub / 16 (D 128: the lane group; D 256: each half-warp).
+// R (Inverse false: s2 ⊙ H(s1 ⊙ x)/√128, tq3_rotate) or R⁻¹ (s1 ⊙ H(s2 ⊙ x)/√128, tq3_rotate_inverse),
+// operation for operation as core's rotate_group: the butterflies of stages 1, 2, 4 inside the lane, 8..64
+// across lanes sub ^ 1..8 (the lane whose bit is clear takes a + b, its partner a − b: both from the same two
+// values), so the result is bit-identical to the CPU's. Every lane of the warp calls it (shuffles).
+template <int G, bool Inverse>
+__device__ __forceinline__ void fd_tq3_rotate(float (&x)[G][8], int sub) {
+  const int base = (sub & 15) * 8;  // this lane's first index in its group (a multiple of 8: one byte of a sign word)
+  const uint32_t s_in = (tq3_sign_word(Inverse ? 1 : 0, base >> 5) >> (base & 31)) & 0xffu;
+  const uint32_t s_out = (tq3_sign_word(Inverse ? 0 : 1, base >> 5) >> (base & 31)) & 0xffu;
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[h][i] = (s_in >> i) & 1u ? -x[h][i] : x[h][i];
+#pragma unroll
+    for (int len = 1; len < 8; len <<= 1)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (!(i & len)) {
+          const float a = x[h][i], b = x[h][i + len];
+          x[h][i] = __fadd_rn(a, b), x[h][i + len] = __fsub_rn(a, b);
+        }
+  }
+#pragma unroll
+  for (int off = 1; off < 16; off <<= 1)
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float o = __shfl_xor_sync(0xffffffffu, x[h][i], off);
+        x[h][i] = (sub & off) ? __fsub_rn(o, x[h][i]) : __fadd_rn(x[h][i], o);
+      }
+#pragma unroll
+  for (int h = 0; h < G; ++h)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float v = __fmul_rn(x[h][i], kTq3InvSqrt128);
+      x[h][i] = (s_out >> i) & 1u ? -v : v;
+    }
+}
+
 struct FdParams {
   AttentionArgs a;
   int n_splits, target, min_chunk;  // fd::split_plan
@@ -223,6 +417,30 @@ __device__ __forceinline__ void fd_load_q(const FdParams& P, int r, int kvh, int
       for (int i = 0; i < 8; ++i) q[h][i] = 0.0f;
     }
   }
+}
+
+// fd_load_q for a TQ3_0 K: the queries rotated by R (core's kv_prepare_query: tq3_rotate of the unscaled query,
+// so the same rotated values as the CPU's), then pre-scaled.
+template <int D, int G>
+__device__ __forceinline__ void fd_load_q_tq3(const FdParams& P, int r, int kvh, int sub, float (&q)[G][8]) {
+  const AttentionArgs& p = P.a;
+  const int g = p.n_head / p.n_head_kv;
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    if (h < g) {
+      const float* qp = p.q + static_cast<int64_t>(r) * p.q_stride + static_cast<int64_t>(kvh * g + h) * D + sub * 8;
+      const float4 a = fd_ldf4(qp), b = fd_ldf4(qp + 4);
+      q[h][0] = a.x, q[h][1] = a.y, q[h][2] = a.z, q[h][3] = a.w, q[h][4] = b.x, q[h][5] = b.y, q[h][6] = b.z, q[h][7] = b.w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[h][i] = 0.0f;
+    }
+  }
+  fd_tq3_rotate<G, false>(q, sub);
+#pragma unroll
+  for (int h = 0; h < G; ++h)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[h][i] *= P.qscale;
 }
 
 // One iteration of a lane group over its U keys (kr, vr: this lane's 8 dims of each key's K and V as stored,
@@ -428,6 +646,10 @@ __global__ void __launch_bounds__(fd::kThreads, fd_min_blocks<D, G>()) fd_decode
   const int grp = lane / L, sub = lane % L;
   const int r = static_cast<int>(blockIdx.x), kvh = static_cast<int>(blockIdx.y), z = static_cast<int>(blockIdx.z);
   __shared__ uint32_t mask[kAttnMaskWords];
+  // TQ3_0's centroid table (FdKv<TQ3_0>::unpack), visible after fd_bounds' barrier.
+  if constexpr (KT == DType::TQ3_0 || VT == DType::TQ3_0) {
+    if (tid < 8) FdKv<DType::TQ3_0, D>::lut()[tid] = tq3_centroid(static_cast<uint32_t>(tid));
+  }
   int lo, end, hi;
   fd_bounds(P, r, z, mask, tid, lo, end, hi);
   const bool tree = p.tree_mask != nullptr;
@@ -490,7 +712,8 @@ __global__ void __launch_bounds__(fd::kThreads, fd_min_blocks<D, G>()) fd_decode
     cp_async_commit();
   }
   float q[G][8];
-  fd_load_q<D, G>(P, r, kvh, sub, q);
+  if constexpr (KT == DType::TQ3_0) fd_load_q_tq3<D, G>(P, r, kvh, sub, q);
+  else fd_load_q<D, G>(P, r, kvh, sub, q);
   float m[G], l[G], acc[G][8];
 #pragma unroll
   for (int h = 0; h < G; ++h) {
@@ -539,6 +762,9 @@ __global__ void __launch_bounds__(fd::kThreads, fd_min_blocks<D, G>()) fd_decode
       });
     }
   }
+  // A TQ3_0 V: acc is Σ p·R(v), in the rotated domain; R⁻¹ is linear, so each lane group's partial is turned back
+  // here and every later merge (lane groups, warps, splits) combines outputs (the CPU un-rotates the final sum).
+  if constexpr (VT == DType::TQ3_0) fd_tq3_rotate<G, true>(acc, sub);
   cp_async_wait<0>();
   __syncthreads();  // the ring is free for the merge
   fd_finish<D, G>(P, r, kvh, z, m, l, acc, reinterpret_cast<float*>(ring));
@@ -641,6 +867,17 @@ fd::Plan fd_plan(const AttentionArgs& a, int n_sm) {
   return fd::split_plan(a.n * a.n_head_kv, fill, max_kv, a.fa_vec_min_chunk);
 }
 
+// The (K, V) type pairs with an instantiation (fd_launch_kv; the list of the file's header).
+bool fd_pair_supported(DType k, DType v) {
+  const auto f16_or_q8 = [](DType t) { return t == DType::F16 || t == DType::Q8_0; };
+  const auto low_bit = [](DType t) {
+    return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::TQ3_0;
+  };
+  if (f16_or_q8(k) && f16_or_q8(v)) return true;
+  if (k == v && (low_bit(k) || k == DType::BF16)) return true;
+  return k == DType::F16 && low_bit(v);
+}
+
 // (Named apart from attention_decode_supported so the host emulation's copy never meets the CUDA library's
 // through argument-dependent lookup.)
 bool fd_supported(const AttentionArgs& a) {
@@ -648,9 +885,11 @@ bool fd_supported(const AttentionArgs& a) {
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head / a.n_head_kv > fd::kMaxGroup) return false;
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return false;
   if (a.typed) {
-    // K and V each F16 or Q8_0, rows of n_head_kv heads in core/kv_quant.h's layout (the row strides the kernel uses).
-    for (DType t : {a.k_type, a.v_type})
-      if (t != DType::F16 && t != DType::Q8_0) return false;
+    // The pairs instantiated (fd_launch_kv): K and V each F16 or Q8_0; K = V one of q4_0, q4_1, q5_0, q5_1, tq3_0,
+    // bf16; F16 K with a q4_0 / q4_1 / q5_0 / q5_1 / tq3_0 V. TQ3_0 at head_dim 128 / 256 only (at 64 its head is
+    // a padded 128-group). Rows of n_head_kv heads in core/kv_quant.h's layout (the row strides the kernel uses).
+    if (!fd_pair_supported(a.k_type, a.v_type)) return false;
+    if ((a.k_type == DType::TQ3_0 || a.v_type == DType::TQ3_0) && a.head_dim < 128) return false;
     if (a.k_row_bytes != kv_row_bytes(a.k_type, a.n_head_kv, a.head_dim)) return false;
     if (a.v_row_bytes != kv_row_bytes(a.v_type, a.n_head_kv, a.head_dim)) return false;
   } else if (!a.kv_f16) {
@@ -692,14 +931,32 @@ void fd_launch_d(const FdParams& P, cudaStream_t stream) {
   }
 }
 
-// The (K, V) element-type pair of the cache (fd_supported: each F16 or Q8_0).
+// The (K, V) element-type pair of the cache (fd_supported: fd_pair_supported's pairs; TQ3_0 at D ≥ 128).
 template <int D>
 void fd_launch_kv(const FdParams& P, cudaStream_t stream) {
-  const bool kq = P.a.typed && P.a.k_type == DType::Q8_0, vq = P.a.typed && P.a.v_type == DType::Q8_0;
-  if (!kq && !vq) fd_launch_d<D, DType::F16, DType::F16>(P, stream);
-  else if (kq && vq) fd_launch_d<D, DType::Q8_0, DType::Q8_0>(P, stream);
-  else if (kq) fd_launch_d<D, DType::Q8_0, DType::F16>(P, stream);
-  else fd_launch_d<D, DType::F16, DType::Q8_0>(P, stream);
+  const DType kt = P.a.typed ? P.a.k_type : DType::F16, vt = P.a.typed ? P.a.v_type : DType::F16;
+  const bool kq = kt == DType::Q8_0, vq = vt == DType::Q8_0;
+  if ((kt == DType::F16 || kq) && (vt == DType::F16 || vq)) {
+    if (!kq && !vq) fd_launch_d<D, DType::F16, DType::F16>(P, stream);
+    else if (kq && vq) fd_launch_d<D, DType::Q8_0, DType::Q8_0>(P, stream);
+    else if (kq) fd_launch_d<D, DType::Q8_0, DType::F16>(P, stream);
+    else fd_launch_d<D, DType::F16, DType::Q8_0>(P, stream);
+    return;
+  }
+  // K = V (q4_0 … bf16) or an F16 K with a low-bit V.
+  const bool same = kt == vt;
+  switch (vt) {
+    case DType::Q4_0: same ? fd_launch_d<D, DType::Q4_0, DType::Q4_0>(P, stream) : fd_launch_d<D, DType::F16, DType::Q4_0>(P, stream); break;
+    case DType::Q4_1: same ? fd_launch_d<D, DType::Q4_1, DType::Q4_1>(P, stream) : fd_launch_d<D, DType::F16, DType::Q4_1>(P, stream); break;
+    case DType::Q5_0: same ? fd_launch_d<D, DType::Q5_0, DType::Q5_0>(P, stream) : fd_launch_d<D, DType::F16, DType::Q5_0>(P, stream); break;
+    case DType::Q5_1: same ? fd_launch_d<D, DType::Q5_1, DType::Q5_1>(P, stream) : fd_launch_d<D, DType::F16, DType::Q5_1>(P, stream); break;
+    case DType::TQ3_0:
+      if constexpr (D >= 128) {
+        same ? fd_launch_d<D, DType::TQ3_0, DType::TQ3_0>(P, stream) : fd_launch_d<D, DType::F16, DType::TQ3_0>(P, stream);
+      }
+      break;
+    default: fd_launch_d<D, DType::BF16, DType::BF16>(P, stream); break;  // BF16 (fd_supported: nothing else reaches here)
+  }
 }
 
 }  // namespace
@@ -717,7 +974,7 @@ size_t attention_decode_scratch_bytes(const AttentionArgs& a, int n_sm) {
 
 void attention_decode(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream) {
   PG_CHECK(fd_supported(a),
-           "attention_decode: unsupported shape (F16 or Q8_0 K and V, head_dim 64/128/256, GQA ≤ 8, 1..8 rows, aligned q/K/V)");
+           "attention_decode: unsupported shape (K/V pair of fd_pair_supported, head_dim 64/128/256 (tq3_0: 128/256), GQA ≤ 8, 1..8 rows, aligned q/K/V)");
   const fd::Plan pl = fd_plan(a, n_sm);
   PG_CHECK(a.n_head_kv <= 65535, "attention_decode: too many KV heads");
   FdParams P{};

@@ -1203,9 +1203,10 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& kv, const AttentionB
   // Typed caches with fa_prefill_typed (on by default). Decode / verification
   // calls (fewer rows than fa_prefill_min_rows) and every tree batch only with fa_decode, and typed caches
   // there only for the types where the tensor-core kernel wins at decode shapes (fa_decode_type_wins).
-  // Decode / short verification calls (≤ 8 rows; K and V each F16 or Q8_0, so f16, q8_0 and the mixed pairs:
-  // attention_decode_supported) on the SIMT flash-decoding kernel when fa_vec is on (attention_decode.cu; trees
-  // included), before the tensor-core route. Not in exact mode (validation: the FP32 kernel's own summation order).
+  // Decode / short verification calls (≤ 8 rows; f16 and the typed pairs of attention_decode_supported: K and V
+  // each F16 or Q8_0, K = V q4_0/q4_1/q5_0/q5_1/tq3_0/bf16, F16 K with a low-bit V; typed ones only with
+  // fa_vec_typed) on the SIMT flash-decoding kernel when fa_vec is on (attention_decode.cu; trees included),
+  // before the tensor-core route. Not in exact mode (validation: the FP32 kernel's own summation order).
   a.fa_vec_blocks_per_sm = opt_.fa_vec_blocks_per_sm;
   a.fa_vec_min_chunk = opt_.fa_vec_min_chunk;
   a.fa_vec_stages = opt_.fa_vec_stages;

@@ -169,9 +169,10 @@ struct CudaOptions {
   // Heads of at most this size take it: at head_dim 256 (qwen35) it loses to the tensor-core route beyond a
   // few hundred keys (0.53–0.90×, runs 37–38). Environment: PEREGRINE_CUDA_FA_VEC_HEAD_DIM=<n> (factory).
   int fa_vec_max_head_dim = 128;
-  // Typed caches on fa_vec: K and V each F16 or Q8_0 (q8_0/q8_0 and the mixed pairs; attention_decode.cu reads
-  // the Q8_0 blocks as stored). Off until its first GPU run: the code passes the host emulation
-  // (CudaFaVecEmulated, 6 typed cases) but its device tests (CudaFaVec typed cases) and its speed against f16 at
+  // Typed caches on fa_vec: K and V each F16 or Q8_0 (q8_0/q8_0 and the mixed pairs), K = V one of q4_0, q4_1,
+  // q5_0, q5_1, tq3_0 (head_dim 128/256), bf16, or an F16 K with a q4_0/q4_1/q5_0/q5_1/tq3_0 V (attention_decode.cu
+  // reads the blocks as stored). Off until its first GPU run: the code passes the host emulation
+  // (CudaFaVecEmulated, 18 typed cases) but its device tests (CudaFaVec typed cases) and its speed against f16 at
   // depth have not run on the H200. Environment: PEREGRINE_CUDA_FA_VEC_TYPED=1 (factory).
   bool fa_vec_typed = false;
   // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:

@@ -293,9 +293,11 @@ size_t attention_prefill_scratch_bytes(const AttentionArgs& a, int n_sm);
 void attention_prefill(const AttentionArgs& a, void* scratch, int n_sm, cudaStream_t stream);
 
 // Decode / short verification attention, SIMT flash-decoding (attention_decode.cu, CudaOptions::fa_vec): the
-// result of attention() for 1..8 rows (causal, window, soft-cap, token trees) of a cache whose K and V are each
-// F16 or Q8_0 (F16/F16, or typed with those types: Q8_0 read in its own blocks) with head_dim 64/128/256 and
-// n_head/n_head_kv ≤ 8 (attention_decode_supported), FP32 arithmetic, one block per (row, KV head, key split).
+// result of attention() for 1..8 rows (causal, window, soft-cap, token trees) of a cache whose (K, V) types are
+// F16/F16 or a typed pair of attention_decode.cu's list (K and V each F16 or Q8_0; K = V one of q4_0, q4_1, q5_0,
+// q5_1, tq3_0, bf16; an F16 K with a q4_0/q4_1/q5_0/q5_1/tq3_0 V; each read in its own blocks) with head_dim
+// 64/128/256 (tq3_0: 128/256) and n_head/n_head_kv ≤ 8 (attention_decode_supported), FP32 arithmetic, one block
+// per (row, KV head, key split).
 // Scratch: attention_decode_scratch_bytes (split partials, 0 when the plan does not split).
 bool attention_decode_supported(const AttentionArgs& a);
 size_t attention_decode_scratch_bytes(const AttentionArgs& a, int n_sm);
