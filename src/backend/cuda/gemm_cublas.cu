@@ -46,6 +46,9 @@ __device__ __forceinline__ uint32_t pack16(float a, float b, bool bf) {
 // two 16-byte stores, so a warp's stores cover 1 KiB of contiguous output and every block of the matrix is
 // read by consecutive threads (its header and quant bytes through L1 once).
 // Bytes: reads row_bytes·M (Q4_K: 0.5625 B per weight), writes 2·M·K — near copy bandwidth when it runs well.
+// (Each store instruction covers half of each 32-byte sector of a 1 KiB span, the next one the other half; if
+// pg_cuda_bench --gemm shows it well below copy bandwidth, staging a warp's 1 KiB through shared memory so that
+// each instruction writes 512 contiguous bytes is the first thing to try.)
 template <class Q, bool BF>
 __global__ void __launch_bounds__(kDequantThreads)
     dequant_kernel(const uint8_t* __restrict__ w,  // (M, row_bytes) raw GGUF blocks
@@ -93,6 +96,9 @@ struct CublasPlan {
   cublasLtMatmulAlgo_t algo{};
   bool ok = false;  // the heuristic offered an algorithm
 
+  CublasPlan() = default;
+  CublasPlan(const CublasPlan&) = delete;  // owns its descriptors
+  CublasPlan& operator=(const CublasPlan&) = delete;
   bool same(const CublasPlan& o) const {
     return bf == o.bf && M == o.M && K == o.K && n == o.n && lda == o.lda && ldd == o.ldd && align_a == o.align_a && align_b == o.align_b &&
            align_d == o.align_d && workspace == o.workspace;
