@@ -1,7 +1,7 @@
 // Micro-benchmark of the CUDA matmul kernels on 8B-model shapes (target pg_cuda_bench).
 //
 //   pg_cuda_bench [--types q4_k,q8_0,...] [--reps N] [--quick] [--shapes MxK,...] [--kernels k1,k2,...]
-//                 [--pipe-stages N] [--pipe-bps N] [--rows n1,n2,...] [--no-stage-x]
+//                 [--pipe-stages N] [--pipe-bps N] [--rows n1,n2,...] [--no-stage-x] [--gemm]
 //
 // For every weight type and shape (M × K = out × in: 4096×4096 attention, 12288×4096 FFN gate/up,
 // 4096×12288 FFN down, 151936×4096 output) it times the decode GEMV (n = 1) and prints µs, GB/s and
@@ -17,9 +17,12 @@
 // --shapes replaces the shape list (M×K = out×in), --kernels keeps only the named kernels, --rows the
 // activation row counts timed on every shape (default: 1, 8, 22, 64; the FFN shape 1..64 and 512); the last
 // column is the GB/s as a fraction of the H200's 4.3 TB/s HBM3e peak.
+// --gemm: the prefill GEMM only, gemm.cu's tensor-core kernel against dequantize + cuBLASLt
+// (CudaOptions::gemm_cublas) on the 8B prefill shapes at n = 512 and 4096 (see run_gemm_mode).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/gemm_cublas.h"
 #include "backend/cuda/kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -106,6 +110,165 @@ void* make_weights(pg::DType t, int64_t K, int64_t M, size_t* bytes_out) {
   return d;
 }
 
+// --gemm: the prefill GEMM, gemm.cu's tensor-core kernel ("mma") against the cuBLASLt route of
+// CudaOptions::gemm_cublas, on the 8B prefill shapes at n = 512 and 4096 (--shapes / --rows replace them). Rows:
+//   mma           cuda::gemm: activation conversion + the dequantize-in-the-tile kernel (what runs today)
+//   convert       gemm_convert_x alone (8-bit rounding + FP16), shared by both routes
+//   dequant       dequant_f16 alone: the weight matrix → FP16 scratch; GB/s = weight bytes read + 2·M·K written
+//   cublas/gemm   convert + cublasLtMatmul on the dequantized scratch (the FP16 GEMM part)
+//   cublas/total  gemm_cublas: convert + dequant + cublasLtMatmul (what the option runs); "vs mma" = speed-up
+// TFLOP/s count 2·M·K·n for every row (so convert/dequant read as throughput of the whole product). The last
+// column checks the cuBLASLt output against the kernel's (relative norm difference; summation order only,
+// expect ~1e-6). Weights rotate over copies (≥ 4× L2) as in the other modes; the FP16 scratch is one buffer,
+// as in the backend.
+int run_gemm_mode(const std::vector<pg::DType>& types, const std::vector<std::pair<int64_t, int64_t>>& shapes, const std::vector<int>& rows,
+                  int reps, const cudaDeviceProp& prop, double copy_bw) {
+  std::printf("| type | M (out) | K (in) | n | path | ms | TFLOP/s | GB/s | %% of copy | vs mma | rel diff |\n"
+              "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  cudaStream_t stream = nullptr;
+  pg::cuda::CublasGemm* h = pg::cuda::cublas_gemm_create();
+  void* lt_ws = nullptr;
+  CK(cudaMalloc(&lt_ws, pg::cuda::kCublasWorkspaceBytes));
+  for (pg::DType t : types) {
+    if (!pg::cuda::gemm_supported(t)) {
+      std::fprintf(stderr, "skipping %s: not a GEMM weight type\n", std::string(pg::dtype_name(t)).c_str());
+      continue;
+    }
+    for (const auto& [M, K] : shapes) {
+      size_t wbytes = 0;
+      std::vector<void*> w;
+      w.push_back(make_weights(t, K, M, &wbytes));
+      const size_t target = 4 * static_cast<size_t>(prop.l2CacheSize);
+      while (w.size() * wbytes < target && w.size() < 64) {
+        void* c = nullptr;
+        CK(cudaMalloc(&c, wbytes));
+        CK(cudaMemcpy(c, w[0], wbytes, cudaMemcpyDeviceToDevice));
+        w.push_back(c);
+      }
+      const int nmax = *std::max_element(rows.begin(), rows.end());
+      float *x = nullptr, *y = nullptr, *y2 = nullptr;
+      void *xh = nullptr, *wh = nullptr;
+      CK(cudaMalloc(&x, static_cast<size_t>(nmax) * K * 4));
+      CK(cudaMalloc(&y, static_cast<size_t>(nmax) * M * 4));
+      CK(cudaMalloc(&y2, static_cast<size_t>(nmax) * M * 4));
+      CK(cudaMalloc(&xh, pg::cuda::gemm_scratch_bytes(nmax, K)));
+      CK(cudaMalloc(&wh, static_cast<size_t>(M) * K * 2));
+      {
+        std::vector<float> hx(static_cast<size_t>(nmax) * K);
+        std::mt19937 rng(2);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (auto& v : hx) v = nd(rng);
+        CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+      }
+      for (int n : rows) {
+        pg::cuda::MatmulArgs a;
+        a.type = t;
+        a.w = w[0];
+        a.row_bytes = pg::row_bytes(t, K);
+        a.K = K;
+        a.M = M;
+        a.x = x;
+        a.x_stride = K;
+        a.y = y;
+        a.y_stride = M;
+        a.n = n;
+        a.act_quant = pg::cuda::act_quant_mode(t);  // default mode, as CudaBackend::matmul
+        if (!pg::cuda::gemm_cublas_supported(a)) {
+          std::fprintf(stderr, "skipping %s %lldx%lld: layout not supported by gemm_cublas\n", std::string(pg::dtype_name(t)).c_str(),
+                       static_cast<long long>(M), static_cast<long long>(K));
+          continue;
+        }
+        const bool plain = t == pg::DType::F16 || t == pg::DType::BF16;
+        // The FP16 GEMM alone: the dequantized scratch as F16 weights (the plan's shape and alignments are those
+        // of the full route; the activation conversion is the same because act_quant is kept).
+        pg::cuda::MatmulArgs g = a;
+        if (!plain) {
+          g.type = pg::DType::F16;
+          g.w = wh;
+          g.row_bytes = static_cast<size_t>(K) * 2;
+          pg::cuda::dequant_f16(a, static_cast<uint16_t*>(wh), stream);
+        }
+        const double flop = 2.0 * static_cast<double>(M) * K * n;
+        double mma_ms = 0;
+        for (const char* path : {"mma", "convert", "dequant", "cublas/gemm", "cublas/total"}) {
+          const std::string p = path;
+          if (plain && p == "dequant") continue;
+          bool ok = true;
+          const double ms = time_ms(reps, [&](int i) {
+            pg::cuda::MatmulArgs b = a;
+            b.w = w[static_cast<size_t>(i) % w.size()];
+            if (p == "mma") {
+              pg::cuda::gemm(b, nullptr, nullptr, xh, stream);
+            } else if (p == "convert") {
+              pg::cuda::gemm_convert_x(b, nullptr, static_cast<uint16_t*>(xh), stream);
+            } else if (p == "dequant") {
+              pg::cuda::dequant_f16(b, static_cast<uint16_t*>(wh), stream);
+            } else if (p == "cublas/gemm") {
+              pg::cuda::MatmulArgs c = plain ? b : g;
+              c.y = y2;
+              ok = ok && pg::cuda::gemm_cublas(*h, c, xh, nullptr, lt_ws, pg::cuda::kCublasWorkspaceBytes, stream);
+            } else {
+              b.y = y2;
+              ok = ok && pg::cuda::gemm_cublas(*h, b, xh, wh, lt_ws, pg::cuda::kCublasWorkspaceBytes, stream);
+            }
+          });
+          if (!ok) {
+            std::printf("| %s | %lld | %lld | %d | %s | no cuBLASLt algorithm | | | | | |\n", std::string(pg::dtype_name(t)).c_str(),
+                        static_cast<long long>(M), static_cast<long long>(K), n, path);
+            continue;
+          }
+          if (p == "mma") mma_ms = ms;
+          double bytes = 0;  // memory traffic of the row's own work, for GB/s
+          if (p == "dequant") bytes = static_cast<double>(wbytes) + 2.0 * static_cast<double>(M) * K;
+          if (p == "convert") bytes = 4.0 * n * K + 2.0 * n * K;
+          std::string gbs = "", pct = "", vs = "", rel = "";
+          char buf[64];
+          if (bytes > 0) {
+            const double v = bytes / (ms * 1e-3) / 1e9;
+            std::snprintf(buf, sizeof buf, "%.0f", v);
+            gbs = buf;
+            std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * v / copy_bw);
+            pct = buf;
+          }
+          if (p.rfind("cublas", 0) == 0 && mma_ms > 0) {
+            std::snprintf(buf, sizeof buf, "%.2fx", mma_ms / ms);
+            vs = buf;
+          }
+          if (p == "cublas/total") {
+            // Both outputs from the same weights (copy 0): the kernel's in y, cuBLASLt's in y2.
+            pg::cuda::MatmulArgs b = a;
+            pg::cuda::gemm(b, nullptr, nullptr, xh, stream);
+            b.y = y2;
+            ok = pg::cuda::gemm_cublas(*h, b, xh, wh, lt_ws, pg::cuda::kCublasWorkspaceBytes, stream);
+            CK(cudaDeviceSynchronize());
+            std::vector<float> r0(static_cast<size_t>(n) * M), r1(r0.size());
+            CK(cudaMemcpy(r0.data(), y, r0.size() * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(r1.data(), y2, r1.size() * 4, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            for (size_t i = 0; i < r0.size(); ++i) {
+              const double d = static_cast<double>(r1[i]) - r0[i];
+              num += d * d;
+              den += static_cast<double>(r0[i]) * r0[i];
+            }
+            std::snprintf(buf, sizeof buf, "%.1e", den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+            rel = buf;
+          }
+          std::printf("| %s | %lld | %lld | %d | %s | %.3f | %.1f | %s | %s | %s | %s |\n", std::string(pg::dtype_name(t)).c_str(),
+                      static_cast<long long>(M), static_cast<long long>(K), n, path, ms, flop / (ms * 1e-3) / 1e12, gbs.c_str(), pct.c_str(),
+                      vs.c_str(), rel.c_str());
+          std::fflush(stdout);
+        }
+      }
+      CK(cudaDeviceSynchronize());
+      for (void* p : w) CK(cudaFree(p));
+      for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(y2), xh, wh}) CK(cudaFree(p));
+    }
+  }
+  CK(cudaFree(lt_ws));
+  pg::cuda::cublas_gemm_destroy(h);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,6 +285,8 @@ int main(int argc, char** argv) {
   std::vector<Shape> custom_shapes;
   std::vector<std::string> only_kernels;  // empty: all
   std::vector<int> only_rows;             // empty: every row count of the shape
+  bool gemm_mode = false;                 // --gemm: the prefill GEMM, tensor-core kernel vs cuBLASLt (run_gemm_mode)
+  bool types_given = false;
   auto split = [](const std::string& s) {
     std::vector<std::string> out;
     size_t p = 0;
@@ -138,6 +303,8 @@ int main(int argc, char** argv) {
       reps = std::max(3, std::atoi(argv[++i]));
     } else if (a == "--quick") {
       quick = true;
+    } else if (a == "--gemm") {
+      gemm_mode = true;
     } else if (a == "--pipe-stages" && i + 1 < argc) {
       pipe_stages = std::clamp(std::atoi(argv[++i]), 2, 8);
     } else if (a == "--no-stage-x") {
@@ -165,6 +332,7 @@ int main(int argc, char** argv) {
         custom_shapes.push_back({std::atoll(e.c_str()), std::atoll(e.c_str() + x + 1)});
       }
     } else if (a == "--types" && i + 1 < argc) {
+      types_given = true;
       types.clear();
       std::string s = argv[++i];
       size_t p = 0;
@@ -181,7 +349,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--types q4_k,q8_0,...] [--reps N] [--quick] [--shapes MxK,...] [--kernels k1,k2,...] [--pipe-stages N] "
-                   "[--pipe-bps N] [--rows n1,n2,...] [--no-stage-x]\n",
+                   "[--pipe-bps N] [--rows n1,n2,...] [--no-stage-x] [--gemm]\n",
                    argv[0]);
       return 2;
     }
@@ -191,6 +359,23 @@ int main(int argc, char** argv) {
   const double copy_bw = copy_bandwidth_gbs();
   std::printf("device: %s, %d SMs, L2 %d MB; device-to-device copy: %.0f GB/s (read + write)\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20, copy_bw);
+  if (gemm_mode) {
+    // Default: the weight types of qwen3-8b Q4_K_M (Q4_K, Q6_K) and Q8_0; the 8B prefill shapes (q/o 4096×4096,
+    // k/v 1024×4096, gate/up 12288×4096, down 4096×12288, output 151936×4096); n = 512 and 4096.
+    if (!types_given) types = {pg::DType::Q4_K, pg::DType::Q6_K, pg::DType::Q8_0};
+    std::vector<std::pair<int64_t, int64_t>> gs = {{4096, 4096}, {1024, 4096}, {12288, 4096}, {4096, 12288}, {151936, 4096}};
+    if (!custom_shapes.empty()) {
+      gs.clear();
+      for (const Shape& c : custom_shapes) gs.push_back({c.M, c.K});
+    }
+    const std::vector<int> gr = only_rows.empty() ? std::vector<int>{512, 4096} : only_rows;
+    try {
+      return run_gemm_mode(types, gs, gr, reps, prop, copy_bw);
+    } catch (const pg::Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
   std::printf("pipe: %d stages, %d blocks per SM (0 = as many as fit)\n", pipe_stages, pipe_bps);
   std::printf("| type | kernel | M (out) | K (in) | n | µs | GB/s | %% of copy | TFLOP/s | %% of 4.3 TB/s |\n"
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");

@@ -43,13 +43,15 @@ struct Logits {
 };
 
 // Prompt pass, then `n_steps` decode steps feeding `feed` (or, if empty, the argmax of the previous row).
-Logits run(Backend& be, const std::string& path, DType kv, int n_steps, const std::vector<int32_t>& feed) {
+Logits run(Backend& be, const std::string& path, DType kv, int n_steps, const std::vector<int32_t>& feed,
+           const std::vector<int32_t>& prompt = kPrompt) {
   auto model = Model::load(path, be);
-  auto cache = model->make_cache({1, 128, kv, 16});
+  const int cells = std::max(128, static_cast<int>(prompt.size() + static_cast<size_t>(n_steps) + 15) / 16 * 16);
+  auto cache = model->make_cache({1, cells, kv, 16});
   Logits r;
   r.n_vocab = model->config().n_vocab;
   Batch b;
-  for (size_t i = 0; i < kPrompt.size(); ++i) b.add(kPrompt[i], static_cast<int>(i), 0, true);
+  for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int>(i), 0, true);
   model->forward(b, *cache, r.prompt);
   std::vector<float> last(r.prompt.end() - r.n_vocab, r.prompt.end());
   for (int s = 0; s < n_steps; ++s) {
@@ -57,7 +59,7 @@ Logits run(Backend& be, const std::string& path, DType kv, int n_steps, const st
                                      : feed[static_cast<size_t>(s)];
     r.tokens.push_back(tok);
     b.clear();
-    b.add(tok, static_cast<int>(kPrompt.size()) + s, 0, true);
+    b.add(tok, static_cast<int>(prompt.size()) + s, 0, true);
     model->forward(b, *cache, last);
     r.steps.push_back(last);
   }
@@ -432,6 +434,133 @@ TEST_P(CudaPrefetchModel, LogitsBitIdentical) {
 INSTANTIATE_TEST_SUITE_P(Golden, CudaPrefetchModel,
                          testing::Values("tiny-qwen3-Q4_K_M", "tiny-llama-Q8_0", "tiny-qwen35-f16", "tiny-qwen3moe-f16", "tiny-gemma3-f16"),
                          name_of);
+
+// CudaOptions::gemm_cublas (the prefill GEMM through cuBLASLt on whole-matrix FP16 weights) on whole models.
+// (1) The golden prompt with gemm_cublas_min_rows 9: every F16/BF16 projection of its 24 rows takes cuBLASLt
+//     (quantized weights keep MMQ / the GEMV up to 64 rows, so only F16 files reach it); CUDA default mode vs
+//     the CPU's default mode within LogitsMatchCpu's bounds for F16 files.
+// (2) A 200-token prompt with gemm_cublas_min_rows 65, quantized files too: on vs off (the tensor-core kernel,
+//     same 16-bit operands: only summation order differs; F16 files ≤ 0.01, quantized files within the default-
+//     mode bounds, where an order change can flip an 8-bit activation rounding downstream), and on vs the CPU
+//     within the default-mode bounds — or, where the tensor-core kernel itself is further off on this longer
+//     prompt, no more than 1.5x its distance. A wrong product is off by whole logits.
+// (3) Graph capture: a 24-row forward recorded with cuBLASLt calls inside and replayed equals the eager one.
+const std::vector<int32_t>& long_prompt() {
+  static const std::vector<int32_t> p = [] {
+    std::vector<int32_t> v(200);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>((i * 37 + 11) % 500 + 1);
+    return v;
+  }();
+  return p;
+}
+
+CudaOptions cublas_options(const CudaBackend& be, bool on, int min_rows) {
+  CudaOptions o = be.options();
+  o.gemm_cublas = on;
+  o.gemm_cublas_min_rows = min_rows;
+  return o;
+}
+
+class CudaGemmCublasF16Model : public testing::TestWithParam<std::string> {};
+
+TEST_P(CudaGemmCublasF16Model, LogitsMatchCpu) {
+  PG_REQUIRE_GPU();
+  const std::string path = test::shared_path("golden/models/" + GetParam() + ".gguf").string();
+  auto cpu = test::make_cpu_exact();
+  const Logits ref32 = run(*cpu, path, DType::F32, 15, {});
+  CpuOptions co;
+  co.n_threads = 2;
+  CpuBackend cpu_default(co);
+  const Logits ref16 = run(cpu_default, path, DType::F16, 15, ref32.tokens);
+  auto gpu = test::make_cuda(false);
+  gpu->set_options(cublas_options(*gpu, true, 9));
+  const int64_t c0 = gpu->gemm_cublas_calls();
+  const Diff d = diff(run(*gpu, path, DType::F16, 15, ref32.tokens), ref16);
+  const int64_t calls = gpu->gemm_cublas_calls() - c0;
+  std::printf("%-22s gemm_cublas (24 rows): max %.2e rms %.2e, %lld cuBLASLt calls\n", GetParam().c_str(), d.max, d.rms,
+              static_cast<long long>(calls));
+  EXPECT_GT(calls, 0) << "no matmul took cuBLASLt";
+  EXPECT_LE(d.max, 0.05);
+  EXPECT_LE(d.rms, 0.01);
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CudaGemmCublasF16Model,
+                         testing::Values("tiny-llama-f16", "tiny-qwen3-f16", "tiny-qwen2-f16", "tiny-qwen3moe-f16", "tiny-gemma3-f16",
+                                         "tiny-qwen35-f16", "tiny-qwen35moe-f16"),
+                         name_of);
+
+class CudaGemmCublasModel : public testing::TestWithParam<std::string> {};
+
+TEST_P(CudaGemmCublasModel, LongPromptMatchesGemmKernelAndCpu) {
+  PG_REQUIRE_GPU();
+  const std::string stem = GetParam();
+  const std::string path = test::shared_path("golden/models/" + stem + ".gguf").string();
+  const std::vector<int32_t>& prompt = long_prompt();
+  CpuOptions co;
+  co.n_threads = 2;
+  CpuBackend cpu_default(co);
+  const Logits ref = run(cpu_default, path, DType::F16, 8, {}, prompt);
+  auto gpu = test::make_cuda(false);
+  gpu->set_options(cublas_options(*gpu, false, 65));
+  const Logits off = run(*gpu, path, DType::F16, 8, ref.tokens, prompt);
+  gpu->set_options(cublas_options(*gpu, true, 65));
+  const int64_t c0 = gpu->gemm_cublas_calls();
+  const Logits on = run(*gpu, path, DType::F16, 8, ref.tokens, prompt);
+  const int64_t calls = gpu->gemm_cublas_calls() - c0;
+  const Diff d_on_off = diff(on, off), d_on = diff(on, ref), d_off = diff(off, ref);
+  std::printf("%-22s 200-row prompt: on vs off max %.2e rms %.2e | vs CPU: on max %.2e rms %.2e, off max %.2e rms %.2e | %lld calls\n",
+              stem.c_str(), d_on_off.max, d_on_off.rms, d_on.max, d_on.rms, d_off.max, d_off.rms, static_cast<long long>(calls));
+  EXPECT_GT(calls, 0) << "no matmul took cuBLASLt";
+  const bool f16_file = stem.find("-f16") != std::string::npos;
+  // LogitsMatchCpu's default-mode bounds with the tensor-core attention on (its fa_prompt case).
+  const double bmax = f16_file ? 0.05 : 0.3, brms = f16_file ? 0.01 : 0.05;
+  EXPECT_LE(d_on_off.max, f16_file ? 0.01 : bmax) << "cuBLASLt vs the tensor-core kernel";
+  EXPECT_LE(d_on_off.rms, f16_file ? 0.002 : brms) << "cuBLASLt vs the tensor-core kernel";
+  EXPECT_LE(d_on.max, std::max(bmax, 1.5 * d_off.max)) << "vs the CPU";
+  EXPECT_LE(d_on.rms, std::max(brms, 1.5 * d_off.rms)) << "vs the CPU";
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CudaGemmCublasModel,
+                         testing::Values("tiny-llama-f16", "tiny-llama-Q8_0", "tiny-llama-Q4_0", "tiny-llama-Q5_1", "tiny-llama-Q4_K_M",
+                                         "tiny-llama-IQ4_XS", "tiny-qwen3-Q4_K_M", "tiny-qwen3-Q6_K", "tiny-qwen3-Q2_K",
+                                         "tiny-qwen3-Q3_K_M", "tiny-qwen3-f16", "tiny-qwen3moe-f16", "tiny-gemma3-f16",
+                                         "tiny-qwen35-f16"),
+                         name_of);
+
+TEST(CudaGemmCublasGraph, CapturedPromptReplaysEager) {
+  PG_REQUIRE_GPU();
+  const std::string path = test::shared_path("golden/models/tiny-qwen3-f16.gguf").string();
+  auto gpu = test::make_cuda(false);
+  CudaOptions o = cublas_options(*gpu, true, 9);
+  o.graphs = true;
+  o.graph_max_rows = 64;
+  gpu->set_options(o);
+  auto model = Model::load(path, *gpu);
+  // The same 24-row forward three times on fresh caches: eager (the model's first run of a step shape), then
+  // recorded and replayed, then replayed.
+  std::vector<float> out[3];
+  int64_t calls[3];
+  const int graphs0 = gpu->graph_count();
+  for (int k = 0; k < 3; ++k) {
+    auto cache = model->make_cache({1, 128, DType::F16, 16});
+    Batch b;
+    for (size_t i = 0; i < kPrompt.size(); ++i) b.add(kPrompt[i], static_cast<int>(i), 0, true);
+    const int64_t c0 = gpu->gemm_cublas_calls();
+    model->forward(b, *cache, out[k]);
+    calls[k] = gpu->gemm_cublas_calls() - c0;
+  }
+  EXPECT_GT(gpu->graph_count(), graphs0) << "the forward was not recorded";
+  EXPECT_GT(calls[0], 0) << "the eager forward took no cuBLASLt call";
+  EXPECT_EQ(calls[1], calls[0]) << "the recording holds another set of cuBLASLt calls";
+  EXPECT_EQ(calls[2], 0) << "a replay issued host-side cuBLASLt calls";
+  ASSERT_EQ(out[1].size(), out[0].size());
+  ASSERT_EQ(out[2].size(), out[0].size());
+  EXPECT_EQ(0, std::memcmp(out[1].data(), out[2].data(), out[1].size() * sizeof(float))) << "two replays differ";
+  double max = 0;
+  for (size_t i = 0; i < out[0].size(); ++i) max = std::max(max, std::fabs(static_cast<double>(out[1][i]) - out[0][i]));
+  std::printf("gemm_cublas graph replay vs eager: max |Δ| %.2e\n", max);
+  EXPECT_LE(max, 1e-4);  // as CudaGraphs: eager attention may split its sums differently
+}
 
 }  // namespace
 }  // namespace pg

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 
+#include "backend/cuda/gemm_cublas.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/moe_gemv.h"
 #include "core/error.h"
@@ -55,6 +56,8 @@ enum ScratchSlot {
   kSlotMmqPart,
   kSlotNormQ8_0,  // fuse_norm_quant: the last norm's output as q8_0 activations (written only by the norms)
   kSlotNormQ8_K,  // ... and as q8_K
+  kSlotGemmW,     // gemm_cublas: the dequantized weight matrix (M, K) 16-bit, sized for the largest seen
+  kSlotCublasWs,  // gemm_cublas: the cuBLASLt workspace (cuda::kCublasWorkspaceBytes)
   kSlotCount
 };
 
@@ -117,6 +120,8 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_BPS"); e && *e) opt.gemv_pipe_bps = std::max(0, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_MOE_FUSED"); e && *e) opt.moe_fused = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_L2_PREFETCH"); e && *e) opt.l2_prefetch_mb = std::max(0, std::atoi(e));
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMM_CUBLAS"); e && *e) opt.gemm_cublas = std::strcmp(e, "0") != 0;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMM_CUBLAS_ROWS"); e && *e) opt.gemm_cublas_min_rows = std::max(1, std::atoi(e));
   return create_cuda_backend(index, opt);
 }
 
@@ -136,6 +141,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.fa_prefill_min_rows >= 0, "CudaOptions::fa_prefill_min_rows must be ≥ 0 (0 = off)");
   PG_CHECK(opt_.graph_max_rows >= 1 && opt_.graph_max_rows <= 64, "CudaOptions::graph_max_rows must be 1..64");
   PG_CHECK(opt_.l2_prefetch_mb >= 0 && opt_.l2_prefetch_mb <= 4096, "CudaOptions::l2_prefetch_mb must be 0..4096");
+  PG_CHECK(opt_.gemm_cublas_min_rows >= 1, "CudaOptions::gemm_cublas_min_rows must be ≥ 1");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -189,6 +195,7 @@ CudaBackend::~CudaBackend() {
   }
   cudaStreamSynchronize(as_stream(stream_));
   if (side_stream_) cudaStreamSynchronize(as_stream(side_stream_));
+  cuda::cublas_gemm_destroy(cublas_);  // after the synchronisation: no queued cublasLtMatmul still uses it
   for (void* g : graphs_)  // dropped graphs leave null slots: destroying null is an error that would linger
     if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
   for (auto& s : scratch_)
@@ -762,11 +769,34 @@ void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
   if (opt_.exact_f32 || q8_rows || a.n <= opt_.gemv_max_rows || !cuda::gemm_supported(w.type) || a.K % 32 != 0) {
     gemv(a);
   } else {
-    void* s = scratch(kSlotGemm, cuda::gemm_scratch_bytes(a.n, a.K));
     cuda::MatmulArgs b = a;
     b.act_quant = cuda::act_quant_mode(w.type);
-    cuda::gemm(b, nullptr, nullptr, s, as_stream(stream_));
+    gemm(b);
   }
+}
+
+void CudaBackend::gemm(const cuda::MatmulArgs& a) {
+  void* xs = scratch(kSlotGemm, cuda::gemm_scratch_bytes(a.n, a.K));
+  // exact_f32 never reaches here (matmul sends it to the GEMV); MoE's grouped GEMM calls cuda::gemm itself.
+  if (opt_.gemm_cublas && !opt_.exact_f32 && a.n >= opt_.gemm_cublas_min_rows && cuda::gemm_cublas_supported(a)) {
+    if (!cublas_) {
+      // Host-side creation (the library's own setup) must not land inside a stream capture. The forwards that
+      // are captured (≤ graph_max_rows ≤ 64 rows) were run eagerly first with the same shapes (model.cpp), so
+      // the handle, the plans and both scratch buffers exist by then; like a scratch growth, this only fires
+      // for a capture of a shape that never ran.
+      PG_CHECK(!capturing_, "CUDA graph capture: the cuBLASLt handle would have to be created; run the step once before capturing it");
+      cublas_ = cuda::cublas_gemm_create();
+    }
+    const size_t wb = cuda::gemm_cublas_weight_bytes(a);
+    void* ws = wb ? scratch(kSlotGemmW, wb) : nullptr;
+    void* lt_ws = scratch(kSlotCublasWs, cuda::kCublasWorkspaceBytes);
+    if (cuda::gemm_cublas(*cublas_, a, xs, ws, lt_ws, cuda::kCublasWorkspaceBytes, as_stream(stream_))) {
+      ++gemm_cublas_calls_;
+      return;
+    }
+    // cuBLASLt offered no algorithm for this shape (nothing was launched): the tensor-core kernel below.
+  }
+  cuda::gemm(a, nullptr, nullptr, xs, as_stream(stream_));
 }
 
 void CudaBackend::matmul_shared(const Tensor& x, std::initializer_list<MatmulOut> outs) {

@@ -20,6 +20,7 @@ namespace pg {
 namespace cuda {
 struct MatmulArgs;
 struct NormQuant;
+class CublasGemm;  // gemm_cublas.h
 void activate(int device);  // kernels.h
 }
 
@@ -235,6 +236,21 @@ struct CudaOptions {
   // GEMV starts on L2 hits. A hint only: results are bit-identical with it on or off (CudaPrefetch*). 0 = off.
   // Not yet measured on a GPU: off. Environment: PEREGRINE_CUDA_L2_PREFETCH=<MiB> (factory).
   int l2_prefetch_mb = 0;
+  // Prefill GEMM through cuBLASLt (issue 14; gemm_cublas.cu): a matmul that takes the tensor-core GEMM (the
+  // branch of CudaBackend::matmul that runs cuda::gemm: more than gemv_max_rows rows, more than 64 for quantized
+  // weights in default mode; not MoE's grouped GEMM, not exact_f32) with at least gemm_cublas_min_rows rows
+  // instead dequantizes the whole weight matrix to FP16 (BF16 for BF16 weights; F16/BF16 are read in place)
+  // into one scratch buffer and runs one cublasLtMatmul with FP32 accumulation on gemm.cu's own activation
+  // operand. Why: gemm.cu's mma.sync kernel reaches ~0.4-0.8x llama.cpp's prompt speed on the H200 (qwen3-8b
+  // Q4_K_M pp4096 ~3-6K vs 9.8K tok/s); cuBLAS's Hopper kernels run near the FP16 tensor-core peak, for the
+  // price of writing 2 B per weight each matmul (~0.4 ms for 151936x4096), which pays only from some row count:
+  // gemm_cublas_min_rows, to be measured with pg_cuda_bench --gemm. Same 16-bit operands as cuda::gemm: results
+  // differ from it only in summation order (CudaGemmCublas.*). The weight scratch is sized for the largest
+  // matrix seen (M*K*2 bytes: 100 MB for a 12288x4096 FFN matrix) and kept; a 32 MiB cuBLASLt workspace too.
+  // Not yet measured on a GPU: off. Environment: PEREGRINE_CUDA_GEMM_CUBLAS=1 and
+  // PEREGRINE_CUDA_GEMM_CUBLAS_ROWS=<rows> (factory and tests' make_cuda).
+  bool gemm_cublas = false;
+  int gemm_cublas_min_rows = 256;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
@@ -345,6 +361,8 @@ class CudaBackend final : public Backend {
   int64_t moe_fused_hits() const { return moe_fused_hits_; }
   // l2_prefetch_mb: prefetch kernels launched so far (tests: the path really ran).
   int64_t prefetch_launches() const { return prefetch_launches_; }
+  // gemm_cublas: matmuls that ran through cuBLASLt so far (tests: the path really ran).
+  int64_t gemm_cublas_calls() const { return gemm_cublas_calls_; }
   size_t total_memory() const;
 
  private:
@@ -357,6 +375,11 @@ class CudaBackend final : public Backend {
   // Checked arguments of y = x·wᵀ for the kernels (shapes, types, ownership).
   cuda::MatmulArgs matmul_args(const Tensor& w, const Tensor& x, Tensor& y) const;
   void gemv(const cuda::MatmulArgs& a);  // default mode: gemv_fast where it applies, else the FP32 GEMV
+  // The tensor-core GEMM branch of matmul (a.act_quant set): through cuBLASLt when CudaOptions::gemm_cublas takes
+  // it, else cuda::gemm.
+  void gemm(const cuda::MatmulArgs& a);
+  cuda::CublasGemm* cublas_ = nullptr;  // created on first use (gemm_cublas), destroyed with the backend
+  int64_t gemm_cublas_calls_ = 0;
   bool use_mmq(const cuda::MatmulArgs& a) const;
   // integer tensor cores, 8-bit activations; xs: the activation scratch to use (null: kSlotQ8's)
   void mmq(const cuda::MatmulArgs& a, bool x_quantized, void* xs = nullptr);

@@ -2,7 +2,9 @@
 //
 // Why this design: the weights are dequantized inside the kernel, tile by tile, so no FP16 copy of a
 // model is ever materialised (a quantized 8B model would need 16 GB more for it) and the one kernel
-// covers every weight type through the same run decoders as get_rows. cuBLAS would need that copy.
+// covers every weight type through the same run decoders as get_rows. cuBLAS would need that copy — or,
+// per matmul, one matrix of it: that is the alternative CudaOptions::gemm_cublas routes large batches to
+// (gemm_cublas.cu; same 16-bit operands, gemm_convert_x below is shared).
 //  - The activations are first converted once to FP16 (BF16 for BF16 weights) in a scratch buffer,
 //    optionally gathering rows (MoE), so the kernel streams 16-bit tiles.
 //  - Block tile: 128 weight rows × 128 activation rows, 8 warps (4 × 2), warp tile 32 × 64, mma.sync
@@ -21,6 +23,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gemm_cublas.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
 #include "core/error.h"
@@ -314,24 +317,9 @@ template <class Q>
 void gemm_typed(const MatmulArgs& a, const GemmGroups* groups, const int32_t* x_rows, void* scratch, cudaStream_t stream) {
   constexpr bool BF = std::is_same_v<Q, QBF16>;
   PG_CHECK(a.K % 32 == 0 && a.K % Q::kElems == 0, "matmul: K=" + std::to_string(a.K) + " is not a multiple of the block size");
-  PG_CHECK(a.x_stride % 4 == 0, "matmul: activations must be 16-byte aligned");
   // Activation rows that the kernel reads: n plain, or the n sorted entries when grouped.
   auto* xh = static_cast<uint16_t*>(scratch);
-  if (a.act_quant != kActNone && !BF) {
-    // Default mode: the activations rounded as the CPU's default mode rounds them (8-bit quants), then
-    // widened to FP16 — the same inputs the GEMV and the CPU see, up to the FP16 rounding of q·d.
-    act_quant_f16(a.act_quant, a.x, a.x_stride, x_rows, a.n, a.K, xh, stream);
-  } else {
-    const int threads = 256;
-    const int bx = std::max(1, std::min(ceil_div(a.K / 4, threads), 64));
-    for (int r0 = 0; r0 < a.n; r0 += 65535) {
-      const int cnt = std::min(65535, a.n - r0);
-      const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(cnt));
-      convert_x_kernel<BF><<<grid, threads, 0, stream>>>(x_rows ? a.x : a.x + static_cast<int64_t>(r0) * a.x_stride, a.x_stride,
-                                                         x_rows ? x_rows + r0 : nullptr, a.K, xh + static_cast<int64_t>(r0) * a.K);
-      check_launch("convert_x");
-    }
-  }
+  gemm_convert_x(a, x_rows, xh, stream);
   GemmParams p{};
   p.w = static_cast<const uint8_t*>(a.w);
   p.row_bytes = a.row_bytes;
@@ -375,6 +363,32 @@ void gemm_typed(const MatmulArgs& a, const GemmGroups* groups, const int32_t* x_
 }
 
 }  // namespace
+
+// Shared with gemm_cublas.cu (declared in gemm_cublas.h): both routes multiply exactly these 16-bit activations.
+void gemm_convert_x(const MatmulArgs& a, const int32_t* x_rows, uint16_t* xh, cudaStream_t stream) {
+  PG_CHECK(a.x_stride % 4 == 0, "matmul: activations must be 16-byte aligned");
+  const bool bf = a.type == DType::BF16;
+  if (a.act_quant != kActNone && !bf) {
+    // Default mode: the activations rounded as the CPU's default mode rounds them (8-bit quants), then
+    // widened to FP16 — the same inputs the GEMV and the CPU see, up to the FP16 rounding of q·d.
+    act_quant_f16(a.act_quant, a.x, a.x_stride, x_rows, a.n, a.K, xh, stream);
+    return;
+  }
+  const int threads = 256;
+  const int bx = std::max(1, std::min(ceil_div(a.K / 4, threads), 64));
+  for (int r0 = 0; r0 < a.n; r0 += 65535) {
+    const int cnt = std::min(65535, a.n - r0);
+    const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(cnt));
+    const float* x0 = x_rows ? a.x : a.x + static_cast<int64_t>(r0) * a.x_stride;
+    const int32_t* rows0 = x_rows ? x_rows + r0 : nullptr;
+    uint16_t* out0 = xh + static_cast<int64_t>(r0) * a.K;
+    if (bf)
+      convert_x_kernel<true><<<grid, threads, 0, stream>>>(x0, a.x_stride, rows0, a.K, out0);
+    else
+      convert_x_kernel<false><<<grid, threads, 0, stream>>>(x0, a.x_stride, rows0, a.K, out0);
+    check_launch("convert_x");
+  }
+}
 
 bool gemm_supported(DType t) { return t != DType::F32 && gemv_supported(t); }
 
