@@ -536,13 +536,15 @@ TEST(CudaGemmCublasGraph, CapturedPromptReplaysEager) {
   o.graph_max_rows = 64;
   gpu->set_options(o);
   auto model = Model::load(path, *gpu);
-  // The same 24-row forward three times on fresh caches: eager (the model's first run of a step shape), then
-  // recorded and replayed, then replayed.
+  // The same 24-row forward three times on one cache emptied in between (a new cache would give the model a
+  // new workspace, which drops its recordings): eager (the model's first run of a step shape), then recorded
+  // and replayed, then replayed.
   std::vector<float> out[3];
   int64_t calls[3];
   const int graphs0 = gpu->graph_count();
+  auto cache = model->make_cache({1, 128, DType::F16, 16});
   for (int k = 0; k < 3; ++k) {
-    auto cache = model->make_cache({1, 128, DType::F16, 16});
+    cache->truncate(0, 0);
     Batch b;
     for (size_t i = 0; i < kPrompt.size(); ++i) b.add(kPrompt[i], static_cast<int>(i), 0, true);
     const int64_t c0 = gpu->gemm_cublas_calls();

@@ -142,6 +142,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.graph_max_rows >= 1 && opt_.graph_max_rows <= 64, "CudaOptions::graph_max_rows must be 1..64");
   PG_CHECK(opt_.l2_prefetch_mb >= 0 && opt_.l2_prefetch_mb <= 4096, "CudaOptions::l2_prefetch_mb must be 0..4096");
   PG_CHECK(opt_.gemm_cublas_min_rows >= 1, "CudaOptions::gemm_cublas_min_rows must be ≥ 1");
+  PG_CHECK(opt_.gemm_cublas_max_weight_mb >= 0, "CudaOptions::gemm_cublas_max_weight_mb must be ≥ 0");
   activate(device_);
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -778,7 +779,8 @@ void CudaBackend::matmul(const Tensor& w, const Tensor& x, Tensor& y) {
 void CudaBackend::gemm(const cuda::MatmulArgs& a) {
   void* xs = scratch(kSlotGemm, cuda::gemm_scratch_bytes(a.n, a.K));
   // exact_f32 never reaches here (matmul sends it to the GEMV); MoE's grouped GEMM calls cuda::gemm itself.
-  if (opt_.gemm_cublas && !opt_.exact_f32 && a.n >= opt_.gemm_cublas_min_rows && cuda::gemm_cublas_supported(a)) {
+  if (opt_.gemm_cublas && !opt_.exact_f32 && a.n >= opt_.gemm_cublas_min_rows && cuda::gemm_cublas_supported(a) &&
+      cuda::gemm_cublas_weight_bytes(a) <= (static_cast<size_t>(opt_.gemm_cublas_max_weight_mb) << 20)) {
     if (!cublas_) {
       // Host-side creation (the library's own setup) must not land inside a stream capture. The forwards that
       // are captured (≤ graph_max_rows ≤ 64 rows) were run eagerly first with the same shapes (model.cpp), so

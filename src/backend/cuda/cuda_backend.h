@@ -172,10 +172,11 @@ struct CudaOptions {
   int fa_vec_max_head_dim = 128;
   // Typed caches on fa_vec: K and V each F16 or Q8_0 (q8_0/q8_0 and the mixed pairs), K = V one of q4_0, q4_1,
   // q5_0, q5_1, tq3_0 (head_dim 128/256), bf16, or an F16 K with a q4_0/q4_1/q5_0/q5_1/tq3_0 V (attention_decode.cu
-  // reads the blocks as stored). Off until its first GPU run: the code passes the host emulation
-  // (CudaFaVecEmulated, 18 typed cases) but its device tests (CudaFaVec typed cases) and its speed against f16 at
-  // depth have not run on the H200. Environment: PEREGRINE_CUDA_FA_VEC_TYPED=1 (factory).
-  bool fa_vec_typed = false;
+  // reads the blocks as stored). On since device run 71 (H100, 2026-12-08): every CUDA test passed with it
+  // (315/316, the one failure a graph-count check of another test) and qwen3-8b Q4_K_M tg64 at depth 4096 went
+  // q8_0 199.6 -> 261.1, q4_0 183.8 -> 261.9, tq3_0 166.7 -> 230.6 tok/s (f16: 281.7). Environment:
+  // PEREGRINE_CUDA_FA_VEC_TYPED=0 turns it off (factory and tests' make_cuda).
+  bool fa_vec_typed = true;
   // Op profiling: every op is timed on the device with a CUDA event pair around it (the outermost op only:
   // a matmul inside matmul_shared counts as part of it) and drained by profile_take(); CUDA graphs are off
   // so that each op is its own launch. The times include launch gaps when the host falls behind, so small
@@ -234,7 +235,11 @@ struct CudaOptions {
   // weights of the matmul that followed this one last time (the order is learned as the forwards run), so
   // DRAM works through the small ops between two matmuls (norms, RoPE, KV store, attention) and the next
   // GEMV starts on L2 hits. A hint only: results are bit-identical with it on or off (CudaPrefetch*). 0 = off.
-  // Not yet measured on a GPU: off. Environment: PEREGRINE_CUDA_L2_PREFETCH=<MiB> (factory).
+  // Measured SLOWER (device run 71, H100, qwen3-8b Q4_K_M tg128 at d0): 3.1 ms per token off, 9.35 ms at 16 MiB,
+  // 13.9 ms at 32 MiB. The one-block kernels on the side stream form a serial chain that the graph joins at its
+  // end, and one SM's bulk prefetches move only ~0.4 TB/s, so the chain (~2 GB per step) outlasts the step.
+  // Kept off, for a variant that spreads each prefetch over many blocks or issues it from the GEMVs' own idle
+  // warps. Environment: PEREGRINE_CUDA_L2_PREFETCH=<MiB> (factory).
   int l2_prefetch_mb = 0;
   // Prefill GEMM through cuBLASLt (issue 14; gemm_cublas.cu): a matmul that takes the tensor-core GEMM (the
   // branch of CudaBackend::matmul that runs cuda::gemm: more than gemv_max_rows rows, more than 64 for quantized
@@ -246,11 +251,18 @@ struct CudaOptions {
   // price of writing 2 B per weight each matmul (~0.4 ms for 151936x4096), which pays only from some row count:
   // gemm_cublas_min_rows, to be measured with pg_cuda_bench --gemm. Same 16-bit operands as cuda::gemm: results
   // differ from it only in summation order (CudaGemmCublas.*). The weight scratch is sized for the largest
-  // matrix seen (M*K*2 bytes: 100 MB for a 12288x4096 FFN matrix) and kept; a 32 MiB cuBLASLt workspace too.
-  // Not yet measured on a GPU: off. Environment: PEREGRINE_CUDA_GEMM_CUBLAS=1 and
-  // PEREGRINE_CUDA_GEMM_CUBLAS_ROWS=<rows> (factory and tests' make_cuda).
-  bool gemm_cublas = false;
+  // matrix seen (M*K*2 bytes: 100 MB for a 12288x4096 FFN matrix) and kept, up to gemm_cublas_max_weight_mb:
+  // a larger matrix (the 151936-row output matrix of an all-rows-logits prefill: 1.2 GB) keeps cuda::gemm, so
+  // the scratch stays small beside the KV cache. A 32 MiB cuBLASLt workspace too.
+  // On since device run 71 (H100, 2026-12-08): every CUDA test passed with it (315/316, the failure a graph-count
+  // check of the test's own setup, fixed after the run); qwen3-8b Q4_K_M pp512 7 612 -> 19 055 tok/s, pp4096
+  // 6 879 -> 14 812 (-b 4096: 8 152 -> 21 250), pp512 at depth 4096 6 007 -> 11 172 (llama.cpp on the H200:
+  // 9 105 / 9 779 / 8 615). pg_cuda_bench --gemm: cuBLASLt 580-700 TFLOP/s at n = 4096 against 100-180 for
+  // gemm.cu; the dequantization runs at 70-97 % of copy bandwidth on the large matrices. Environment:
+  // PEREGRINE_CUDA_GEMM_CUBLAS=0 turns it off, PEREGRINE_CUDA_GEMM_CUBLAS_ROWS=<rows> (factory and tests' make_cuda).
+  bool gemm_cublas = true;
   int gemm_cublas_min_rows = 256;
+  int gemm_cublas_max_weight_mb = 512;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
