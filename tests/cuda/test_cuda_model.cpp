@@ -287,6 +287,16 @@ INSTANTIATE_TEST_SUITE_P(Decode, CudaFuseModel,
                                          "tiny-qwen3-Q6_K", "tiny-qwen3-IQ4_XS", "tiny-qwen35-f16"),
                          name_of);
 
+// Two runs of the same tokens give the same logits to the bit: the prompt's and every decode step's (the
+// switches whose tests use this change timing only, never a result).
+void expect_bit_identical(const Logits& on, const Logits& off) {
+  ASSERT_EQ(on.prompt.size(), off.prompt.size());
+  ASSERT_EQ(on.steps.size(), off.steps.size());
+  EXPECT_EQ(0, std::memcmp(on.prompt.data(), off.prompt.data(), on.prompt.size() * sizeof(float))) << "prompt logits differ";
+  for (size_t s = 0; s < on.steps.size(); ++s)
+    EXPECT_EQ(0, std::memcmp(on.steps[s].data(), off.steps[s].data(), on.steps[s].size() * sizeof(float))) << "decode step " << s;
+}
+
 // The one-launch q/k RMSNorm + RoPE (CudaOptions::fuse_qk_norm_rope) against the four ops, whole models: the
 // prompt and 20 decode steps (graphs on, as in serving) give bit-identical logits, on models with q/k norms
 // (qwen3 dense/MoE, gemma3, qwen35's attention layers) and without (llama, qwen2: rope only). A profiled step
@@ -304,11 +314,7 @@ TEST_P(CudaFuseQkRope, LogitsBitIdentical) {
   o.fuse_qk_norm_rope = true;
   gpu->set_options(o);
   const Logits on = run(*gpu, path, DType::F16, 20, off.tokens);
-  ASSERT_EQ(on.prompt.size(), off.prompt.size());
-  ASSERT_EQ(on.steps.size(), off.steps.size());
-  EXPECT_EQ(0, std::memcmp(on.prompt.data(), off.prompt.data(), on.prompt.size() * sizeof(float))) << "prompt logits differ";
-  for (size_t s = 0; s < on.steps.size(); ++s)
-    EXPECT_EQ(0, std::memcmp(on.steps[s].data(), off.steps[s].data(), on.steps[s].size() * sizeof(float))) << "decode step " << s;
+  expect_bit_identical(on, off);
   std::printf("%s: fused q/k norm + rope vs four ops max |Δ| %.2e\n", GetParam().c_str(), diff(on, off).max);
   o.profile = true;
   gpu->set_options(o);
@@ -350,11 +356,7 @@ TEST_P(CudaFuseNormQuantModel, LogitsBitIdentical) {
     const int64_t h0 = gpu->norm_quant_hits();
     const Logits on = run(*gpu, path, DType::F16, 20, off.tokens);
     const int64_t hits = gpu->norm_quant_hits() - h0;
-    ASSERT_EQ(on.prompt.size(), off.prompt.size());
-    ASSERT_EQ(on.steps.size(), off.steps.size());
-    EXPECT_EQ(0, std::memcmp(on.prompt.data(), off.prompt.data(), on.prompt.size() * sizeof(float))) << "prompt logits differ";
-    for (size_t s = 0; s < on.steps.size(); ++s)
-      EXPECT_EQ(0, std::memcmp(on.steps[s].data(), off.steps[s].data(), on.steps[s].size() * sizeof(float))) << "decode step " << s;
+    expect_bit_identical(on, off);
     std::printf("%s (fused GEMVs %s): norm-quant on vs off max |Δ| %.2e, %lld products read a norm's bytes\n", GetParam().c_str(),
                 fuse_mm ? "on" : "off", diff(on, off).max, static_cast<long long>(hits));
     if (GetParam().find("f16") == std::string::npos) {
@@ -386,11 +388,7 @@ TEST_P(CudaMoeFusedModel, LogitsBitIdentical) {
   gpu->set_options(o);
   const int64_t h0 = gpu->moe_fused_hits();
   const Logits on = run(*gpu, path, DType::F16, 20, off.tokens);
-  ASSERT_EQ(on.prompt.size(), off.prompt.size());
-  ASSERT_EQ(on.steps.size(), off.steps.size());
-  EXPECT_EQ(0, std::memcmp(on.prompt.data(), off.prompt.data(), on.prompt.size() * sizeof(float))) << "prompt logits differ";
-  for (size_t s = 0; s < on.steps.size(); ++s)
-    EXPECT_EQ(0, std::memcmp(on.steps[s].data(), off.steps[s].data(), on.steps[s].size() * sizeof(float))) << "decode step " << s;
+  expect_bit_identical(on, off);
   std::printf("%s: moe_fused on vs off max |Δ| %.2e, %lld fused moe_ffn calls\n", GetParam().c_str(), diff(on, off).max,
               static_cast<long long>(gpu->moe_fused_hits() - h0));
 }
@@ -419,11 +417,7 @@ TEST_P(CudaPrefetchModel, LogitsBitIdentical) {
     gpu->set_options(o);
     const int64_t l0 = gpu->prefetch_launches();
     const Logits on = run(*gpu, path, DType::F16, 20, off.tokens);
-    ASSERT_EQ(on.prompt.size(), off.prompt.size());
-    ASSERT_EQ(on.steps.size(), off.steps.size());
-    EXPECT_EQ(0, std::memcmp(on.prompt.data(), off.prompt.data(), on.prompt.size() * sizeof(float))) << "prompt logits differ";
-    for (size_t s = 0; s < on.steps.size(); ++s)
-      EXPECT_EQ(0, std::memcmp(on.steps[s].data(), off.steps[s].data(), on.steps[s].size() * sizeof(float))) << "decode step " << s;
+    expect_bit_identical(on, off);
     const int64_t launches = gpu->prefetch_launches() - l0;
     std::printf("%s: l2_prefetch %d MiB on vs off max |Δ| %.2e, %lld prefetch launches\n", GetParam().c_str(), mb, diff(on, off).max,
                 static_cast<long long>(launches));
