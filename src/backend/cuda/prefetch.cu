@@ -15,10 +15,10 @@ namespace pg::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr uint32_t kChunk = 64u << 10;  // bytes per bulk prefetch instruction (a multiple of 16)
 
 __global__ void __launch_bounds__(kThreads) l2_prefetch_kernel(const PrefetchDesc* __restrict__ d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr uint32_t kChunk = 64u << 10;  // bytes per bulk prefetch instruction (a multiple of 16)
   const int n = d->n;
   for (int i = 0; i < n && i < kMaxPrefetchRegions; ++i) {
     const auto* base = static_cast<const uint8_t*>(d->ptr[i]);
