@@ -137,12 +137,20 @@ GEMV_PIPE=${GEMV_PIPE:-0}          # 1: the persistent pipelined one-row GEMV (C
                                    #    0 and 4096 off vs on per stage count, first model
 GEMV_PIPE_U=${GEMV_PIPE_U:-4}      # ring stages (PEREGRINE_CUDA_GEMV_PIPE_U) to bench with GEMV_PIPE=1 (e.g. "3 4 6")
 GEMV_PIPE_BPS=${GEMV_PIPE_BPS:-0}  # blocks per SM (PEREGRINE_CUDA_GEMV_PIPE_BPS; 0: as many as fit)
+PREFILL_AB=${PREFILL_AB:-0}        # 1: per model, pp512/pp4096 at depths 0 and 4096 with the cuBLASLt prefill GEMM off and on
+                                   #    (PEREGRINE_CUDA_GEMM_CUBLAS=0/1) at ubatch 512 and 4096, and pg_cuda_bench --gemm
+                                   #    (the kernels alone) → model-*.log, kernels-gemm.log
 BUILD=$ROOT/build-device
 DEPS=$ROOT/.deps/debs
 if [ ! -d "$DEPS/usr" ] && [ -f "$ROOT/.deps/debs.tar.xz" ]; then tar xJf "$ROOT/.deps/debs.tar.xz" -C "$ROOT/.deps"; fi
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 export PATH=/usr/local/cuda/bin:$PATH
+# libcublasLt (the prefill GEMM, CudaOptions::gemm_cublas) is linked dynamically: the toolkit's library folder
+# on the loader's path, wherever this image keeps it (run 71 found it under targets/x86_64-linux/lib).
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+done
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $((BUDGET_S - SECONDS)); }
@@ -637,6 +645,19 @@ if ((CLI_OK)); then
         ((BENCH)) && PEREGRINE_GEMV_RPW=$r bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, GEMV rows per warp $r" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
       done
       # Verification-shaped steps: one forward of R rows (speculative trees, concurrent decoding).
+      if ((PREFILL_AB)); then  # the cuBLASLt prefill GEMM off vs on, at two ubatch sizes (every chunk re-dequantizes)
+        for ub in 512 4096; do
+          for on in 0 1; do
+            PEREGRINE_CUDA_GEMM_CUBLAS=$on bench_one "$LOG" "$preset $type pp512/pp4096 at depths 0, 4096, -b $ub, gemm_cublas $on" \
+              -m "$MODEL" -p 512,4096 -d 0,4096 -n 0 -r 2 -b "$ub"
+          done
+        done
+        if ((FIRST_MODEL)) && [ -x "$BUILD/src/backend/cuda/pg_cuda_bench" ]; then
+          run_step "prefill GEMM kernels alone (gemm.cu vs dequant + cuBLASLt)" "$OUT/kernels-gemm.log" 120 \
+            "$BUILD/src/backend/cuda/pg_cuda_bench" --gemm --reps 5
+          grep -E "cublas/total" "$OUT/kernels-gemm.log" | head -30 >>"$SUMMARY"
+        fi
+      fi
       ((BENCH && BENCH_ROWS)) && bench_one "$LOG" "$preset $type rows ${ROWS}" -m "$MODEL" -p "$ROWS" -n 0 -r 3
       if ((BENCH && FUSE)); then
         PEREGRINE_CUDA_FUSE_GLU=1 PEREGRINE_CUDA_FUSE_QKV=1 bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, fuse_glu + fuse_qkv" \
