@@ -137,6 +137,8 @@ GEMV_PIPE=${GEMV_PIPE:-0}          # 1: the persistent pipelined one-row GEMV (C
                                    #    0 and 4096 off vs on per stage count, first model
 GEMV_PIPE_U=${GEMV_PIPE_U:-4}      # ring stages (PEREGRINE_CUDA_GEMV_PIPE_U) to bench with GEMV_PIPE=1 (e.g. "3 4 6")
 GEMV_PIPE_BPS=${GEMV_PIPE_BPS:-0}  # blocks per SM (PEREGRINE_CUDA_GEMV_PIPE_BPS; 0: as many as fit)
+PREFETCH_AB=${PREFETCH_AB:-}       # "MB:BLOCKS ..." points of the L2 weight prefetch (PEREGRINE_CUDA_L2_PREFETCH / _BLOCKS): per point,
+                                   #    tg128 at depths 0 and 4096 on the first model, after the same with it off (e.g. "16:16 16:64 48:64")
 PREFILL_AB=${PREFILL_AB:-0}        # 1: per model, pp512/pp4096 at depths 0 and 4096 with the cuBLASLt prefill GEMM off and on
                                    #    (PEREGRINE_CUDA_GEMM_CUBLAS=0/1) at ubatch 512 and 4096, and pg_cuda_bench --gemm
                                    #    (the kernels alone) → model-*.log, kernels-gemm.log
@@ -645,6 +647,13 @@ if ((CLI_OK)); then
         ((BENCH)) && PEREGRINE_GEMV_RPW=$r bench_one "$LOG" "$preset $type tg128 at depths 0 and 4096, GEMV rows per warp $r" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
       done
       # Verification-shaped steps: one forward of R rows (speculative trees, concurrent decoding).
+      if [ -n "$PREFETCH_AB" ] && ((FIRST_MODEL)); then
+        PEREGRINE_CUDA_L2_PREFETCH=0 bench_one "$LOG" "$preset $type tg128 at depths 0, 4096, L2 prefetch off" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+        for pt in $PREFETCH_AB; do
+          PEREGRINE_CUDA_L2_PREFETCH=${pt%%:*} PEREGRINE_CUDA_L2_PREFETCH_BLOCKS=${pt##*:} bench_one "$LOG" \
+            "$preset $type tg128 at depths 0, 4096, L2 prefetch ${pt%%:*} MiB from ${pt##*:} blocks" -m "$MODEL" -p 0 -n 128 -d 0,4096 -r 2
+        done
+      fi
       if ((PREFILL_AB)); then  # the cuBLASLt prefill GEMM off vs on, at two ubatch sizes (every chunk re-dequantizes)
         for ub in 512 4096; do
           for on in 0 1; do

@@ -204,6 +204,7 @@ inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true
   // The fused MoE decode kernels (PEREGRINE_CUDA_MOE_FUSED=1 runs every CUDA test with them).
   if (const char* e = std::getenv("PEREGRINE_CUDA_MOE_FUSED"); e && *e) o.moe_fused = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_L2_PREFETCH"); e && *e) o.l2_prefetch_mb = std::max(0, std::atoi(e));
+  if (const char* e = std::getenv("PEREGRINE_CUDA_L2_PREFETCH_BLOCKS"); e && *e) o.l2_prefetch_blocks = std::clamp(std::atoi(e), 1, 132);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_TYPED"); e && *e) o.fa_vec_typed = std::strcmp(e, "0") != 0;
   // The cuBLASLt prefill GEMM (PEREGRINE_CUDA_GEMM_CUBLAS=1, with PEREGRINE_CUDA_GEMM_CUBLAS_ROWS=<rows> to reach
   // it from smaller batches, runs every CUDA test with it).

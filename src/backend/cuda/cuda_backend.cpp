@@ -120,6 +120,7 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_BPS"); e && *e) opt.gemv_pipe_bps = std::max(0, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_MOE_FUSED"); e && *e) opt.moe_fused = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_L2_PREFETCH"); e && *e) opt.l2_prefetch_mb = std::max(0, std::atoi(e));
+  if (const char* e = std::getenv("PEREGRINE_CUDA_L2_PREFETCH_BLOCKS"); e && *e) opt.l2_prefetch_blocks = std::clamp(std::atoi(e), 1, 132);
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMM_CUBLAS"); e && *e) opt.gemm_cublas = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMM_CUBLAS_ROWS"); e && *e) opt.gemm_cublas_min_rows = std::max(1, std::atoi(e));
   return create_cuda_backend(index, opt);
@@ -141,6 +142,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
   PG_CHECK(opt_.fa_prefill_min_rows >= 0, "CudaOptions::fa_prefill_min_rows must be ≥ 0 (0 = off)");
   PG_CHECK(opt_.graph_max_rows >= 1 && opt_.graph_max_rows <= 64, "CudaOptions::graph_max_rows must be 1..64");
   PG_CHECK(opt_.l2_prefetch_mb >= 0 && opt_.l2_prefetch_mb <= 4096, "CudaOptions::l2_prefetch_mb must be 0..4096");
+  PG_CHECK(opt_.l2_prefetch_blocks >= 1 && opt_.l2_prefetch_blocks <= 1024, "CudaOptions::l2_prefetch_blocks must be 1..1024");
   PG_CHECK(opt_.gemm_cublas_min_rows >= 1, "CudaOptions::gemm_cublas_min_rows must be ≥ 1");
   PG_CHECK(opt_.gemm_cublas_max_weight_mb >= 0, "CudaOptions::gemm_cublas_max_weight_mb must be ≥ 0");
   activate(device_);
@@ -718,7 +720,7 @@ CudaBackend::PrefetchScope::~PrefetchScope() {
     check(cudaEventRecord(be.fork_event_, as_stream(be.stream_)), "cudaEventRecord (prefetch fork)");
     check(cudaStreamWaitEvent(as_stream(be.side_stream_), be.fork_event_, 0), "cudaStreamWaitEvent (prefetch fork)");
     if (be.capturing_) be.side_forked_in_capture_ = true;
-    cuda::l2_prefetch(static_cast<const cuda::PrefetchDesc*>(be.prefetch_table_) + slot_, as_stream(be.side_stream_));
+    cuda::l2_prefetch(static_cast<const cuda::PrefetchDesc*>(be.prefetch_table_) + slot_, be.opt_.l2_prefetch_blocks, as_stream(be.side_stream_));
     ++be.prefetch_launches_;
   } catch (const std::exception&) {
     // A hint that could not be launched changes nothing; the launch error is not sticky.

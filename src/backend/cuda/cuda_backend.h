@@ -238,9 +238,10 @@ struct CudaOptions {
   // Measured SLOWER (device run 71, H100, qwen3-8b Q4_K_M tg128 at d0): 3.1 ms per token off, 9.35 ms at 16 MiB,
   // 13.9 ms at 32 MiB. The one-block kernels on the side stream form a serial chain that the graph joins at its
   // end, and one SM's bulk prefetches move only ~0.4 TB/s, so the chain (~2 GB per step) outlasts the step.
-  // Kept off, for a variant that spreads each prefetch over many blocks or issues it from the GEMVs' own idle
-  // warps. Environment: PEREGRINE_CUDA_L2_PREFETCH=<MiB> (factory).
+  // Kept off. l2_prefetch_blocks spreads each hint over that many blocks (run 71 had 1; not yet measured with
+  // more). Environment: PEREGRINE_CUDA_L2_PREFETCH=<MiB>, PEREGRINE_CUDA_L2_PREFETCH_BLOCKS=<1..132> (factory).
   int l2_prefetch_mb = 0;
+  int l2_prefetch_blocks = 16;
   // Prefill GEMM through cuBLASLt (issue 14; gemm_cublas.cu): a matmul that takes the tensor-core GEMM (the
   // branch of CudaBackend::matmul that runs cuda::gemm: more than gemv_max_rows rows, more than 64 for quantized
   // weights in default mode; not MoE's grouped GEMM, not exact_f32) with at least gemm_cublas_min_rows rows

@@ -166,9 +166,9 @@ struct PrefetchDesc {
   int32_t n;
   int32_t pad;
 };
-// Asks the L2 cache to fetch the regions of *desc (a device pointer, read when the kernel runs): a hint that
-// writes nothing (CudaOptions::l2_prefetch_mb).
-void l2_prefetch(const PrefetchDesc* desc, cudaStream_t stream);
+// Asks the L2 cache to fetch the regions of *desc (a device pointer, read when the kernel runs) from `blocks`
+// blocks: a hint that writes nothing (CudaOptions::l2_prefetch_mb, l2_prefetch_blocks).
+void l2_prefetch(const PrefetchDesc* desc, int blocks, cudaStream_t stream);
 
 // ---- row operations -----------------------------------------------------------------------------------
 // out (n, d) = dequantized rows ids[i] of table (rows of row_bytes). Out-of-range ids give NaN rows.

@@ -6,9 +6,11 @@
 // because a matrix it named was freed) fetches nothing. It writes nothing, so it can never change a result.
 // It runs on the backend's side stream, forked from the main stream right after a matmul's launches, so it
 // overlaps the small ops that follow instead of delaying them (cuda_backend.cpp: PrefetchScope).
-// One block of kThreads threads; thread t issues chunks t, t + kThreads, ... of kChunk bytes with the Hopper
-// bulk prefetch (cp.async.bulk.prefetch.L2: one instruction per chunk, no registers or shared memory held
-// while the bytes arrive, so the block exits at once). Below sm_90 the kernel does nothing.
+// `blocks` blocks of kThreads threads; thread t of block b issues chunks b·kThreads + t, + blocks·kThreads, ... of
+// kChunk bytes with the Hopper bulk prefetch (cp.async.bulk.prefetch.L2: one instruction per chunk, no registers
+// or shared memory held while the bytes arrive). Why several blocks: run 71 measured one block's bulk prefetches
+// at ~0.4 TB/s (one SM's share), which made the side-stream chain the step's critical path; more blocks spread
+// the hints over more SMs (CudaOptions::l2_prefetch_blocks). Below sm_90 the kernel does nothing.
 #include "backend/cuda/kernels.h"
 
 namespace pg::cuda {
@@ -25,7 +27,7 @@ __global__ void __launch_bounds__(kThreads) l2_prefetch_kernel(const PrefetchDes
     const uint64_t bytes = d->bytes[i] & ~uint64_t{15};
     if (base == nullptr || (reinterpret_cast<uintptr_t>(base) & 15) != 0) continue;  // never from a torn or bad slot
     const uint64_t chunks = (bytes + kChunk - 1) / kChunk;
-    for (uint64_t c = threadIdx.x; c < chunks; c += kThreads) {
+    for (uint64_t c = static_cast<uint64_t>(blockIdx.x) * kThreads + threadIdx.x; c < chunks; c += static_cast<uint64_t>(gridDim.x) * kThreads) {
       const uint64_t off = c * kChunk;
       const uint64_t left = bytes - off;
       const uint32_t len = left < kChunk ? static_cast<uint32_t>(left) : kChunk;
@@ -37,8 +39,8 @@ __global__ void __launch_bounds__(kThreads) l2_prefetch_kernel(const PrefetchDes
 
 }  // namespace
 
-void l2_prefetch(const PrefetchDesc* desc, cudaStream_t stream) {
-  l2_prefetch_kernel<<<1, kThreads, 0, stream>>>(desc);
+void l2_prefetch(const PrefetchDesc* desc, int blocks, cudaStream_t stream) {
+  l2_prefetch_kernel<<<blocks < 1 ? 1 : blocks, kThreads, 0, stream>>>(desc);
   check_launch("l2_prefetch");
 }
 
