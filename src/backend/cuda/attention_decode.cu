@@ -400,9 +400,9 @@ __device__ __forceinline__ void fd_bounds(const FdParams& P, int r, int z, uint3
   fd::split_range(lo, hi, z, P.n_splits, P.target, P.min_chunk);
 }
 
-// The group's queries, this lane's 8 dims (sub) of each (dead slots h ≥ g: zeros), pre-scaled.
+// The group's queries, this lane's 8 dims (sub) of each (dead slots h ≥ g: zeros), times scale.
 template <int D, int G>
-__device__ __forceinline__ void fd_load_q(const FdParams& P, int r, int kvh, int sub, float (&q)[G][8]) {
+__device__ __forceinline__ void fd_load_q(const FdParams& P, int r, int kvh, int sub, float scale, float (&q)[G][8]) {
   const AttentionArgs& p = P.a;
   const int g = p.n_head / p.n_head_kv;
 #pragma unroll
@@ -410,8 +410,8 @@ __device__ __forceinline__ void fd_load_q(const FdParams& P, int r, int kvh, int
     if (h < g) {
       const float* qp = p.q + static_cast<int64_t>(r) * p.q_stride + static_cast<int64_t>(kvh * g + h) * D + sub * 8;
       const float4 a = fd_ldf4(qp), b = fd_ldf4(qp + 4);
-      q[h][0] = a.x * P.qscale, q[h][1] = a.y * P.qscale, q[h][2] = a.z * P.qscale, q[h][3] = a.w * P.qscale;
-      q[h][4] = b.x * P.qscale, q[h][5] = b.y * P.qscale, q[h][6] = b.z * P.qscale, q[h][7] = b.w * P.qscale;
+      q[h][0] = a.x * scale, q[h][1] = a.y * scale, q[h][2] = a.z * scale, q[h][3] = a.w * scale;
+      q[h][4] = b.x * scale, q[h][5] = b.y * scale, q[h][6] = b.z * scale, q[h][7] = b.w * scale;
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) q[h][i] = 0.0f;
@@ -420,22 +420,10 @@ __device__ __forceinline__ void fd_load_q(const FdParams& P, int r, int kvh, int
 }
 
 // fd_load_q for a TQ3_0 K: the queries rotated by R (core's kv_prepare_query: tq3_rotate of the unscaled query,
-// so the same rotated values as the CPU's), then pre-scaled.
+// so the same rotated values as the CPU's; ×1 is exact), then pre-scaled.
 template <int D, int G>
 __device__ __forceinline__ void fd_load_q_tq3(const FdParams& P, int r, int kvh, int sub, float (&q)[G][8]) {
-  const AttentionArgs& p = P.a;
-  const int g = p.n_head / p.n_head_kv;
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    if (h < g) {
-      const float* qp = p.q + static_cast<int64_t>(r) * p.q_stride + static_cast<int64_t>(kvh * g + h) * D + sub * 8;
-      const float4 a = fd_ldf4(qp), b = fd_ldf4(qp + 4);
-      q[h][0] = a.x, q[h][1] = a.y, q[h][2] = a.z, q[h][3] = a.w, q[h][4] = b.x, q[h][5] = b.y, q[h][6] = b.z, q[h][7] = b.w;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) q[h][i] = 0.0f;
-    }
-  }
+  fd_load_q<D, G>(P, r, kvh, sub, 1.0f, q);
   fd_tq3_rotate<G, false>(q, sub);
 #pragma unroll
   for (int h = 0; h < G; ++h)
@@ -713,7 +701,7 @@ __global__ void __launch_bounds__(fd::kThreads, fd_min_blocks<D, G>()) fd_decode
   }
   float q[G][8];
   if constexpr (KT == DType::TQ3_0) fd_load_q_tq3<D, G>(P, r, kvh, sub, q);
-  else fd_load_q<D, G>(P, r, kvh, sub, q);
+  else fd_load_q<D, G>(P, r, kvh, sub, P.qscale, q);
   float m[G], l[G], acc[G][8];
 #pragma unroll
   for (int h = 0; h < G; ++h) {
