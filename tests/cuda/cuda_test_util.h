@@ -162,54 +162,13 @@ inline std::unique_ptr<CpuBackend> make_cpu_exact() {
 // FP32 precision); true: CudaOptions' default routing (≥ 32 rows on tensor cores) or the environment's.
 inline std::unique_ptr<CudaBackend> make_cuda(bool exact, bool fa_prefill = true) {
   CudaOptions o;
+  // The factory's environment aliases (cuda_options_from_env), so one device call can run every test with a path
+  // switched on or off: PEREGRINE_CUDA_PDL=0, PEREGRINE_CUDA_GRAPH_ROWS=64, PEREGRINE_CUDA_FA_VEC=0,
+  // PEREGRINE_CUDA_GEMM_CUBLAS=1 with PEREGRINE_CUDA_GEMM_CUBLAS_ROWS=65, ... (scripts/device-check.sh uses them).
+  cuda_options_from_env(o);
   o.exact_f32 = exact;
-  // The factory's switch, so that one device call can run the tests with PDL off as well.
-  if (const char* e = std::getenv("PEREGRINE_CUDA_PDL"); e && std::string(e) == "0") o.pdl = false;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_PDL_ALL"); e && *e) o.pdl_all = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) o.gemv_rows_per_warp = std::atoi(e);
-  // Graph replay of forwards up to N rows (PEREGRINE_CUDA_GRAPH_ROWS=64 runs every CUDA test with verify-sized graphs).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPH_ROWS"); e && *e) o.graph_max_rows = std::atoi(e);
-  // Tensor-core prefill attention for calls of ≥ N rows (scripts/device-check.sh FA_PREFILL=1 runs the
-  // model tests with it; op tests that bound attention at FP32 precision are not meant to run with it).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) o.fa_prefill_min_rows = std::atoi(e);
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL_TYPED"); e && *e) o.fa_prefill_typed = std::strcmp(e, "0") != 0;
-  // Decode / verification attention on tensor cores (scripts/device-check.sh FA_DECODE=1 runs the model,
-  // greedy and speculative tests with it).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE"); e && *e) o.fa_decode = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_SPLIT_BLOCKS"); e && *e) o.fa_blocks_per_sm = std::max(1, std::atoi(e));
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_FUSED_COMBINE"); e && *e) o.fa_fused_combine = std::strcmp(e, "0") != 0;
-  // The SIMT flash-decoding attention for ≤ 8-row calls (scripts/device-check.sh FA_VEC=1 runs every CUDA test
-  // with it; like fa_decode, not for the op tests that bound attention at FP32 precision of the default kernel).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC"); e && *e) o.fa_vec = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_BLOCKS"); e && *e) o.fa_vec_blocks_per_sm = std::max(1, std::atoi(e));
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_CHUNK"); e && *e) o.fa_vec_min_chunk = std::max(1, std::atoi(e));
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_STAGES"); e && *e) o.fa_vec_stages = std::clamp(std::atoi(e), 2, 4);
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_ROWS"); e && *e) o.fa_vec_max_rows = std::clamp(std::atoi(e), 0, 8);
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_HEAD_DIM"); e && *e) o.fa_vec_max_head_dim = std::atoi(e);
+  // Op tests that bound attention at FP32 precision keep attention.cu for every row count.
   if (!fa_prefill) o.fa_prefill_min_rows = 0, o.fa_decode = false;
-  // The parallel typed kv_store (scripts/device-check.sh KV_STORE_PAR=1 runs every CUDA test with it).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_KV_STORE_PAR"); e && *e) o.kv_store_parallel = std::strcmp(e, "0") != 0;
-  // The fused decode kernels (gate+up+GLU, grouped q/k/v; scripts/device-check.sh FUSE=1 runs every CUDA
-  // test with both).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_GLU"); e && *e) o.fuse_glu = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QKV"); e && *e) o.fuse_qkv = std::strcmp(e, "0") != 0;
-  // The one-launch q/k RMSNorm + RoPE (PEREGRINE_CUDA_FUSE_QK_ROPE=1 runs every CUDA test with it).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_QK_ROPE"); e && *e) o.fuse_qk_norm_rope = std::strcmp(e, "0") != 0;
-  // The norms writing the next matmul's 8-bit activations (PEREGRINE_CUDA_FUSE_NORM_QUANT=1 runs every CUDA test with it).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FUSE_NORM_QUANT"); e && *e) o.fuse_norm_quant = std::strcmp(e, "0") != 0;
-  // The persistent pipelined one-row GEMV (scripts/device-check.sh GEMV_PIPE=1 runs every CUDA test with it).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE"); e && *e) o.gemv_pipe = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_U"); e && *e) o.gemv_pipe_stages = std::atoi(e);
-  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMV_PIPE_BPS"); e && *e) o.gemv_pipe_bps = std::max(0, std::atoi(e));
-  // The fused MoE decode kernels (PEREGRINE_CUDA_MOE_FUSED=1 runs every CUDA test with them).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_MOE_FUSED"); e && *e) o.moe_fused = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_L2_PREFETCH"); e && *e) o.l2_prefetch_mb = std::max(0, std::atoi(e));
-  if (const char* e = std::getenv("PEREGRINE_CUDA_L2_PREFETCH_BLOCKS"); e && *e) o.l2_prefetch_blocks = std::clamp(std::atoi(e), 1, 132);
-  if (const char* e = std::getenv("PEREGRINE_CUDA_FA_VEC_TYPED"); e && *e) o.fa_vec_typed = std::strcmp(e, "0") != 0;
-  // The cuBLASLt prefill GEMM (PEREGRINE_CUDA_GEMM_CUBLAS=1, with PEREGRINE_CUDA_GEMM_CUBLAS_ROWS=<rows> to reach
-  // it from smaller batches, runs every CUDA test with it).
-  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMM_CUBLAS"); e && *e) o.gemm_cublas = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_GEMM_CUBLAS_ROWS"); e && *e) o.gemm_cublas_min_rows = std::max(1, std::atoi(e));
   return std::make_unique<CudaBackend>(0, o);
 }
 

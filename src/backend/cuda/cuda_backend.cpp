@@ -83,9 +83,7 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> create_cuda_backend(int index) {
-  CudaOptions opt;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_EXACT"); e && *e && std::strcmp(e, "0") != 0) opt.exact_f32 = true;
+void cuda_options_from_env(CudaOptions& opt) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPHS"); e && std::strcmp(e, "0") == 0) opt.graphs = false;
   if (const char* e = std::getenv("PEREGRINE_CUDA_GRAPH_ROWS"); e && *e) opt.graph_max_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_GEMV_LANES"); e && *e) opt.gemv_lanes = std::atoi(e);
@@ -98,7 +96,6 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_GEMV_RPW"); e && *e) opt.gemv_rows_per_warp = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL"); e && *e) opt.fa_prefill_min_rows = std::atoi(e);
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_PREFILL_TYPED"); e && *e) opt.fa_prefill_typed = std::strcmp(e, "0") != 0;
-  if (const char* e = std::getenv("PEREGRINE_CUDA_PROFILE"); e && *e) opt.profile = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE"); e && *e) opt.fa_decode = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_SPLIT_BLOCKS"); e && *e) opt.fa_blocks_per_sm = std::max(1, std::atoi(e));
   if (const char* e = std::getenv("PEREGRINE_CUDA_FA_DECODE_CHUNK"); e && *e) opt.fa_decode_min_split_keys = std::max(64, std::atoi(e));
@@ -123,6 +120,13 @@ std::unique_ptr<Backend> create_cuda_backend(int index) {
   if (const char* e = std::getenv("PEREGRINE_CUDA_L2_PREFETCH_BLOCKS"); e && *e) opt.l2_prefetch_blocks = std::clamp(std::atoi(e), 1, 132);
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMM_CUBLAS"); e && *e) opt.gemm_cublas = std::strcmp(e, "0") != 0;
   if (const char* e = std::getenv("PEREGRINE_CUDA_GEMM_CUBLAS_ROWS"); e && *e) opt.gemm_cublas_min_rows = std::max(1, std::atoi(e));
+}
+
+std::unique_ptr<Backend> create_cuda_backend(int index) {
+  CudaOptions opt;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_EXACT"); e && *e && std::strcmp(e, "0") != 0) opt.exact_f32 = true;
+  if (const char* e = std::getenv("PEREGRINE_CUDA_PROFILE"); e && *e) opt.profile = std::strcmp(e, "0") != 0;
+  cuda_options_from_env(opt);
   return create_cuda_backend(index, opt);
 }
 

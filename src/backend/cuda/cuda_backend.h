@@ -268,6 +268,11 @@ struct CudaOptions {
 
 // Number of CUDA devices visible (0 when there is no driver or no device; never throws).
 int cuda_device_count();
+// The environment aliases of CudaOptions' switches (PEREGRINE_CUDA_GRAPHS, PEREGRINE_CUDA_PDL, ..., each documented
+// at its field), applied over opt: one list for the factory and the CUDA tests' make_cuda, so a device run can
+// switch a path on or off for every command and every test alike. Not PEREGRINE_CUDA_EXACT / _PROFILE, which
+// the factory applies itself (a test chooses its own mode).
+void cuda_options_from_env(CudaOptions& opt);
 std::unique_ptr<Backend> create_cuda_backend(int index);
 std::unique_ptr<Backend> create_cuda_backend(int index, const CudaOptions& opt);
 
