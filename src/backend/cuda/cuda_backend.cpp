@@ -176,21 +176,22 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt) : device_(device), 
     check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
     stage_events_.push_back(ev);
   }
-  {  // always: set_options may turn l2_prefetch_mb on later
-    cudaStream_t side = nullptr;
-    check(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreate (prefetch)");
-    side_stream_ = side;
-    cudaEvent_t ev = nullptr;
-    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate (prefetch fork)");
-    fork_event_ = ev;
-    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate (prefetch join)");
-    join_event_ = ev;
-    const size_t tb = sizeof(cuda::PrefetchDesc) * kPrefetchSlots;
-    check(cudaMalloc(&prefetch_table_, tb), "cudaMalloc (prefetch table)");
-    check(cudaMemset(prefetch_table_, 0, tb), "cudaMemset (prefetch table)");
-    check(cudaMallocHost(&prefetch_mirror_, tb), "cudaMallocHost (prefetch table)");
-    std::memset(prefetch_mirror_, 0, tb);
-  }
+}
+
+void CudaBackend::prefetch_init() {
+  cudaStream_t side = nullptr;
+  check(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreate (prefetch)");
+  side_stream_ = side;
+  cudaEvent_t ev = nullptr;
+  check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate (prefetch fork)");
+  fork_event_ = ev;
+  check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate (prefetch join)");
+  join_event_ = ev;
+  const size_t tb = sizeof(cuda::PrefetchDesc) * kPrefetchSlots;
+  check(cudaMalloc(&prefetch_table_, tb), "cudaMalloc (prefetch table)");
+  check(cudaMemset(prefetch_table_, 0, tb), "cudaMemset (prefetch table)");
+  check(cudaMallocHost(&prefetch_mirror_, tb), "cudaMallocHost (prefetch table)");
+  std::memset(prefetch_mirror_, 0, tb);
 }
 
 CudaBackend::~CudaBackend() {
@@ -410,7 +411,7 @@ void CudaBackend::free(Tensor& t) {
   check_not_capturing("free");
   // Queued kernels may still read the buffer (a prefetch on the side stream too).
   check(cudaStreamSynchronize(as_stream(stream_)), "free (synchronize)");
-  if (weight_bytes_.erase(t.data) > 0) {
+  if (weight_bytes_.erase(t.data) > 0 && side_stream_) {
     // No hint may name it any more, not even one inside a recorded graph of another model on this backend:
     // the slots that name it are cleared on the device (the kernels read their slot at run time) before
     // the memory goes.
@@ -690,6 +691,10 @@ void CudaBackend::mmq_group(const cuda::MatmulArgs* const* args, int count, bool
 
 CudaBackend::PrefetchScope::PrefetchScope(CudaBackend* be, int64_t rows, const Tensor* const* w, int n) {
   if (be->opt_.l2_prefetch_mb <= 0 || be->opt_.profile) return;  // off (profiling: each op timed alone)
+  if (!be->side_stream_) {
+    if (be->capturing_) return;  // created outside a capture, on the first eager matmul with prefetch on
+    be->prefetch_init();
+  }
   be_ = be;
   if (be->prefetch_depth_++ > 0) return;  // nested in another matmul entry point: that one acts
   cuda::PrefetchSet s;

@@ -455,6 +455,9 @@ class CudaBackend final : public Backend {
   // Writes the plan's dirty slots (clipped to l2_prefetch_mb) into the device table, after the side stream's
   // earlier prefetches (a running kernel never reads a slot being rewritten). Not while capturing.
   void prefetch_flush();
+  // The side stream, its two events and the slot table: made on the first matmul with l2_prefetch_mb on (a
+  // backend that never prefetches holds none of them; weights freed before then have nothing to clear).
+  void prefetch_init();
   static constexpr int kPrefetchSlots = 4096;  // weight sets of all models on this backend (qwen3-32b: 257)
   cuda::PrefetchPlan prefetch_plan_{kPrefetchSlots};
   void* prefetch_table_ = nullptr;  // (kPrefetchSlots) cuda::PrefetchDesc, device
